@@ -1,0 +1,163 @@
+// Checkpoint save/load throughput against two baselines, in one run, on ~1 GB of tensors:
+//   plain:  write() the same bytes sequentially into one file + fsync / read() them back into
+//           preallocated (already touched) tensors of the same sizes;
+//   torch:  torch::save of the same tensors + fsync / torch::load.
+// save = save_checkpoint (two safetensors files, XXH3 while writing, manifest, fsyncs, renames,
+// pointer); load = load_checkpoint (mmap, checksums, structure, copy into model + optimizer).
+// Every figure is the median of --reps runs; files live in page cache for all sides alike.
+//   bench_checkpoint [--gb 1.0] [--reps 3] [--dir /tmp]
+// Targets (issue 4): save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+
+namespace fs = std::filesystem;
+using rh::optim::StateKey;
+
+namespace {
+
+struct Flat : torch::nn::Module {
+  std::vector<torch::Tensor> ps;
+  Flat(int64_t n_tensors, int64_t numel) {
+    auto g = at::detail::createCPUGenerator(7);
+    for (int64_t i = 0; i < n_tensors; ++i)
+      ps.push_back(register_parameter("layer" + std::to_string(i) + ".weight", torch::randn({numel}, g)));
+  }
+};
+
+double median_time(int reps, const std::function<void()>& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void fsync_path(const std::string& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) throw std::runtime_error("fsync " + p);
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double gb = 1.0;
+  int reps = 3;
+  std::string base = "/tmp";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--gb") gb = std::stod(argv[i + 1]);
+    else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (a == "--dir") base = argv[i + 1];
+    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+  }
+  torch::set_num_threads(1);
+  const fs::path dir = fs::path(base) / ("rh_bench_ckpt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+
+  // fp32 params, fp32 master and moments: 16 bytes per parameter on disk.
+  const int64_t n_tensors = 16;
+  const int64_t numel = static_cast<int64_t>(gb * 1e9 / 16.0 / n_tensors);
+  auto make = [&](Flat& m) {
+    std::vector<rh::optim::ParamGroup> groups(1);
+    groups[0].name = "decay";
+    for (const auto& p : m.named_parameters()) groups[0].params.emplace_back(p.key(), p.value());
+    return std::make_unique<rh::optim::PrecisionAdam>(groups, rh::optim::OptimizerConfig{});
+  };
+  Flat model(n_tensors, numel), model2(n_tensors, numel);
+  auto opt = make(model), opt2 = make(model2);
+  auto g = at::detail::createCPUGenerator(8);
+  std::vector<torch::Tensor> all;   // every tensor a checkpoint holds, for the baselines
+  for (const auto& p : opt->param_names()) {
+    all.push_back(opt->param(p));
+    for (StateKey k : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
+      rh::optim::StoredState s{torch::rand({numel}, g), rh::optim::Dtype::fp32, std::nullopt};
+      opt->set_stored(p, k, s);
+      all.push_back(opt->stored(p, k).data);
+    }
+  }
+  uint64_t bytes = 0;
+  for (const auto& t : all) bytes += t.numel() * t.element_size();
+  rh::ckpt::TrainState st;
+  st.iteration = 1;
+  rh::ckpt::SaveInput in;
+  in.model = &model;
+  in.optimizer = opt.get();
+  in.state = &st;
+  const std::string root = (dir / "ckpt").string();
+
+  double t_save = median_time(reps, [&] { rh::ckpt::save_checkpoint(root, in); });
+  const std::string plain = (dir / "plain.bin").string();
+  double t_write = median_time(reps, [&] {
+    int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (const auto& t : all) {
+      const char* p = static_cast<const char*>(t.data_ptr());
+      size_t n = t.numel() * t.element_size();
+      while (n) {
+        ssize_t w = ::write(fd, p, n);
+        if (w <= 0) throw std::runtime_error("write");
+        p += w, n -= w;
+      }
+    }
+    ::fsync(fd);
+    ::close(fd);
+  });
+  const std::string tpath = (dir / "torch.pt").string();
+  double t_tsave = median_time(reps, [&] {
+    torch::save(all, tpath);
+    fsync_path(tpath);
+  });
+
+  rh::ckpt::TrainState st2;
+  double t_load = median_time(reps, [&] { rh::ckpt::load_checkpoint(root, model2, *opt2, st2, {}, {}); });
+  std::vector<torch::Tensor> dest;
+  for (const auto& t : all) dest.push_back(torch::ones_like(t));   // allocated and touched
+  double t_read = median_time(reps, [&] {
+    int fd = ::open(plain.c_str(), O_RDONLY);
+    for (auto& t : dest) {
+      char* p = static_cast<char*>(t.data_ptr());
+      size_t n = t.numel() * t.element_size();
+      while (n) {
+        ssize_t r = ::read(fd, p, n);
+        if (r <= 0) throw std::runtime_error("read");
+        p += r, n -= r;
+      }
+    }
+    ::close(fd);
+  });
+  double t_tload = median_time(reps, [&] {
+    std::vector<torch::Tensor> back;
+    torch::load(back, tpath);
+  });
+  bool same = true;
+  for (const auto& p : opt->param_names())
+    same = same && torch::equal(opt->stored(p, StateKey::exp_avg).data, opt2->stored(p, StateKey::exp_avg).data);
+
+  const double mb = bytes / 1e6;
+  std::printf("bench_checkpoint: %.0f MB of tensors (%lld x %lld fp32 params + master + 2 moments), median of %d\n",
+              mb, (long long)n_tensors, (long long)numel, reps);
+  std::printf("  save_checkpoint %7.3f s %7.0f MB/s | plain write+fsync %7.3f s | torch::save+fsync %7.3f s\n",
+              t_save, mb / t_save, t_write, t_tsave);
+  std::printf("  load_checkpoint %7.3f s %7.0f MB/s | plain read        %7.3f s | torch::load       %7.3f s\n",
+              t_load, mb / t_load, t_read, t_tload);
+  std::printf("  save: %.2fx plain write (target >= 0.8), %.2fx faster than torch::save (target >= 3)\n",
+              t_write / t_save, t_tsave / t_save);
+  std::printf("  load: %.2fx plain read (target >= 0.9), %.2fx faster than torch::load (target >= 3)\n",
+              t_read / t_load, t_tload / t_load);
+  std::printf("  loaded state equal to saved: %s\n", same ? "yes" : "NO");
+  fs::remove_all(dir);
+  return same ? 0 : 1;
+}

@@ -1,0 +1,81 @@
+// Checkpoints: one directory per iteration (iter_0000010/) of safetensors files plus a JSON
+// manifest, published atomically, with a top-level pointer latest_checkpointed_iteration.txt
+// written last. Save policies decide the dtype each optimizer-state key is written in.
+#pragma once
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/train_state.h"
+#include "harness/optim/precision_adam.h"
+
+namespace rh::ckpt {
+
+constexpr int kFormatVersion = 1;
+
+// CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
+
+enum class SavePolicyKind { native, fp32, per_key };
+std::string to_string(SavePolicyKind k);
+SavePolicyKind parse_save_policy(const std::string& s);   // throws std::invalid_argument
+
+struct SavePolicy {
+  SavePolicyKind kind = SavePolicyKind::native;
+  // Per-key dtype overrides ("master_param", "exp_avg", "exp_avg_sq" -> dtype), applied on top
+  // of the policy; used for deliberate faults (e.g. fp32 moments written as bf16).
+  std::map<std::string, optim::Dtype> overrides;
+};
+
+struct SaveInput {
+  const torch::nn::Module* model = nullptr;       // weights written once, in their own dtype
+  const optim::PrecisionAdam* optimizer = nullptr;
+  const TrainState* state = nullptr;
+  nlohmann::json run_config;                      // full run config, stored in the manifest
+  SavePolicy policy;
+  int dp_rank = 0, dp_size = 1;                   // one optimizer shard file per rank
+};
+
+struct SaveResult {
+  std::string dir;                                // the published iter_XXXXXXX directory
+  uint64_t total_bytes = 0;
+  std::map<std::string, uint64_t> bytes_per_key;  // master_param/remainder/exp_avg/.../model/metadata
+  double bytes_per_param = 0.0;
+};
+
+// Writes root/iter_<iteration>/ atomically (temp dir, fsync, rename), then the pointer. Never
+// touches an existing checkpoint until the new one is complete; throws CheckpointError.
+SaveResult save_checkpoint(const std::string& root, const SaveInput& in);
+
+struct LoadOptions {
+  bool allow_lossy = false;          // accept conversions that are not exact (scenario says so)
+  std::set<std::string> skip_keys;   // state keys not restored (faults: "exp_avg", "remainder")
+};
+
+struct LoadReport {
+  std::string dir;
+  int64_t iteration = 0;
+  std::vector<std::string> conversions;   // human-readable notes, e.g. master mode conversions
+  nlohmann::json manifest;
+};
+
+// Resolves root (via the pointer) or an iter_ directory, verifies everything before touching any
+// state (manifest version, config compatibility, sizes, checksums, safetensors structure, paths),
+// then restores model weights, optimizer state and TrainState. Throws CheckpointError.
+LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model,
+                           optim::PrecisionAdam& optimizer, TrainState& state,
+                           const nlohmann::json& run_config, const LoadOptions& opts);
+
+// Verifies structure and checksums of a checkpoint directory and prints every tensor (key,
+// dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; otherwise prints
+// the damaged file and returns 1.
+int inspect_checkpoint(const std::string& dir, std::ostream& out);
+
+}  // namespace rh::ckpt

@@ -1,0 +1,316 @@
+// load_checkpoint: verify everything, plan every state's restore, then apply. Nothing in the
+// model, optimizer or TrainState changes until the files, the config and every planned
+// conversion have been checked; conversions whose exactness is only known once the optimizer
+// has re-applied its storage (set_scaled_state) run under a snapshot and are rolled back if they
+// turn out lossy and the caller did not allow it.
+//
+// Conversion rules (Megatron PR 2790, plus exact master-mode conversions):
+//  - stored states whose dtype the optimizer still holds: set_stored, bit for bit, with scales;
+//  - remainders into a remainder optimizer: set_stored (per_key's fp32 container back to int16);
+//  - remainder + bf16 weight into an fp32/fp16 master: joined, set_scaled_state (exactness checked);
+//  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
+//  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
+//    not from what the optimizer holds. Where that disagrees with the checkpoint the PR misfires;
+//    load refuses, or with allow_lossy reproduces the misfire as upstream would.
+#include <filesystem>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/policy.h"
+#include "harness/optim/storage_codecs.h"
+
+namespace rh::ckpt {
+
+using optim::StateKey;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr StateKey kKeys[] = {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq};
+
+struct Action {
+  std::string param, file, tkey;
+  StateKey key;
+  bool use_stored = true;
+  optim::StoredState stored;   // use_stored
+  torch::Tensor value;         // !use_stored: fp32 value for set_scaled_state
+};
+
+std::string where(const detail::Verified& v, const std::string& file, const std::string& key) {
+  return "checkpoint file " + (fs::path(v.dir) / file).string() + " tensor '" + key + "'";
+}
+
+void check_model(const detail::Verified& v, const torch::nn::Module& model, const nlohmann::json& run_config) {
+  auto it = v.files.find(detail::kModelFile);
+  if (it == v.files.end()) throw CheckpointError("checkpoint " + v.dir + ": manifest lists no " + detail::kModelFile);
+  const SafetensorsFile& f = it->second;
+  const auto params = model.named_parameters(true);
+  for (const auto& p : params) {
+    const TensorInfo* ti = f.find(p.key());
+    if (!ti) throw CheckpointError("config mismatch: " + f.path() + " has no tensor '" + p.key() + "' (the model has it)");
+    const StDtype want = st_from_scalar_type(p.value().scalar_type(), p.key());
+    if (ti->dtype != want || ti->shape != p.value().sizes().vec())
+      throw CheckpointError("config mismatch: " + f.path() + " tensor '" + p.key() + "' is " + st_name(ti->dtype) +
+                            " " + c10::str(c10::IntArrayRef(ti->shape)) + ", the model has " + st_name(want) +
+                            " " + c10::str(p.value().sizes()));
+  }
+  if (f.tensors().size() != params.size())
+    throw CheckpointError("config mismatch: " + f.path() + " holds " + std::to_string(f.tensors().size()) +
+                          " parameters, the model has " + std::to_string(params.size()));
+  const nlohmann::json& saved = v.manifest["run_config"];
+  if (run_config.is_object() && saved.is_object() && run_config.contains("model") && saved.contains("model") &&
+      run_config["model"] != saved["model"]) {
+    std::string diff;
+    for (const auto& [k, val] : saved["model"].items())
+      if (!run_config["model"].contains(k) || run_config["model"][k] != val)
+        diff += " " + k + "=" + val.dump() + " (now " + run_config["model"].value(k, nlohmann::json()).dump() + ")";
+    throw CheckpointError("config mismatch: " + (fs::path(v.dir) / detail::kManifestFile).string() +
+                          " was saved with model config" + diff);
+  }
+}
+
+void check_optimizer(const detail::Verified& v, const optim::PrecisionAdam& opt) {
+  const std::string mpath = (fs::path(v.dir) / detail::kManifestFile).string();
+  const nlohmann::json& o = v.manifest.at("optimizer");
+  std::vector<std::string> saved;
+  for (const auto& p : o.at("params")) saved.push_back(p.at("name").get<std::string>());
+  if (saved != opt.param_names())
+    throw CheckpointError("config mismatch: " + mpath + " lists " + std::to_string(saved.size()) +
+                          " optimizer params, the optimizer has " + std::to_string(opt.param_names().size()) +
+                          " (names or order differ)");
+  const auto& groups = o.at("groups");
+  if (groups.size() != opt.num_groups())
+    throw CheckpointError("config mismatch: " + mpath + " has " + std::to_string(groups.size()) +
+                          " parameter groups, the optimizer has " + std::to_string(opt.num_groups()));
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (groups[g].at("name").get<std::string>() != opt.group_name(g))
+      throw CheckpointError("config mismatch: " + mpath + " group " + std::to_string(g) + " is '" +
+                            groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) + "'");
+  if (v.manifest.at("dp_size").get<int>() != 1)
+    throw CheckpointError(mpath + ": dp_size " + v.manifest["dp_size"].dump() + " checkpoints are not loadable yet");
+}
+
+TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) {
+  TrainState s;
+  try {
+    s.iteration = j.at("iteration").get<int64_t>();
+    s.consumed_samples = j.at("consumed_samples").get<int64_t>();
+    const auto& lr = j.at("lr_schedule");
+    s.lr.max_lr = lr.at("max_lr").get<double>();
+    s.lr.min_lr = lr.at("min_lr").get<double>();
+    s.lr.warmup_iters = lr.at("warmup_iters").get<int64_t>();
+    s.lr.decay_iters = lr.at("decay_iters").get<int64_t>();
+    s.lr.num_steps = lr.at("num_steps").get<int64_t>();
+    for (const auto& [name, hex] : j.at("rng_states").items())
+      s.rng_states[name] = hex_decode(hex.get<std::string>(), mpath + " rng state '" + name + "'");
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(mpath + ": bad train_state: " + e.what());
+  }
+  return s;
+}
+
+// Int16 values out of a per_key fp32 container; every value must be an exact int16.
+torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
+  torch::Tensor ok = f.eq(f.trunc()).logical_and(f.ge(-32768)).logical_and(f.le(32767));
+  if (!ok.all().item<bool>()) throw CheckpointError(w + ": fp32 container does not hold int16 remainder values");
+  return f.to(torch::kShort);
+}
+
+}  // namespace
+
+LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model, optim::PrecisionAdam& opt,
+                           TrainState& state, const nlohmann::json& run_config, const LoadOptions& opts) {
+  for (const auto& k : opts.skip_keys)
+    if (k != "master_param" && k != "remainder" && k != "exp_avg" && k != "exp_avg_sq" && k != "model" && k != "step")
+      throw CheckpointError("skip_keys: unknown key '" + k + "' (master_param, remainder, exp_avg, exp_avg_sq, model, step)");
+  LoadReport rep;
+  rep.dir = detail::resolve_checkpoint_dir(root_or_dir);
+  detail::Verified v = detail::verify_checkpoint_dir(rep.dir);
+  const nlohmann::json& m = v.manifest;
+  const std::string mpath = (fs::path(rep.dir) / detail::kManifestFile).string();
+  check_model(v, model, run_config);
+  check_optimizer(v, opt);
+  TrainState loaded = parse_train_state(m.at("train_state"), mpath);
+
+  std::map<std::string, const nlohmann::json*> entries;   // tensor key -> manifest entry
+  for (const auto& t : m["tensors"]) {
+    entries[t["key"].get<std::string>()] = &t;
+    if (!t["exact"].get<bool>()) {
+      const std::string w = where(v, t["file"], t["key"]);
+      if (!opts.allow_lossy)
+        throw CheckpointError(w + " was written lossily (policy " + t["policy"].get<std::string>() + ", conversion " +
+                              t["conversion"].get<std::string>() + "); refusing to load without allow_lossy");
+      rep.conversions.push_back(t["key"].get<std::string>() + ": lossy on save (" + t["conversion"].get<std::string>() + ")");
+    }
+  }
+
+  const SafetensorsFile& mf = v.files.at(detail::kModelFile);
+  const bool bf16_params = !opt.param_names().empty() && opt.param(opt.param_names()[0]).scalar_type() == torch::kBFloat16;
+  const bool pr_int16 = opt.config().store_param_remainders && bf16_params;   // the PR's condition
+  const bool tgt_rem = opt.master_mode() == optim::MasterMode::remainders;
+  std::vector<Action> plan;
+  for (const std::string& p : opt.param_names()) {
+    for (StateKey k : kKeys) {
+      const std::string kname = optim::key_name(k), tfield = detail::field_name(opt, k);
+      if (opts.skip_keys.count(kname) || opts.skip_keys.count(tfield)) continue;
+      std::string skey = p + "/" + kname;
+      if (k == StateKey::master_param && !entries.count(skey)) skey = p + "/remainder";
+      if (!entries.count(skey))
+        throw CheckpointError("checkpoint " + rep.dir + ": no saved state for '" + p + "/" + kname + "'");
+      const nlohmann::json& e = *entries[skey];
+      const std::string file = e["file"], conv = e["conversion"], kind = e["kind"], policy = e["policy"];
+      const SafetensorsFile& sf = v.files.at(file);
+      const StDtype dt = sf.info(skey).dtype;
+      const std::string w = where(v, file, skey);
+      torch::Tensor data = sf.tensor(skey);
+      if (data.sizes() != opt.param(p).sizes())
+        throw CheckpointError(w + ": shape " + c10::str(data.sizes()) + ", the parameter has " + c10::str(opt.param(p).sizes()));
+      std::optional<float> scale;
+      if (conv == "stored" && k != StateKey::master_param && (dt == StDtype::F16 || dt == StDtype::F8_E4M3)) {
+        const std::string sk = skey + ".scale";
+        if (!sf.find(sk) || sf.info(sk).dtype != StDtype::F32 || sf.info(sk).numel() != 1)
+          throw CheckpointError(where(v, file, sk) + ": missing or not a single F32 value");
+        scale = sf.tensor(sk).reshape({}).item<float>();
+        if (!(std::isfinite(*scale) && *scale > 0.0f))
+          throw CheckpointError(where(v, file, sk) + ": scale " + std::to_string(*scale) + ", expected finite and > 0");
+      }
+      Action a;
+      a.param = p;
+      a.file = file;
+      a.tkey = skey;
+      a.key = k;
+      const optim::StoredState& cur = opt.stored(p, k);
+      auto set_value = [&](torch::Tensor val, const std::string& note) {
+        a.use_stored = false;
+        a.value = std::move(val);
+        if (!note.empty()) rep.conversions.push_back(skey + ": " + note);
+      };
+      if (k == StateKey::master_param) {
+        const bool saved_rem = kind == "remainder";
+        if (policy == "per_key" && pr_int16 != saved_rem) {
+          const std::string why = w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
+                                  std::string(opt.config().store_param_remainders ? "true" : "false") +
+                                  " and params are " + (bf16_params ? "bf16" : "not bf16") + ", but the checkpoint holds " +
+                                  (saved_rem ? "an int16 remainder" : "an fp32 master") + " (PR 2790 misfire)";
+          if (!opts.allow_lossy) throw CheckpointError(why + "; refusing without allow_lossy");
+          rep.conversions.push_back(skey + ": reproducing the PR misfire (" + why + ")");
+          // What upstream does: convert by the flag, then hand the result over as master_param.
+          torch::Tensor f = data.to(torch::kFloat);
+          torch::Tensor r = pr_int16 ? f.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
+          if (pr_int16 && tgt_rem) a.stored = {r, optim::Dtype::int16, std::nullopt};
+          else set_value(pr_int16 ? r.to(torch::kFloat) : f, "");
+          plan.push_back(std::move(a));
+          continue;
+        }
+        if (saved_rem) {
+          torch::Tensor rem = conv == "remainder_widened_f32" ? container_to_int16(data, w) : data;
+          if (rem.scalar_type() != torch::kShort) throw CheckpointError(w + ": remainder is " + st_name(dt) + ", expected I16");
+          if (tgt_rem) {
+            a.stored = {rem, optim::Dtype::int16, std::nullopt};
+          } else {
+            const TensorInfo& wi = mf.info(p);
+            if (wi.dtype != StDtype::BF16)
+              throw CheckpointError(w + ": a remainder needs the bf16 weight, but " + mf.path() + " holds '" + p + "' as " + st_name(wi.dtype));
+            set_value(optim::codec::remainder_join(mf.tensor(p), rem.contiguous()),
+                      "bf16 weight + int16 remainder -> " + optim::to_string(opt.master_mode()) + " master");
+          }
+          plan.push_back(std::move(a));
+          continue;
+        }
+      }
+      if (conv == "stored" && dt == detail::st_of(cur.dtype) && !(k == StateKey::master_param && tgt_rem)) {
+        a.stored = {data, cur.dtype, scale};
+      } else {
+        std::string note;
+        if (k == StateKey::master_param && tgt_rem) note = st_name(dt) + " master -> bf16 weight + int16 remainder";
+        else if (dt != detail::st_of(cur.dtype)) note = st_name(dt) + " (" + conv + ") -> " + optim::to_string(cur.dtype) + " storage";
+        set_value(detail::decode_value(data, dt, conv, scale), note);
+      }
+      plan.push_back(std::move(a));
+    }
+  }
+
+  // ---- apply. Snapshot only if some outcome is unknown until the optimizer re-stores it.
+  bool need_snapshot = false;
+  for (const auto& a : plan) need_snapshot |= !a.use_stored;
+  std::vector<std::pair<std::string, optim::StoredState>> snap_states[3];
+  std::vector<torch::Tensor> snap_params;
+  std::vector<int64_t> snap_steps;
+  const auto params = model.named_parameters(true);
+  if (need_snapshot) {
+    for (const std::string& p : opt.param_names())
+      for (int i = 0; i < 3; ++i) {
+        optim::StoredState s = opt.stored(p, kKeys[i]);
+        s.data = s.data.clone();
+        snap_states[i].emplace_back(p, s);
+      }
+    for (const auto& p : params) snap_params.push_back(p.value().detach().clone());
+    for (size_t g = 0; g < opt.num_groups(); ++g) snap_steps.push_back(opt.step_count(g));
+  }
+  auto rollback = [&] {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
+    for (int i = 0; i < 3; ++i)
+      for (const auto& [p, s] : snap_states[i]) opt.set_stored(p, kKeys[i], s);
+    for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
+  };
+  try {
+    torch::NoGradGuard ng;
+    if (!opts.skip_keys.count("model"))
+      for (const auto& p : params) p.value().detach().copy_(mf.tensor(p.key()));
+    std::vector<std::string> inexact;
+    for (const Action& a : plan) {
+      if (a.use_stored) {
+        opt.set_stored(a.param, a.key, a.stored);
+        continue;
+      }
+      opt.set_scaled_state(a.param, a.key, a.value);
+      torch::Tensor got = opt.get_unscaled_state(a.param, a.key);
+      if (!detail::bits_equal(got, a.value)) {
+        const int64_t n = detail::count_bits_differ(got, a.value);
+        inexact.push_back(where(v, a.file, a.tkey) + ": " + std::to_string(n) + " of " + std::to_string(got.numel()) +
+                          " values change when the optimizer re-applies " + optim::to_string(opt.stored(a.param, a.key).dtype) +
+                          " storage");
+      }
+    }
+    if (!inexact.empty()) {
+      if (!opts.allow_lossy) {
+        std::string msg = "conversion is not exact, refusing without allow_lossy: " + inexact[0];
+        if (inexact.size() > 1) msg += " (and " + std::to_string(inexact.size() - 1) + " more)";
+        throw CheckpointError(msg);
+      }
+      for (const auto& s : inexact) rep.conversions.push_back("lossy on load: " + s);
+    }
+    if (!opts.skip_keys.count("step")) {
+      const auto& groups = m["optimizer"]["groups"];
+      for (size_t g = 0; g < opt.num_groups(); ++g) opt.set_step_count(g, groups[g]["step"].get<int64_t>());
+    }
+  } catch (const std::exception& e) {
+    if (need_snapshot) rollback();
+    if (dynamic_cast<const CheckpointError*>(&e)) throw;
+    throw CheckpointError("checkpoint " + rep.dir + ": restoring state failed: " + e.what());
+  }
+  state = loaded;
+  rep.iteration = loaded.iteration;
+  rep.manifest = m;
+  return rep;
+}
+
+int inspect_checkpoint(const std::string& dir, std::ostream& out) {
+  try {
+    const std::string d = detail::resolve_checkpoint_dir(dir);
+    detail::Verified v = detail::verify_checkpoint_dir(d);
+    out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
+        << v.manifest["save_policy"].value("kind", std::string("?")) << ", harness "
+        << v.manifest.value("harness_version", std::string("?")) << ")\n";
+    detail::print_tensor_table(v.manifest, out);
+    out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure)\n";
+    return 0;
+  } catch (const std::exception& e) {
+    out << "DAMAGED: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace rh::ckpt

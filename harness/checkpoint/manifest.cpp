@@ -1,0 +1,227 @@
+// Checkpoint directory resolution, whole-checkpoint verification and disk accounting (see
+// manifest.h for the layout).
+#include "harness/checkpoint/manifest.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/fsutil.h"
+
+namespace rh::ckpt::detail {
+
+namespace fs = std::filesystem;
+
+std::string iter_dir_name(int64_t iteration) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
+  return buf;
+}
+
+std::string shard_file_name(int dp_rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "optim_rank_%05d.safetensors", dp_rank);
+  return buf;
+}
+
+std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
+  const fs::path p(root_or_dir);
+  if (path_exists((p / kManifestFile).string())) return p.string();
+  const fs::path ptr = p / kPointerFile;
+  if (!path_exists(ptr.string())) {
+    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0)
+      throw CheckpointError("checkpoint " + p.string() + ": no " + kManifestFile +
+                            " (an incomplete save; not a checkpoint)");
+    throw CheckpointError(p.string() + ": neither a checkpoint directory (no " + kManifestFile +
+                          ") nor a checkpoint root (no " + kPointerFile + ")");
+  }
+  std::string text = read_small_file(ptr.string());
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  int64_t it = -1;
+  try {
+    size_t used = 0;
+    it = std::stoll(text, &used);
+    if (used != text.size() || it < 0) it = -1;
+  } catch (const std::exception&) {
+    it = -1;
+  }
+  if (it < 0) throw CheckpointError(ptr.string() + ": expected an iteration number, got '" + text + "'");
+  const std::string name = iter_dir_name(it);
+  const fs::path dir = p / name;
+  if (path_exists((dir / kManifestFile).string())) return dir.string();
+  // Without RENAME_EXCHANGE a re-save of the same iteration moves the old directory aside
+  // (.old.<name>.<pid>) before renaming the new one in; a crash between the two renames leaves
+  // the complete old checkpoint there.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".old." + name + ".", 0) == 0 && path_exists((e.path() / kManifestFile).string()))
+      return e.path().string();
+  }
+  throw CheckpointError(ptr.string() + " names iteration " + std::to_string(it) + " but " +
+                        dir.string() + " has no " + kManifestFile);
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& file, const std::string& what) {
+  throw CheckpointError("checkpoint file " + file + ": " + what);
+}
+
+const nlohmann::json& need(const nlohmann::json& j, const char* key, const std::string& file) {
+  if (!j.is_object() || !j.contains(key)) fail(file, std::string("missing field '") + key + "'");
+  return j[key];
+}
+
+}  // namespace
+
+Verified verify_checkpoint_dir(const std::string& dir) {
+  Verified v;
+  v.dir = dir;
+  const std::string mpath = (fs::path(dir) / kManifestFile).string();
+  if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
+  try {
+    v.manifest = nlohmann::json::parse(read_small_file(mpath));
+  } catch (const nlohmann::json::exception& e) {
+    fail(mpath, std::string("not valid JSON: ") + e.what());
+  }
+  const nlohmann::json& m = v.manifest;
+  if (!m.is_object() || m.value("format", std::string()) != kFormatName)
+    fail(mpath, std::string("not a ") + kFormatName + " manifest");
+  const auto& ver = need(m, "format_version", mpath);
+  if (!ver.is_number_integer() || ver.get<int>() != kFormatVersion)
+    fail(mpath, "format version " + ver.dump() + ", this build reads version " +
+                    std::to_string(kFormatVersion));
+
+  // Files: plain names only, so nothing outside the directory can be read through a manifest.
+  for (const auto& f : need(m, "files", mpath)) {
+    const std::string name = need(f, "name", mpath).get<std::string>();
+    if (!is_plain_file_name(name))
+      fail(mpath, "file name '" + name + "' is not a plain file name inside the checkpoint directory");
+    if (v.files.count(name)) fail(mpath, "file '" + name + "' listed twice");
+    const std::string path = (fs::path(dir) / name).string();
+    if (!path_exists(path)) fail(path, "missing (listed in " + mpath + ")");
+    const uint64_t want_size = need(f, "bytes", mpath).get<uint64_t>();
+    const std::string want_hash = need(f, "xxh3", mpath).get<std::string>();
+    auto check = [&](const uint8_t*, uint64_t size) {
+      if (size != want_size)
+        fail(path, "size " + std::to_string(size) + " bytes, manifest says " +
+                       std::to_string(want_size) + (size < want_size ? " (truncated)" : ""));
+    };
+    SafetensorsFile sf = SafetensorsFile::open(path, check);
+    const std::string got = hex64(sf.xxh3());
+    if (got != want_hash)
+      fail(path, "XXH3-64 checksum " + got + " != manifest " + want_hash + " (file is corrupted)");
+    v.files.emplace(name, std::move(sf));
+  }
+
+  // Manifest tensors <-> file tensors: same set, same dtype, shape and bytes.
+  std::map<std::string, std::set<std::string>> listed;
+  for (const auto& t : need(m, "tensors", mpath)) {
+    const std::string file = need(t, "file", mpath).get<std::string>();
+    const std::string key = need(t, "key", mpath).get<std::string>();
+    auto it = v.files.find(file);
+    if (it == v.files.end()) fail(mpath, "tensor '" + key + "' refers to unlisted file '" + file + "'");
+    const std::string path = it->second.path();
+    if (!listed[file].insert(key).second) fail(mpath, "tensor '" + key + "' of " + file + " listed twice");
+    const TensorInfo* ti = it->second.find(key);
+    if (!ti) fail(path, "has no tensor '" + key + "' (listed in the manifest)");
+    const auto shape = need(t, "shape", mpath).get<std::vector<int64_t>>();
+    if (st_name(ti->dtype) != need(t, "dtype", mpath).get<std::string>() || ti->shape != shape ||
+        ti->end - ti->begin != need(t, "bytes", mpath).get<uint64_t>())
+      fail(path, "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
+                     ", manifest says " + t["dtype"].get<std::string>() + " " + t["shape"].dump());
+  }
+  for (const auto& [name, sf] : v.files)
+    for (const auto& ti : sf.tensors())
+      if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest");
+  return v;
+}
+
+nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,
+                            const std::string& kind, const TensorInfo& info, const std::string& policy,
+                            const std::string& conversion, bool exact) {
+  return {{"file", file},   {"key", key},         {"param", param},
+          {"kind", kind},   {"dtype", st_name(info.dtype)}, {"shape", info.shape},
+          {"numel", info.numel()}, {"bytes", info.end - info.begin}, {"policy", policy},
+          {"conversion", conversion}, {"exact", exact}};
+}
+
+std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_params) {
+  std::map<std::string, uint64_t> per_kind, per_dtype, per_file;
+  uint64_t data_total = 0, headers = 0;
+  for (const auto& f : m["files"]) {
+    per_file[f["name"].get<std::string>()] = f["bytes"].get<uint64_t>();
+    data_total += f["bytes"].get<uint64_t>();
+    headers += f["header_bytes"].get<uint64_t>();
+  }
+  for (const auto& t : m["tensors"]) {
+    per_kind[t["kind"].get<std::string>()] += t["bytes"].get<uint64_t>();
+    per_dtype[t["dtype"].get<std::string>()] += t["bytes"].get<uint64_t>();
+  }
+  // The manifest counts itself: re-serialize until its length stops changing (two or three
+  // rounds; the numbers only ever change length by a digit).
+  uint64_t self = 0;
+  std::string text;
+  for (int round = 0; round < 10; ++round) {
+    auto kinds = per_kind;
+    kinds["metadata"] = headers + self;
+    auto files = per_file;
+    files[kManifestFile] = self;
+    const uint64_t total = data_total + self;
+    m["disk"] = {{"total_bytes", total},
+                 {"bytes_per_file", files},
+                 {"bytes_per_key", kinds},
+                 {"bytes_per_dtype", per_dtype},
+                 {"num_params", num_model_params},
+                 {"bytes_per_param", num_model_params ? double(total) / double(num_model_params) : 0.0}};
+    text = m.dump(1) + "\n";
+    if (text.size() == self) return text;
+    self = text.size();
+  }
+  throw CheckpointError("manifest size did not settle (internal error)");
+}
+
+std::string disk_csv(const nlohmann::json& m) {
+  std::ostringstream o;
+  o << "file,key,kind,dtype,numel,bytes\n";
+  for (const auto& t : m["tensors"])
+    o << t["file"].get<std::string>() << ',' << t["key"].get<std::string>() << ','
+      << t["kind"].get<std::string>() << ',' << t["dtype"].get<std::string>() << ','
+      << t["numel"].get<uint64_t>() << ',' << t["bytes"].get<uint64_t>() << '\n';
+  for (const auto& f : m["files"])
+    o << f["name"].get<std::string>() << ",<header>,metadata,,0," << f["header_bytes"].get<uint64_t>() << '\n';
+  o << kManifestFile << ",<manifest>,metadata,,0,"
+    << m["disk"]["bytes_per_file"][kManifestFile].get<uint64_t>() << '\n';
+  return o.str();
+}
+
+void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
+  out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape"
+      << std::right << std::setw(12) << "bytes" << "  file\n";
+  for (const auto& t : m["tensors"])
+    out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9)
+        << t["dtype"].get<std::string>() << std::setw(18) << t["shape"].dump() << std::right
+        << std::setw(12) << t["bytes"].get<uint64_t>() << "  " << t["file"].get<std::string>() << '\n';
+  const auto& d = m["disk"];
+  auto section = [&](const char* title, const nlohmann::json& map) {
+    out << title << ":\n";
+    for (auto it = map.begin(); it != map.end(); ++it)
+      out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14)
+          << it.value().get<uint64_t>() << '\n';
+  };
+  section("bytes per key", d["bytes_per_key"]);
+  section("bytes per dtype", d["bytes_per_dtype"]);
+  section("bytes per file", d["bytes_per_file"]);
+  out << "total " << d["total_bytes"].get<uint64_t>() << " bytes, " << d["num_params"].get<uint64_t>()
+      << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
+      << " bytes/parameter\n";
+  out.unsetf(std::ios::fixed);
+}
+
+}  // namespace rh::ckpt::detail

@@ -1,0 +1,70 @@
+// Internal to the checkpoint room: the on-disk layout's names, finding the checkpoint a path
+// means, verifying a checkpoint directory as a whole (manifest version, file names, sizes,
+// checksums, safetensors structure, manifest <-> file consistency), and disk accounting.
+//
+// Layout of root/:
+//   latest_checkpointed_iteration.txt   "10\n": the newest published checkpoint, written last
+//   iter_0000010/                       one published checkpoint
+//     model.safetensors                 model parameters in their own dtype, keys = param names
+//     optim_rank_00000.safetensors      optimizer state of data-parallel rank 0
+//     manifest.json                     everything else (see checkpoint.cpp); a directory
+//                                       without a valid manifest is not a checkpoint
+//     disk.csv                          bytes per tensor (a report; not checksummed)
+//   .tmp.iter_0000010.<pid>/            a save in progress (or abandoned): ignored, cleaned
+//   .old.iter_0000010.<pid>/            a replaced checkpoint being deleted: ignored, cleaned
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "harness/checkpoint/safetensors.h"
+
+namespace rh::ckpt::detail {
+
+inline constexpr const char* kPointerFile = "latest_checkpointed_iteration.txt";
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kDiskCsvFile = "disk.csv";
+inline constexpr const char* kModelFile = "model.safetensors";
+inline constexpr const char* kFormatName = "resume-harness-checkpoint";
+
+std::string iter_dir_name(int64_t iteration);   // iter_0000010
+std::string shard_file_name(int dp_rank);       // optim_rank_00000.safetensors
+
+// root_or_dir is either a checkpoint directory (has manifest.json) or a root with the pointer.
+// Returns the checkpoint directory; throws CheckpointError saying what is missing.
+std::string resolve_checkpoint_dir(const std::string& root_or_dir);
+
+struct Verified {
+  std::string dir;
+  nlohmann::json manifest;
+  std::map<std::string, SafetensorsFile> files;   // by file name, every file the manifest lists
+};
+
+// Every check that needs no optimizer or model: manifest parses and has this format version;
+// listed file names are plain names inside dir; each file exists with the listed size and
+// XXH3-64; each is a valid safetensors file; the manifest's tensors and the files' tensors are
+// the same set with the same dtype, shape and bytes. Throws CheckpointError naming the file.
+Verified verify_checkpoint_dir(const std::string& dir);
+
+// The manifest's "tensors" entry for one written tensor. kind: model | master_param | remainder
+// | exp_avg | exp_avg_sq | scale. policy: native | fp32 | per_key | override. conversion: how
+// the bytes were produced from the in-memory state (see checkpoint.cpp). exact: the bytes
+// decode back to the state's value bit for bit.
+nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,
+                            const std::string& kind, const TensorInfo& info, const std::string& policy,
+                            const std::string& conversion, bool exact);
+
+// Fills manifest["disk"]: total bytes (data files + manifest itself), bytes per file, per kind
+// (incl. "metadata" = safetensors headers + manifest), per dtype, bytes per parameter. Settles
+// the manifest's own size by iterating to a fixed point. Returns the final manifest text.
+std::string finalize_disk_accounting(nlohmann::json& manifest, uint64_t num_model_params);
+
+// disk.csv: file,key,kind,dtype,numel,bytes (one row per tensor, one per header, the manifest).
+std::string disk_csv(const nlohmann::json& manifest);
+
+// Prints the manifest's tensor table and totals (the `inspect` view).
+void print_tensor_table(const nlohmann::json& manifest, std::ostream& out);
+
+}  // namespace rh::ckpt::detail

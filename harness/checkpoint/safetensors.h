@@ -1,0 +1,94 @@
+// safetensors files, our own writer and a validating mmap reader (format: BACKGROUND.md). The
+// writer is deterministic: the JSON header lists keys sorted, padded with spaces to a multiple of
+// 8; tensor bytes follow in (itemsize descending, key) order so every tensor is aligned to its
+// element size. The reader maps the file and checks every structural rule before handing out a
+// tensor; tensors it returns alias the mapping (no copy) and keep it alive.
+// Not here: what the tensors mean (checkpoint.cpp), checksums of whole checkpoints (manifest).
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rh::ckpt {
+
+enum class StDtype { F32, F16, BF16, F8_E4M3, I16, U8, I32, I64, F64 };
+std::string st_name(StDtype d);                 // "F32", "BF16", ...
+bool st_parse(const std::string& s, StDtype* out);   // false if unknown
+int64_t st_itemsize(StDtype d);
+torch::ScalarType st_scalar_type(StDtype d);    // F8_E4M3 -> kByte (raw E4M3 bytes)
+// The natural safetensors dtype of a torch dtype (kByte -> U8; fp8 bytes must say F8_E4M3).
+StDtype st_from_scalar_type(torch::ScalarType t, const std::string& what);
+
+constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;   // the reference reader's cap
+
+struct WriteTensor {
+  std::string key;
+  torch::Tensor data;   // any device/layout; written as contiguous CPU bytes
+  StDtype dtype;        // must have data's element size and agree with its scalar type
+};
+
+struct WriteStats {
+  uint64_t file_bytes = 0;     // whole file
+  uint64_t header_bytes = 0;   // 8 + N: length prefix plus JSON header (with padding)
+  uint64_t xxh3 = 0;           // XXH3-64 of the whole file, computed while writing
+};
+
+// Writes path (created/truncated) and fsyncs it when do_fsync. Throws CheckpointError naming the
+// file and key on duplicate/empty keys, dtype mismatches or I/O errors.
+WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
+                             const std::map<std::string, std::string>& metadata, bool do_fsync);
+
+struct TensorInfo {
+  std::string key;
+  StDtype dtype = StDtype::F32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;   // byte offsets relative to the data buffer
+  uint64_t numel() const;
+};
+
+// A mapped, validated safetensors file. Cheap to copy (shares the mapping).
+class SafetensorsFile {
+ public:
+  // Maps and validates path: length prefix (>= 2, <= kMaxHeaderBytes, inside the file), header
+  // starts with '{', valid JSON, no duplicate keys, known dtypes, shapes of ints >= 0, offsets in
+  // range, end - begin == numel * itemsize, tensors cover the buffer exactly (no holes, no
+  // overlaps), file size == 8 + N + buffer. Throws CheckpointError naming path and tensor.
+  // `check_bytes`, if given, sees the whole mapped file before any structural check (the
+  // checkpoint loader verifies size and checksum there, so damage is reported as such).
+  static SafetensorsFile open(
+      const std::string& path,
+      const std::function<void(const uint8_t* data, uint64_t size)>& check_bytes = {});
+
+  const std::string& path() const { return path_; }
+  uint64_t file_bytes() const;
+  uint64_t header_bytes() const { return 8 + header_len_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }   // sorted by key
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* find(const std::string& key) const;
+  const TensorInfo& info(const std::string& key) const;   // throws CheckpointError naming both
+  // The tensor's bytes as a CPU tensor of st_scalar_type(dtype) aliasing the (copy-on-write)
+  // mapping, which stays alive as long as the tensor does. Copied only if misaligned.
+  torch::Tensor tensor(const std::string& key) const;
+  // XXH3-64 of the whole mapped file.
+  uint64_t xxh3() const;
+
+ struct Mapping;   // the mmap, shared by every tensor handed out (defined in the .cpp)
+
+ private:
+  std::string path_;
+  std::shared_ptr<Mapping> map_;
+  uint64_t header_len_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// XXH3-64 of a whole file, read through a mapping; throws CheckpointError naming the file.
+uint64_t xxh3_file(const std::string& path, uint64_t* size_out);
+std::string hex64(uint64_t v);   // 16 lower-case hex digits
+
+}  // namespace rh::ckpt

@@ -1,0 +1,217 @@
+// save_checkpoint: writes model weights, one optimizer shard and the manifest into a temporary
+// directory, makes every byte durable, then publishes with renames (see manifest.h for the
+// layout). Crash safety rests on two facts: a published iter_ directory is only ever produced by
+// a rename of a complete, fsynced directory, and the pointer is replaced atomically after that.
+//
+// Re-saving an iteration that already exists: the new directory is swapped in with one
+// renameat2(RENAME_EXCHANGE) and the old one (now under the temp name) is deleted afterwards. Where
+// the file system cannot exchange, the old one is renamed aside to .old.iter_X.<pid> first; a
+// crash between the two renames leaves it there, complete, and load and the next save find it.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/policy.h"
+
+namespace rh::ckpt {
+
+namespace fs = std::filesystem;
+using optim::StateKey;
+
+namespace {
+
+constexpr StateKey kKeys[] = {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq};
+
+nlohmann::json optimizer_json(const optim::PrecisionAdam& opt) {
+  const auto& c = opt.config();
+  return {{"use_precision_aware_optimizer", c.use_precision_aware_optimizer},
+          {"main_grads_dtype", optim::to_string(c.main_grads_dtype)},
+          {"main_params_dtype", optim::to_string(c.main_params_dtype)},
+          {"exp_avg_dtype", optim::to_string(c.exp_avg_dtype)},
+          {"exp_avg_sq_dtype", optim::to_string(c.exp_avg_sq_dtype)},
+          {"store_param_remainders", c.store_param_remainders},
+          {"beta1", c.beta1}, {"beta2", c.beta2}, {"eps", c.eps},
+          {"weight_decay", c.weight_decay}, {"adam_w_mode", c.adam_w_mode}};
+}
+
+nlohmann::json train_state_json(const TrainState& s) {
+  nlohmann::json rng = nlohmann::json::object();
+  for (const auto& [name, bytes] : s.rng_states) rng[name] = hex_encode(bytes);
+  return {{"iteration", s.iteration},
+          {"consumed_samples", s.consumed_samples},
+          {"lr_schedule", {{"max_lr", s.lr.max_lr}, {"min_lr", s.lr.min_lr},
+                           {"warmup_iters", s.lr.warmup_iters}, {"decay_iters", s.lr.decay_iters},
+                           {"num_steps", s.lr.num_steps}}},
+          {"rng_states", rng}};
+}
+
+TensorInfo info_of(const std::string& key, const torch::Tensor& t, StDtype d) {
+  TensorInfo ti;
+  ti.key = key;
+  ti.dtype = d;
+  ti.shape = t.sizes().vec();
+  ti.end = static_cast<uint64_t>(t.numel()) * st_itemsize(d);
+  return ti;
+}
+
+// Removes abandoned temp/aside directories. An aside directory whose iteration has no published
+// directory is the only copy of that checkpoint (crash between renames): it is renamed back.
+void clean_stale(const fs::path& root) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
+  for (const fs::path& p : entries) {
+    const std::string n = p.filename().string();
+    const bool tmp = n.rfind(".tmp.iter_", 0) == 0, old = n.rfind(".old.iter_", 0) == 0;
+    if (!tmp && !old) continue;
+    const size_t dot = n.rfind('.');
+    long pid = std::strtol(n.c_str() + dot + 1, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // live saver
+    const fs::path published = root / n.substr(5, dot - 5);
+    if (old && !path_exists(published.string()) && path_exists((p / detail::kManifestFile).string())) {
+      rename_path(p.string(), published.string());
+      fsync_dir(root.string());
+      continue;
+    }
+    remove_tree(p.string());
+  }
+}
+
+}  // namespace
+
+SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
+  if (!in.model || !in.optimizer || !in.state)
+    throw CheckpointError("save_checkpoint(" + root_str + "): model, optimizer and state are required");
+  if (in.dp_size != 1 || in.dp_rank != 0)
+    throw CheckpointError("save_checkpoint(" + root_str + "): dp_size " + std::to_string(in.dp_size) +
+                          " requested; only dp_size 1 is implemented (the format carries rank and offsets)");
+  for (const auto& [k, d] : in.policy.overrides)
+    if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
+      throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
+  const optim::PrecisionAdam& opt = *in.optimizer;
+  const fs::path root(root_str);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw CheckpointError("cannot create checkpoint root " + root_str + ": " + ec.message());
+  clean_stale(root);
+
+  const std::string name = detail::iter_dir_name(in.state->iteration);
+  const fs::path tmp = root / (".tmp." + name + "." + std::to_string(::getpid()));
+  const fs::path final_dir = root / name;
+  remove_tree(tmp.string());
+  fs::create_directory(tmp, ec);
+  if (ec) throw CheckpointError("cannot create " + tmp.string() + ": " + ec.message());
+
+  try {
+    nlohmann::json m;
+    m["format"] = detail::kFormatName;
+    m["format_version"] = kFormatVersion;
+    m["harness_version"] = RH_VERSION;
+    m["git_commit"] = RH_GIT_COMMIT;
+    m["iteration"] = in.state->iteration;
+    m["run_config"] = in.run_config;
+    m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()}};
+    for (const auto& [k, d] : in.policy.overrides) m["save_policy"]["overrides"][k] = optim::to_string(d);
+    m["train_state"] = train_state_json(*in.state);
+    m["tensors"] = nlohmann::json::array();
+    m["files"] = nlohmann::json::array();
+
+    // Model weights, in their own dtype.
+    std::vector<WriteTensor> model_t;
+    uint64_t num_params = 0;
+    nlohmann::json model_params = nlohmann::json::array();
+    for (const auto& item : in.model->named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& p = item.value();
+      StDtype d = st_from_scalar_type(p.scalar_type(), "model parameter " + item.key());
+      model_t.push_back({item.key(), p.detach(), d});
+      num_params += static_cast<uint64_t>(p.numel());
+      m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
+                                                  info_of(item.key(), p, d), "native", "stored", true));
+    }
+    WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
+    m["files"].push_back({{"name", detail::kModelFile}, {"kind", "model"}, {"bytes", ws.file_bytes},
+                          {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
+    m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
+
+    // Optimizer state of this rank; param_ranges are offsets into the flat concatenation of all
+    // params in optimizer order (Megatron's distributed-optimizer ranges), for later sharding.
+    const std::string shard = detail::shard_file_name(in.dp_rank);
+    std::vector<WriteTensor> opt_t;
+    nlohmann::json ranges = nlohmann::json::array();
+    uint64_t flat = 0;
+    for (const std::string& p : opt.param_names()) {
+      const uint64_t n = static_cast<uint64_t>(opt.param(p).numel());
+      ranges.push_back({{"param", p}, {"begin", flat}, {"end", flat + n}});
+      flat += n;
+      for (StateKey k : kKeys)
+        for (detail::EncodedTensor& e : detail::encode_state(opt, p, k, in.policy)) {
+          m["tensors"].push_back(detail::tensor_entry(shard, e.key, p, e.kind, info_of(e.key, e.data, e.dtype),
+                                                      e.policy, e.conversion, e.exact));
+          opt_t.push_back({e.key, std::move(e.data), e.dtype});
+        }
+    }
+    ws = write_safetensors((tmp / shard).string(), opt_t,
+                           {{"format", "pt"}, {"dp_rank", std::to_string(in.dp_rank)},
+                            {"dp_size", std::to_string(in.dp_size)}},
+                           true);
+    m["files"].push_back({{"name", shard}, {"kind", "optimizer_shard"}, {"bytes", ws.file_bytes},
+                          {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
+    m["dp_size"] = in.dp_size;
+    m["shards"] = {{{"file", shard}, {"dp_rank", in.dp_rank}, {"param_ranges", ranges}}};
+
+    nlohmann::json groups = nlohmann::json::array();
+    for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
+    nlohmann::json params = nlohmann::json::array();
+    for (const std::string& p : opt.param_names())
+      params.push_back({{"name", p}, {"group", opt.group_name(opt.group_of(p))}});
+    torch::ScalarType pdt = opt.param_names().empty() ? torch::kFloat : opt.param(opt.param_names()[0]).scalar_type();
+    m["optimizer"] = {{"master_mode", optim::to_string(opt.master_mode())},
+                      {"param_dtype", c10::toString(pdt)},
+                      {"describe", opt.describe()},
+                      {"config", optimizer_json(opt)},
+                      {"groups", groups},
+                      {"params", params}};
+
+    const std::string text = detail::finalize_disk_accounting(m, num_params);
+    // Within the temp directory order does not matter: the directory rename publishes.
+    write_file_durable((tmp / detail::kManifestFile).string(), text);
+    write_file_durable((tmp / detail::kDiskCsvFile).string(), detail::disk_csv(m));
+    fsync_dir(tmp.string());
+
+    if (path_exists(final_dir.string())) {
+      if (exchange_dirs(tmp.string(), final_dir.string())) {
+        fsync_dir(root.string());
+      } else {
+        const fs::path aside = root / (".old." + name + "." + std::to_string(::getpid()));
+        remove_tree(aside.string());
+        rename_path(final_dir.string(), aside.string());
+        fsync_dir(root.string());
+        rename_path(tmp.string(), final_dir.string());
+        fsync_dir(root.string());
+        remove_tree(aside.string());
+      }
+      remove_tree(tmp.string());   // after an exchange: the replaced checkpoint
+    } else {
+      rename_path(tmp.string(), final_dir.string());
+      fsync_dir(root.string());
+    }
+    write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
+
+    SaveResult r;
+    r.dir = final_dir.string();
+    r.total_bytes = m["disk"]["total_bytes"].get<uint64_t>();
+    r.bytes_per_key = m["disk"]["bytes_per_key"].get<std::map<std::string, uint64_t>>();
+    r.bytes_per_param = m["disk"]["bytes_per_param"].get<double>();
+    return r;
+  } catch (...) {
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);   // never a published directory: only our own temp
+    throw;
+  }
+}
+
+}  // namespace rh::ckpt

@@ -1,0 +1,232 @@
+// The field table behind RunConfig: each field once, with its section, key, flag and help, from
+// which the command-line flags, JSON and TOML forms are derived.
+#include "harness/config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <variant>
+
+namespace rh {
+namespace {
+
+using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, optim::Dtype*>;
+
+struct Field {
+  const char* section;  // "model" | "optimizer" | "train"
+  const char* key;      // JSON / TOML key
+  const char* flag;     // command-line flag
+  const char* help;
+  FieldPtr ptr;
+};
+
+std::vector<Field> fields(RunConfig& c) {
+  auto& m = c.model;
+  auto& o = c.optim;
+  auto& t = c.train;
+  return {
+      {"model", "vocab_size", "--vocab-size", "vocabulary size V", &m.vocab_size},
+      {"model", "seq_len", "--seq-length", "sequence length T", &m.seq_len},
+      {"model", "d_model", "--hidden-size", "model width C", &m.d_model},
+      {"model", "n_layers", "--num-layers", "transformer layers L", &m.n_layers},
+      {"model", "n_heads", "--num-attention-heads", "attention heads H", &m.n_heads},
+      {"model", "n_experts", "--num-experts", "experts per MoE layer E", &m.n_experts},
+      {"model", "top_k", "--moe-router-topk", "experts per token K", &m.top_k},
+      {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
+      {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
+      {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
+      {"model", "dropout", "--dropout", "attention and hidden dropout", &m.dropout},
+      {"model", "router_jitter", "--moe-input-jitter-eps", "router input jitter (0 = off)", &m.router_jitter},
+      {"model", "rope_theta", "--rotary-base", "RoPE base", &m.rope_theta},
+      {"model", "init_std", "--init-method-std", "init standard deviation", &m.init_std},
+      {"model", "param_dtype", "--params-dtype", "parameter dtype: bf16 | fp32", &m.param_dtype},
+      {"model", "compute", "--compute", "bf16 compute: auto | fp32 | native", &m.compute},
+      {"optimizer", "use_precision_aware_optimizer", "--use-precision-aware-optimizer",
+       "keep optimizer states in the dtypes below", &o.use_precision_aware_optimizer},
+      {"optimizer", "main_grads_dtype", "--main-grads-dtype", "fp32 | bf16", &o.main_grads_dtype},
+      {"optimizer", "main_params_dtype", "--main-params-dtype", "fp32 | fp16", &o.main_params_dtype},
+      {"optimizer", "exp_avg_dtype", "--exp-avg-dtype", "fp32 | bf16 | fp16 | fp8", &o.exp_avg_dtype},
+      {"optimizer", "exp_avg_sq_dtype", "--exp-avg-sq-dtype", "fp32 | bf16 | fp16 | fp8", &o.exp_avg_sq_dtype},
+      {"optimizer", "store_param_remainders", "--store-param-remainders",
+       "bf16 weight + int16 remainder instead of an fp32 master", &o.store_param_remainders},
+      {"optimizer", "beta1", "--adam-beta1", "Adam beta1", &o.beta1},
+      {"optimizer", "beta2", "--adam-beta2", "Adam beta2", &o.beta2},
+      {"optimizer", "eps", "--adam-eps", "Adam epsilon", &o.eps},
+      {"optimizer", "weight_decay", "--weight-decay", "decoupled (AdamW) or L2 decay", &o.weight_decay},
+      {"optimizer", "adam_w_mode", "--adam-w-mode", "AdamW (true) or L2 decay (false)", &o.adam_w_mode},
+      {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
+      {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
+      {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},
+      {"train", "lr", "--lr", "peak learning rate", &t.lr},
+      {"train", "min_lr", "--min-lr", "cosine floor", &t.min_lr},
+      {"train", "lr_warmup_iters", "--lr-warmup-iters", "linear warmup iterations", &t.lr_warmup_iters},
+      {"train", "lr_decay_iters", "--lr-decay-iters", "schedule length", &t.lr_decay_iters},
+      {"train", "clip_grad", "--clip-grad", "global-norm clip (0 = off)", &t.clip_grad},
+      {"train", "seed", "--seed", "init and dropout seed", &t.seed},
+      {"train", "data_seed", "--data-seed", "synthetic corpus seed", &t.data_seed},
+      {"train", "threads", "--threads", "intra-op threads", &t.threads},
+      {"train", "device", "--device", "cpu | cuda", &t.device},
+  };
+}
+
+nlohmann::json field_to_json(const FieldPtr& p) {
+  return std::visit(
+      [](auto* v) -> nlohmann::json {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, optim::Dtype>) {
+          return optim::to_string(*v);
+        } else {
+          return *v;
+        }
+      },
+      p);
+}
+
+void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::string& where,
+                     const std::string& key) {
+  auto fail = [&](const char* expected) {
+    throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " +
+                                v.dump());
+  };
+  std::visit(
+      [&](auto* dst) {
+        using T = std::remove_pointer_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) fail("true or false");
+          *dst = v.get<bool>();
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          if (!v.is_number_integer()) fail("an integer");
+          *dst = v.get<int64_t>();
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() &&
+                                         v.get<int64_t>() < 0))
+            fail("a non-negative integer");
+          *dst = v.get<uint64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!v.is_number()) fail("a number");
+          *dst = v.get<double>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) fail("a string");
+          *dst = v.get<std::string>();
+        } else {
+          if (!v.is_string()) fail("a dtype string (fp32, bf16, fp16, fp8)");
+          *dst = optim::parse_dtype(v.get<std::string>(), where + ": key '" + key + "'");
+        }
+      },
+      p);
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw std::invalid_argument(msg);
+}
+
+}  // namespace
+
+void validate(const RunConfig& c) {
+  const auto& t = c.train;
+  require(t.iterations > 0, "train.iterations (--train-iters) must be > 0");
+  require(t.global_batch > 0 && t.micro_batch > 0,
+          "train.global_batch and train.micro_batch must be > 0");
+  require(t.global_batch % t.micro_batch == 0,
+          "train.global_batch (" + std::to_string(t.global_batch) +
+              ") must be a multiple of train.micro_batch (" + std::to_string(t.micro_batch) + ")");
+  require(t.lr >= 0 && t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, lr]");
+  require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
+          "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
+  require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
+  require(t.threads >= 1, "train.threads must be >= 1");
+  require(t.device == "cpu" || t.device == "cuda",
+          "train.device (--device) must be 'cpu' or 'cuda', got '" + t.device + "'");
+  require(c.model.param_dtype == "bf16" || c.model.param_dtype == "fp32",
+          "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" +
+              c.model.param_dtype + "'");
+  optim::validate(c.optim, c.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+}
+
+nlohmann::json to_json(const RunConfig& cfg) {
+  RunConfig copy = cfg;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& f : fields(copy)) j[f.section][f.key] = field_to_json(f.ptr);
+  return j;
+}
+
+void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where) {
+  require(j.is_object(), where + ": expected a table of sections model/optimizer/train");
+  auto fs = fields(cfg);
+  for (const auto& [section, body] : j.items()) {
+    bool known_section = false;
+    for (const auto& f : fs) known_section = known_section || section == f.section;
+    require(known_section, where + ": unknown section '" + section +
+                               "' (expected model, optimizer or train)");
+    require(body.is_object(), where + ": section '" + section + "' must be a table");
+    for (const auto& [key, value] : body.items()) {
+      const Field* hit = nullptr;
+      for (const auto& f : fs)
+        if (section == f.section && key == f.key) hit = &f;
+      require(hit != nullptr, where + ": unknown key '" + section + "." + key + "'");
+      field_from_json(hit->ptr, value, where, section + "." + key);
+    }
+  }
+}
+
+RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where) {
+  RunConfig cfg;
+  apply_json(cfg, j, where);
+  return cfg;
+}
+
+RunConfig load_run_config_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::invalid_argument("cannot open run config '" + path + "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(path + ": not valid JSON: " + e.what());
+  }
+  return run_config_from_json(j, path);
+}
+
+void add_run_options(CLI::App& app, RunConfig& cfg) {
+  for (const auto& f : fields(cfg)) {
+    std::string group = std::string(f.section) + " options";
+    std::visit(
+        [&](auto* dst) {
+          using T = std::remove_pointer_t<decltype(dst)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            std::string name = std::string(f.flag) + ",!--no-" + (f.flag + 2);
+            app.add_flag(name, *dst, f.help)->group(group);
+          } else if constexpr (std::is_same_v<T, optim::Dtype>) {
+            app.add_option_function<std::string>(
+                   f.flag, [dst, flag = std::string(f.flag)](const std::string& s) {
+                     *dst = optim::parse_dtype(s, flag);
+                   },
+                   f.help)
+                ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}))
+                ->group(group);
+          } else {
+            app.add_option(f.flag, *dst, f.help)->group(group);
+          }
+        },
+        f.ptr);
+  }
+}
+
+std::string describe(const RunConfig& cfg) {
+  RunConfig copy = cfg;
+  std::ostringstream os;
+  const char* section = "";
+  for (const auto& f : fields(copy)) {
+    if (std::string(section) != f.section) {
+      section = f.section;
+      os << "[" << section << "]\n";
+    }
+    os << "  " << f.key << " = " << field_to_json(f.ptr).dump() << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace rh

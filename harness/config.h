@@ -1,0 +1,62 @@
+// The run configuration: model, optimizer and trainer settings, filled once at the edge (command
+// line, scenario TOML, checkpoint manifest) and passed down read-only. Every field is declared once
+// in config.cpp's field table, which drives the command-line flags, the JSON form (manifests) and
+// the TOML form (scenarios), so the three can never disagree.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/optim/precision_adam.h"
+#include "models/model.h"
+
+namespace CLI {
+class App;
+}
+
+namespace rh {
+
+struct TrainConfig {
+  int64_t iterations = 20;     // N: the run's length (a run may stop earlier, see --stop-at)
+  int64_t global_batch = 16;   // samples per iteration, independent of micro-batching
+  int64_t micro_batch = 8;     // samples per forward/backward; gradients accumulate
+  double lr = 1e-2;            // peak learning rate
+  double min_lr = 1e-3;        // cosine floor
+  int64_t lr_warmup_iters = 2;
+  int64_t lr_decay_iters = 20; // schedule length, fixed by config, not by where a run stops
+  double clip_grad = 1.0;      // global-norm clipping threshold (0 = off)
+  uint64_t seed = 1234;        // parameter init and the dropout generator
+  uint64_t data_seed = 42;     // the synthetic corpus
+  int64_t threads = 1;         // intra-op threads (fixed for determinism)
+  std::string device = "cpu";  // cpu | cuda
+};
+
+struct RunConfig {
+  models::ModelConfig model;
+  optim::OptimizerConfig optim;
+  TrainConfig train;
+};
+
+// Checks the combination (model fields, Megatron's optimizer rules, batch divisibility, device)
+// and throws std::invalid_argument naming the field.
+void validate(const RunConfig& cfg);
+
+nlohmann::json to_json(const RunConfig& cfg);
+// Strict: unknown sections or keys, and values of the wrong type, throw std::invalid_argument
+// naming `where` (a file name or "manifest") and the key.
+RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where);
+// Reads a run-config JSON file (config.json or the run_config of a manifest).
+RunConfig load_run_config_file(const std::string& path);
+// Applies the keys present in j (sections model/optimizer/train) on top of cfg.
+void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where);
+
+// Registers one command-line flag per field on `app` (Megatron's names for the optimizer),
+// writing into cfg when parsed.
+void add_run_options(CLI::App& app, RunConfig& cfg);
+
+// Human-readable multi-line dump, printed at the start of a run.
+std::string describe(const RunConfig& cfg);
+
+}  // namespace rh

@@ -1,0 +1,74 @@
+// resume-harness: the command-line tool. Subcommands parse flags into library structs and call
+// rh_core; all logic lives in the library so the tests exercise the same code.
+// Exit codes: 0 success, 1 a check/scenario missed its expectation or a checkpoint is damaged,
+// 2 bad input (flags, scenario files, checkpoints that cannot be loaded).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/commands.h"
+#include "harness/run.h"
+
+namespace {
+
+void add_save_options(CLI::App& app, rh::TrainJob& job, std::string& policy,
+                      std::vector<std::string>& overrides) {
+  app.add_option("--save", job.save_root, "checkpoint root to save into when stopping");
+  app.add_option("--save-policy", policy, "native | fp32 | per_key")
+      ->check(CLI::IsMember({"native", "fp32", "per_key"}));
+  app.add_option("--save-override", overrides,
+                 "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
+  app.require_subcommand(1);
+
+  rh::TrainJob job;
+  std::string policy = "native", fault = "none";
+  std::vector<std::string> overrides;
+  auto* train = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
+  train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
+                                          "fingerprints.csv")->default_val("reports/train");
+  train->add_option_function<std::string>(
+           "--config",
+           [&job](const std::string& file) { job.cfg = rh::load_run_config_file(file); },
+           "run config JSON (as written to config.json / manifests); later flags override it")
+      ->trigger_on_parse();
+  train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
+  train->add_option("--stop-at", job.stop_at, "stop after this iteration (default: --train-iters)");
+  train->add_option("--load", job.load, "resume from this checkpoint root or iter_ directory");
+  train->add_option("--fault", fault, "deliberate fault on load (for the resume check)");
+  train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
+  train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
+  train->add_flag("--quiet", job.quiet, "print nothing but errors");
+  add_save_options(*train, job, policy, overrides);
+  rh::add_run_options(*train, job.cfg);
+
+  std::string inspect_dir;
+  auto* inspect = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
+  inspect->add_option("CKPT_DIR", inspect_dir, "checkpoint root or iter_ directory")->required();
+
+  rh::register_commands(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (*train) {
+      job.fault = rh::parse_fault(fault);
+      job.policy = rh::parse_policy(policy, overrides);
+      return rh::run_train(job);
+    }
+    if (*inspect) return rh::ckpt::inspect_checkpoint(inspect_dir, std::cout);
+    return rh::run_commands(app);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,39 @@
+// The matrix run: every scenario of a file, several at a time, with a progress display, writing
+// a run directory (summary.csv, summary.json, junit.xml, per-scenario results) and comparing each
+// baseline's metrics bitwise against committed golden CSVs when asked.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/check.h"
+
+namespace rh {
+
+struct MatrixOptions {
+  std::string file;              // scenario file
+  std::string filter;            // canonical name / substring / glob ("" = all)
+  std::string run_dir;           // default reports/runs/<file stem>
+  int jobs = 1;
+  bool keep_checkpoints = false;
+  std::string golden_dir;        // compare baselines against golden CSVs here
+  bool update_golden = false;    // rewrite them instead
+  std::string tool;              // executable for the child processes
+  bool progress_tty = false;     // redraw one status line (else plain lines)
+};
+
+struct MatrixResult {
+  std::vector<CheckResult> results;   // in scenario order
+  int exit_code = 0;                  // 0 all met expectations, 1 otherwise
+};
+
+// Runs the matrix; throws ScenarioError / std::invalid_argument for bad input.
+MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log);
+
+// Golden comparison of one metrics CSV against another: "" if bit-identical, else the first
+// difference ("iteration 3: lm_loss 0x1.6p+2 vs 0x1.5p+2").
+std::string compare_golden(const std::string& golden_csv, const std::string& actual_csv);
+
+// Writes junit.xml for the results (one testcase per scenario, failure message = verdict).
+void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results);
+
+}  // namespace rh

@@ -1,0 +1,203 @@
+// The fp32 Adam/AdamW update of one parameter, chunked so that the ~20 elementwise passes run on
+// cache-resident slices instead of streaming the whole tensor from memory each time.
+//
+// The exact fp32 op sequence (each line one IEEE-754 fp32 operation, rounded to nearest even;
+// no fused multiply-add, no double intermediates), which tests/optim_reference.h replays:
+//   p = master value (fp32 / fp16 widened / joined bf16+remainder), g = main grad widened,
+//   m, v = stored moments decoded (bf16 widened; fp16/fp8: decode(code) * scale).
+//   L2 mode:   t = wd * p;          g = g + t
+//              t1 = beta1 * m;      t2 = (1-beta1) * g;   m = t1 + t2
+//              t1 = beta2 * v;      t2 = (1-beta2) * g;   t2 = t2 * g;   v = t1 + t2
+//              d = v / bc2;         d = sqrt(d);          d = d + eps
+//              u = m / bc1;         u = u / d
+//   AdamW:     t = wd * p;          u = u + t
+//              u = lr * u;          p = p - u
+// The new fp32 m and v feed the update; storage is applied afterwards: bf16 by RNE cast, fp16/fp8
+// by q = m / scale with scale = amax(|m|) / range, then RNE to fp16 / E4M3 encode.
+// Scalars are fp32 values (StepScalars) passed as exactly representable Scalars, so a kernel
+// that happens to compute in double still returns the fp32-rounded result (double has more than
+// 2*24+2 bits, so double rounding is innocuous for + - * / sqrt).
+#include "harness/optim/adam_step.h"
+
+#include <cmath>
+#include <limits>
+
+namespace rh::optim::detail {
+namespace {
+
+constexpr int64_t kChunk = 1 << 15;   // 32768 fp32 = 128 KiB per buffer: ~1 MiB live, in L2
+
+bool is_scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
+
+torch::Tensor flat(const torch::Tensor& t) { return t.view({-1}); }
+
+// Decoded fp32 values of a moment slice: a view when stored fp32, else decoded into `buf`.
+torch::Tensor load_moment(const StoredState& st, int64_t s, int64_t len, const torch::Tensor& buf,
+                          const torch::Tensor& idx_buf) {
+  auto raw = flat(st.data).narrow(0, s, len);
+  if (st.dtype == Dtype::fp32) return raw;
+  auto out = buf.narrow(0, 0, len);
+  if (st.dtype == Dtype::fp8) {
+    auto idx = idx_buf.narrow(0, 0, len);
+    idx.copy_(raw);
+    at::index_select_out(out, codec::fp8_decode_table(), 0, idx);
+  } else {
+    out.copy_(raw);   // bf16 / fp16 widening is exact
+  }
+  if (is_scaled(st.dtype)) out.mul_(static_cast<double>(*st.scale));
+  return out;
+}
+
+// Where the new fp32 moment goes: into fp32 storage directly, a chunk buffer (bf16: cast after),
+// or the full-length buffer (fp16/fp8: encoded once the whole tensor's amax is known).
+torch::Tensor moment_dest(const StoredState& st, int64_t s, int64_t len, const torch::Tensor& buf,
+                          const torch::Tensor& full) {
+  if (st.dtype == Dtype::fp32) return flat(st.data).narrow(0, s, len);
+  if (is_scaled(st.dtype)) return full.narrow(0, s, len);
+  return buf.narrow(0, 0, len);
+}
+
+void track_amax(float& acc, const torch::Tensor& x) {
+  const float a = codec::abs_max(x);
+  if (std::isnan(a) || std::isnan(acc)) acc = std::numeric_limits<float>::quiet_NaN();
+  else acc = std::max(acc, a);
+}
+
+// Scale from the whole tensor's amax, then encode chunk by chunk.
+void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Workspace& ws) {
+  const bool fp8 = st.dtype == Dtype::fp8;
+  const float scale = codec::scale_from_amax(amax, fp8 ? codec::kFp8Range : codec::kFp16Range);
+  st.scale = scale;
+  auto dst = flat(st.data);
+  const int64_t n = dst.numel();
+  for (int64_t s = 0; s < n; s += ws.chunk) {
+    const int64_t len = std::min(ws.chunk, n - s);
+    auto q = ws.t1.narrow(0, 0, len);
+    at::div_out(q, full.narrow(0, s, len), static_cast<double>(scale));
+    if (fp8) codec::fp8_encode_into(q, dst.narrow(0, s, len), ws.fp8, !std::isfinite(amax));
+    else dst.narrow(0, s, len).copy_(q);   // RNE to fp16
+  }
+}
+
+}  // namespace
+
+StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr,
+                              int64_t step) {
+  StepScalars k{};
+  k.beta1 = static_cast<float>(cfg.beta1);
+  k.one_minus_beta1 = 1.0f - k.beta1;
+  k.beta2 = static_cast<float>(cfg.beta2);
+  k.one_minus_beta2 = 1.0f - k.beta2;
+  const double t = static_cast<double>(step);
+  k.bc1 = static_cast<float>(1.0 - std::pow(cfg.beta1, t));
+  k.bc2 = static_cast<float>(1.0 - std::pow(cfg.beta2, t));
+  k.eps = static_cast<float>(cfg.eps);
+  k.weight_decay = static_cast<float>(group_weight_decay);
+  k.lr = static_cast<float>(lr);
+  k.adam_w_mode = cfg.adam_w_mode;
+  return k;
+}
+
+void Workspace::ensure(int64_t chunk_elems, int64_t full_elems) {
+  if (chunk < chunk_elems) {
+    chunk = chunk_elems;
+    for (auto* t : {&p, &g, &m, &v, &t1, &t2}) *t = torch::empty({chunk}, torch::kFloat);
+    bits = torch::empty({chunk}, torch::kInt);
+    idx = torch::empty({chunk}, torch::kInt);
+    fp8.ensure(chunk);
+  }
+  if (!m_full.defined() || m_full.numel() < full_elems) {
+    m_full = torch::empty({full_elems}, torch::kFloat);
+    v_full = torch::empty({full_elems}, torch::kFloat);
+  }
+}
+
+void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws) {
+  const int64_t n = ps.param.numel();
+  const bool m_scaled = is_scaled(ps.exp_avg.dtype), v_scaled = is_scaled(ps.exp_avg_sq.dtype);
+  ws.ensure(kChunk, (m_scaled || v_scaled) ? n : 0);
+  const double b1 = k.beta1, omb1 = k.one_minus_beta1, b2 = k.beta2, omb2 = k.one_minus_beta2;
+  const double bc1 = k.bc1, bc2 = k.bc2, eps = k.eps, wd = k.weight_decay, lr = k.lr;
+  auto P = flat(ps.master.data), W = flat(ps.param), G = flat(ps.main_grad);
+  float m_amax = 0.0f, v_amax = 0.0f;
+
+  for (int64_t s = 0; s < n; s += ws.chunk) {
+    const int64_t len = std::min(ws.chunk, n - s);
+    auto cut = [&](const torch::Tensor& t) { return t.narrow(0, 0, len); };
+    auto Pc = P.narrow(0, s, len), Wc = W.narrow(0, s, len);
+    auto t1 = cut(ws.t1), t2 = cut(ws.t2);
+
+    torch::Tensor p;   // fp32 master value of this slice
+    if (mode == MasterMode::fp32) {
+      p = Pc;
+    } else if (mode == MasterMode::fp16) {
+      p = cut(ws.p);
+      p.copy_(Pc);
+    } else {   // join: bits = (weight bits << 16) + remainder (see storage_codecs.h)
+      auto b = cut(ws.bits);
+      b.copy_(Wc.view(torch::kShort));
+      at::bitwise_left_shift_out(b, b, 16);
+      at::add_out(b, b, Pc);
+      p = b.view(torch::kFloat);
+    }
+    torch::Tensor g = G.narrow(0, s, len);
+    if (g.scalar_type() != torch::kFloat || !k.adam_w_mode) {
+      auto gw = cut(ws.g);
+      if (!k.adam_w_mode) {   // L2: g = g + wd * p (local; the main grad is left as it was)
+        at::mul_out(t1, p, wd);
+        at::add_out(gw, g, t1);
+      } else {
+        gw.copy_(g);
+      }
+      g = gw;
+    }
+    auto m = load_moment(ps.exp_avg, s, len, ws.m, ws.idx);
+    auto v = load_moment(ps.exp_avg_sq, s, len, ws.v, ws.idx);
+
+    auto m_new = moment_dest(ps.exp_avg, s, len, ws.m, ws.m_full);
+    at::mul_out(t1, m, b1);
+    at::mul_out(t2, g, omb1);
+    at::add_out(m_new, t1, t2);
+    auto v_new = moment_dest(ps.exp_avg_sq, s, len, ws.v, ws.v_full);
+    at::mul_out(t1, v, b2);
+    at::mul_out(t2, g, omb2);
+    at::mul_out(t2, t2, g);
+    at::add_out(v_new, t1, t2);
+
+    at::div_out(t1, v_new, bc2);
+    at::sqrt_out(t1, t1);
+    at::add_out(t1, t1, eps);
+    at::div_out(t2, m_new, bc1);
+    at::div_out(t2, t2, t1);
+    if (k.adam_w_mode) {
+      at::mul_out(t1, p, wd);
+      at::add_out(t2, t2, t1);
+    }
+    at::mul_out(t2, t2, lr);
+
+    if (mode == MasterMode::fp32) {
+      at::sub_out(Pc, p, t2);
+      Wc.copy_(Pc);                        // bf16 params: RNE cast; fp32 params: copy
+    } else if (mode == MasterMode::fp16) {
+      at::sub_out(p, p, t2);
+      Pc.copy_(p);                         // RNE to fp16
+      Wc.copy_(Pc);                        // the model param is a cast of the fp16 master
+    } else {   // split: r = (int16)bits, w = (int16)((bits - r) >> 16)
+      at::sub_out(p, p, t2);
+      auto b = cut(ws.bits);
+      Pc.copy_(b);                         // int32 -> int16 keeps the low half (wrapping)
+      at::sub_out(b, b, Pc);
+      at::bitwise_right_shift_out(b, b, 16);
+      Wc.view(torch::kShort).copy_(b);
+    }
+
+    if (ps.exp_avg.dtype == Dtype::bf16) flat(ps.exp_avg.data).narrow(0, s, len).copy_(m_new);
+    if (ps.exp_avg_sq.dtype == Dtype::bf16) flat(ps.exp_avg_sq.data).narrow(0, s, len).copy_(v_new);
+    if (m_scaled) track_amax(m_amax, m_new);
+    if (v_scaled) track_amax(v_amax, v_new);
+  }
+  if (m_scaled) store_scaled(ps.exp_avg, ws.m_full.narrow(0, 0, n), m_amax, ws);
+  if (v_scaled) store_scaled(ps.exp_avg_sq, ws.v_full.narrow(0, 0, n), v_amax, ws);
+}
+
+}  // namespace rh::optim::detail

@@ -1,0 +1,162 @@
+// One training process; see run.h.
+#include "harness/run.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+#include "harness/env.h"
+#include "harness/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+
+const std::vector<std::string>& fault_names() {
+  static const std::vector<std::string> names = {
+      "none",           "skip_rng_restore",  "skip_data_position_restore", "reset_step_counter",
+      "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders", "lossy_dtype_override"};
+  return names;
+}
+
+std::string to_string(Fault f) { return fault_names().at(static_cast<size_t>(f)); }
+
+Fault parse_fault(const std::string& s) {
+  const auto& names = fault_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<Fault>(i);
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown fault '" + s + "' (expected one of: " + all + ")");
+}
+
+namespace {
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+  if (!f) throw std::runtime_error("cannot write " + p.string());
+}
+
+std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std::string, uint64_t>>& fp) {
+  std::string out;
+  char buf[32];
+  for (const auto& [key, h] : fp) {
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    out += std::to_string(iteration) + "," + key + "," + buf + "\n";
+  }
+  return out;
+}
+
+// A lossless dump of the in-memory state (native policy), for the state comparisons.
+void dump_state(const Trainer& tr, const fs::path& root) {
+  ckpt::SaveInput in;
+  in.model = &tr.model();
+  in.optimizer = &tr.optimizer();
+  auto st = tr.state();
+  in.state = &st;
+  in.run_config = to_json(tr.config());
+  in.policy = {ckpt::SavePolicyKind::native, {}};
+  ckpt::save_checkpoint(root.string(), in);
+}
+
+}  // namespace
+
+int run_train(const TrainJob& job) {
+  const RunConfig& cfg = job.cfg;
+  validate(cfg);
+  configure_determinism(static_cast<int>(cfg.train.threads));
+  const int64_t stop = job.stop_at < 0 ? cfg.train.iterations : job.stop_at;
+  if (stop > cfg.train.iterations || stop < 0)
+    throw std::invalid_argument("--stop-at " + std::to_string(stop) + " is outside [0, " +
+                                std::to_string(cfg.train.iterations) + "]");
+  const fs::path out(job.out_dir);
+  if (!job.out_dir.empty()) fs::create_directories(out);
+  const auto info = runtime_info();
+  if (!job.quiet) {
+    std::cout << describe(info) << "\n";
+    if (!info.blas_is_openblas)
+      std::cout << "WARNING: OpenBLAS is not the BLAS in use; runs are about 12x slower\n";
+    std::cout << describe(cfg);
+  }
+
+  Trainer tr(cfg);
+  if (!job.quiet) {
+    std::cout << tr.model().describe() << "\n" << tr.optimizer().describe() << "\n";
+  }
+  if (!job.out_dir.empty()) write_text(out / "config.json", to_json(cfg).dump(2) + "\n");
+
+  std::string fingerprints = "iteration,key,xxh3\n";
+  if (!job.load.empty()) {
+    // Negative control material: the fresh state, before anything is loaded.
+    fingerprints += fingerprint_rows(-1, tr.fingerprints());
+    ckpt::LoadOptions opts;
+    opts.allow_lossy = job.allow_lossy;
+    if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
+    if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
+    ckpt::TrainState st = tr.state();
+    auto report = ckpt::load_checkpoint(job.load, tr.model(), tr.optimizer(), st, to_json(cfg), opts);
+    if (job.fault == Fault::skip_data_position_restore) st.consumed_samples = 0;
+    if (job.fault == Fault::reset_lr_schedule) st.lr.num_steps = 0;
+    if (job.fault == Fault::reset_step_counter)
+      for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
+    tr.set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);
+    if (!job.quiet) {
+      std::cout << "loaded " << report.dir << " (iteration " << report.iteration << ")\n";
+      for (const auto& c : report.conversions) std::cout << "  conversion: " << c << "\n";
+      if (job.fault != Fault::none) std::cout << "  fault injected: " << to_string(job.fault) << "\n";
+    }
+    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_after_load");
+    fingerprints += fingerprint_rows(tr.iteration(), tr.fingerprints());
+  } else {
+    fingerprints += fingerprint_rows(0, tr.fingerprints());
+  }
+
+  auto save = [&](const char* dump_name) {
+    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / dump_name);
+    ckpt::SaveInput in;
+    in.model = &tr.model();
+    in.optimizer = &tr.optimizer();
+    auto st = tr.state();
+    in.state = &st;
+    in.run_config = to_json(cfg);
+    in.policy = job.policy;
+    auto res = ckpt::save_checkpoint(job.save_root, in);
+    if (!job.quiet)
+      std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
+                  static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
+  };
+  if (job.save_at >= 0 && job.save_root.empty())
+    throw std::invalid_argument("--save-at needs --save (the checkpoint root)");
+  if (job.save_at > stop)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + " is after the last iteration " +
+                                std::to_string(stop));
+
+  std::vector<IterMetrics> rows;
+  while (tr.iteration() < stop) {
+    auto m = tr.train_iteration();
+    rows.push_back(m);
+    fingerprints += fingerprint_rows(m.iteration, tr.fingerprints());
+    if (!job.quiet) {
+      std::printf("iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
+                  "num zeros %lld | %.0f tokens/s\n",
+                  static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss),
+                  static_cast<double>(m.aux_loss), m.grad_norm, m.lr,
+                  static_cast<long long>(m.num_zeros), m.tokens_per_s);
+      std::fflush(stdout);
+    }
+    if (m.iteration == job.save_at) save("state_at_save");
+  }
+  if (!job.save_root.empty() && job.save_at < 0) save("state_at_save");
+  if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_final");
+  if (!job.out_dir.empty()) {
+    write_metrics_csv((out / "metrics.csv").string(), rows);
+    write_timing_csv((out / "timing.csv").string(), rows);
+    write_text(out / "fingerprints.csv", fingerprints);
+  }
+  return 0;
+}
+
+}  // namespace rh

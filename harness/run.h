@@ -1,0 +1,46 @@
+// One training process as the tool runs it: fresh or resumed from a checkpoint, optionally
+// stopping early and saving, writing metrics, timing and per-iteration fingerprints into an
+// output directory. The resume check (check.h) runs three of these as separate processes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/config.h"
+
+namespace rh {
+
+// Deliberate faults the resume check must catch. Each one omits or breaks one piece of restore.
+enum class Fault {
+  none,
+  skip_rng_restore,            // generators keep their fresh state
+  skip_data_position_restore,  // data restarts at sample 0
+  reset_step_counter,          // optimizer step counters back to 0
+  skip_exp_avg_restore,        // exp_avg stays at its fresh value (0)
+  reset_lr_schedule,           // LR schedule counter back to 0
+  drop_remainders,             // load weights only: remainders stay 0
+  lossy_dtype_override,        // save-side: a key written in a lossy dtype (set by the policy)
+};
+std::string to_string(Fault f);
+Fault parse_fault(const std::string& s);   // throws std::invalid_argument listing the names
+const std::vector<std::string>& fault_names();
+
+struct TrainJob {
+  RunConfig cfg;
+  std::string out_dir;            // metrics.csv, timing.csv, fingerprints.csv, config.json
+  int64_t stop_at = -1;           // stop after this iteration (-1: cfg.train.iterations)
+  std::string save_root;          // if set: save a checkpoint here when stopping (and at save_at)
+  int64_t save_at = -1;           // also save after this iteration, then go on
+  ckpt::SavePolicy policy;
+  std::string load;               // if set: resume from this checkpoint root or iter_ directory
+  Fault fault = Fault::none;
+  bool allow_lossy = false;       // accept lossy conversions on load
+  bool dump_states = false;       // write state dumps (at save / right after load) for comparison
+  bool quiet = false;
+};
+
+// Runs the job; returns the process exit code (0 ok). Throws on bad input.
+int run_train(const TrainJob& job);
+
+}  // namespace rh

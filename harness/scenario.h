@@ -1,0 +1,59 @@
+// Scenarios: what one resume check runs and what it must find. Scenario files are TOML (data, not
+// code); a file holds named [[scenario]] entries and [[matrix]] blocks that expand named axes as a
+// cartesian product, with excludes and per-cell expectations. Every expanded scenario has a
+// canonical name built from its axis values ("states/exp_avg=bf16,master=fp32,policy=native"),
+// which `check` accepts, so a failing line is its own reproduction command.
+// The file format is documented in scenarios/README.md.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/config.h"
+#include "harness/run.h"
+
+namespace rh {
+
+// Raised for every problem in a scenario file; the message starts with "file:line:".
+struct ScenarioError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+struct Tolerance {
+  double atol = 0.0;
+  double rtol = 0.0;
+};
+
+struct Expectation {
+  enum class Kind { exact, tolerance, diverge } kind = Kind::exact;
+  std::map<std::string, Tolerance> tolerances;   // metric name -> tolerance (kind == tolerance)
+  std::string reason;                            // required unless exact
+};
+std::string to_string(Expectation::Kind k);
+
+struct Scenario {
+  std::string name;          // canonical name
+  std::string file;          // the file it came from
+  std::string description;
+  RunConfig cfg;             // cfg.train.iterations is N
+  int64_t save_at = 10;      // K
+  ckpt::SavePolicy policy;
+  Fault fault = Fault::none;
+  int64_t dp_size = 1;
+  bool allow_lossy = false;  // the load accepts lossy conversions (policies that lose bits)
+  Expectation expect;
+};
+
+// Parses and expands a scenario file. Throws ScenarioError ("file:line: key: what was expected").
+std::vector<Scenario> load_scenarios(const std::string& path);
+
+// Scenarios whose canonical name equals `filter`, or contains it when no name equals it exactly;
+// a filter with '*' is matched as a glob. Empty filter selects all.
+std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const std::string& filter);
+
+// A file-system-safe form of the canonical name (for directories and golden files).
+std::string safe_name(const std::string& canonical);
+
+}  // namespace rh

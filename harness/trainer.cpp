@@ -1,0 +1,176 @@
+// The training loop; see trainer.h.
+#include "harness/trainer.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#ifdef RH_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace rh {
+
+double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps) {
+  if (s.warmup_iters > 0 && num_steps < s.warmup_iters)
+    return s.max_lr * static_cast<double>(num_steps + 1) / static_cast<double>(s.warmup_iters);
+  if (num_steps >= s.decay_iters) return s.min_lr;
+  const double progress = static_cast<double>(num_steps - s.warmup_iters) /
+                          static_cast<double>(s.decay_iters - s.warmup_iters);
+  const double coeff = 0.5 * (std::cos(M_PI * progress) + 1.0);
+  return s.min_lr + coeff * (s.max_lr - s.min_lr);
+}
+
+namespace {
+
+torch::Generator make_generator(const torch::Device& device, uint64_t seed) {
+#ifdef RH_WITH_CUDA
+  if (device.is_cuda()) {
+    auto g = at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
+    g.set_current_seed(seed);
+    return g;
+  }
+#endif
+  if (!device.is_cpu()) throw std::invalid_argument("device " + device.str() + " is not supported");
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+torch::Device parse_device(const std::string& d) {
+  if (d == "cuda") {
+#ifndef RH_WITH_CUDA
+    throw std::invalid_argument("--device cuda: this build has no CUDA (LibTorch without CUDA)");
+#else
+    if (!torch::cuda::is_available())
+      throw std::invalid_argument("--device cuda: no CUDA device is available");
+    return torch::Device(torch::kCUDA, 0);
+#endif
+  }
+  return torch::Device(torch::kCPU);
+}
+
+// Megatron's default grouping: matrices decay, 1-D parameters (norm weights) do not.
+std::vector<optim::ParamGroup> param_groups(models::CausalLM& model, double wd) {
+  optim::ParamGroup decay{"decay", {}, wd}, no_decay{"no_decay", {}, 0.0};
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    (item.value().dim() >= 2 ? decay : no_decay).params.emplace_back(item.key(), item.value());
+  std::vector<optim::ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg)
+    : cfg_(cfg),
+      device_(parse_device(cfg.train.device)),
+      corpus_(cfg.train.data_seed, cfg.model.vocab_size, cfg.model.seq_len),
+      dropout_gen_(make_generator(device_, cfg.train.seed ^ 0xD7D7D7D7ull)) {
+  validate(cfg_);
+  model_ = models::make_moe_transformer(cfg_.model, cfg_.train.seed, device_);
+  model_->train();
+  optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay),
+                                                      cfg_.optim);
+  state_.lr = {cfg_.train.lr, cfg_.train.min_lr, cfg_.train.lr_warmup_iters,
+               cfg_.train.lr_decay_iters, 0};
+}
+
+IterMetrics Trainer::train_iteration() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  const int64_t n_micro = cfg_.train.global_batch / mb;
+  optimizer_->zero_grads();
+  auto lm_sum = torch::zeros({}, torch::kFloat), aux_sum = torch::zeros({}, torch::kFloat);
+  std::vector<int64_t> tokens(static_cast<size_t>(mb * T)), targets(tokens.size());
+  for (int64_t micro = 0; micro < n_micro; ++micro) {
+    corpus_.fill(state_.consumed_samples + micro * mb, mb, tokens.data(), targets.data());
+    auto x = torch::from_blob(tokens.data(), {mb, T}, torch::kLong).to(device_);
+    auto y = torch::from_blob(targets.data(), {mb, T}, torch::kLong).to(device_);
+    auto out = model_->loss(x, y, &dropout_gen_);
+    auto loss = (out.lm_loss + out.aux_loss) / static_cast<float>(n_micro);
+    loss.backward();
+    optimizer_->accumulate_grads();
+    lm_sum += out.lm_loss.detach().to(torch::kCPU, torch::kFloat);
+    aux_sum += out.aux_loss.detach().to(torch::kCPU, torch::kFloat);
+  }
+  IterMetrics m;
+  m.lm_loss = (lm_sum / static_cast<float>(n_micro)).item<float>();
+  m.aux_loss = (aux_sum / static_cast<float>(n_micro)).item<float>();
+  m.total_loss = m.lm_loss + m.aux_loss;
+  m.grad_norm = optimizer_->grad_norm();
+  if (cfg_.train.clip_grad > 0 && m.grad_norm > cfg_.train.clip_grad)
+    optimizer_->scale_grads(static_cast<float>(cfg_.train.clip_grad / (m.grad_norm + 1e-6)));
+  m.num_zeros = optimizer_->count_zeros();
+  m.lr = lr_at(state_.lr, state_.lr.num_steps);
+  optimizer_->step(m.lr);
+  state_.lr.num_steps += 1;
+  state_.consumed_samples += cfg_.train.global_batch;
+  state_.iteration += 1;
+  m.iteration = state_.iteration;
+  m.consumed_samples = state_.consumed_samples;
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_s = static_cast<double>(cfg_.train.global_batch * T) / m.seconds;
+  return m;
+}
+
+ckpt::TrainState Trainer::state() const {
+  ckpt::TrainState s = state_;
+  auto bytes = dropout_gen_.get_state().contiguous();
+  const auto* p = bytes.data_ptr<uint8_t>();
+  s.rng_states["dropout"] = std::vector<uint8_t>(p, p + bytes.numel());
+  return s;
+}
+
+void Trainer::set_state(const ckpt::TrainState& s, bool restore_rng) {
+  if (restore_rng) {
+    auto it = s.rng_states.find("dropout");
+    if (it == s.rng_states.end())
+      throw std::invalid_argument("training state has no RNG state for generator 'dropout'");
+    auto t = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kByte);
+    std::memcpy(t.data_ptr<uint8_t>(), it->second.data(), it->second.size());
+    dropout_gen_.set_state(t);
+  }
+  auto rng = state_.rng_states;
+  state_ = s;
+  state_.rng_states = rng;
+}
+
+uint64_t tensor_xxh3(const torch::Tensor& t) {
+  auto c = t.detach().to(torch::kCPU).contiguous();
+  return XXH3_64bits(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  // The non-tensor state first, so a first divergence names it when only it differs.
+  const auto st = state();
+  auto bytes_hash = [](const void* p, size_t n) { return XXH3_64bits(p, n); };
+  out.emplace_back("state/rng.dropout", bytes_hash(st.rng_states.at("dropout").data(),
+                                                    st.rng_states.at("dropout").size()));
+  out.emplace_back("state/consumed_samples", bytes_hash(&st.consumed_samples, sizeof(int64_t)));
+  out.emplace_back("state/lr.num_steps", bytes_hash(&st.lr.num_steps, sizeof(int64_t)));
+  for (size_t g = 0; g < optimizer_->num_groups(); ++g) {
+    const int64_t step = optimizer_->step_count(g);
+    out.emplace_back("state/step." + optimizer_->group_name(g), bytes_hash(&step, sizeof step));
+  }
+  for (const auto& item : model_->named_parameters(true))
+    out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
+  const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
+                                  optim::StateKey::exp_avg_sq};
+  for (const auto& name : optimizer_->param_names()) {
+    for (auto k : keys) {
+      const auto& st = optimizer_->stored(name, k);
+      std::string key = name + "/" +
+                        (k == optim::StateKey::master_param && st.dtype == optim::Dtype::int16
+                             ? std::string("remainder")
+                             : std::string(optim::key_name(k)));
+      out.emplace_back(key, tensor_xxh3(st.data));
+      if (st.scale) out.emplace_back(key + ".scale", XXH3_64bits(&*st.scale, sizeof(float)));
+    }
+  }
+  return out;
+}
+
+}  // namespace rh

@@ -1,0 +1,62 @@
+// The deterministic trainer: synthetic data, micro-batches with gradient accumulation into the
+// optimizer's main-grad buffers, global-norm clipping in fp32, linear-warmup + cosine LR schedule
+// whose length is fixed by config, and the precision-aware Adam. It trains any models::CausalLM
+// through its loss() and named parameters; it knows nothing of a particular model's layers.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/checkpoint/train_state.h"
+#include "harness/config.h"
+#include "harness/data.h"
+#include "harness/metrics.h"
+#include "harness/optim/precision_adam.h"
+#include "models/model.h"
+
+namespace rh {
+
+// Learning rate for the step taken after `num_steps` steps: linear warmup from lr/warmup to lr,
+// then cosine to min_lr at decay_iters, min_lr after.
+double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps);
+
+class Trainer {
+ public:
+  explicit Trainer(const RunConfig& cfg);
+
+  IterMetrics train_iteration();                 // one iteration; advances the state
+
+  const RunConfig& config() const { return cfg_; }
+  models::CausalLM& model() { return *model_; }
+  const models::CausalLM& model() const { return *model_; }
+  optim::PrecisionAdam& optimizer() { return *optimizer_; }
+  const optim::PrecisionAdam& optimizer() const { return *optimizer_; }
+  int64_t iteration() const { return state_.iteration; }
+
+  // A snapshot of the training state with the current RNG states filled in.
+  ckpt::TrainState state() const;
+  // Installs a loaded state. restore_rng=false keeps the generators as they are (a fault).
+  void set_state(const ckpt::TrainState& s, bool restore_rng = true);
+
+  // XXH3-64 of every model parameter and every optimizer-state tensor (and scale), keyed like
+  // the checkpoint: "model/<param>", "<param>/exp_avg", "<param>/exp_avg.scale", ...
+  std::vector<std::pair<std::string, uint64_t>> fingerprints() const;
+
+ private:
+  RunConfig cfg_;
+  torch::Device device_;
+  std::shared_ptr<models::CausalLM> model_;
+  std::unique_ptr<optim::PrecisionAdam> optimizer_;
+  SyntheticCorpus corpus_;
+  torch::Generator dropout_gen_;
+  ckpt::TrainState state_;
+};
+
+// XXH3-64 over a tensor's bytes (made contiguous, on CPU).
+uint64_t tensor_xxh3(const torch::Tensor& t);
+
+}  // namespace rh

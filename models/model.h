@@ -1,0 +1,66 @@
+// The model interface the harness trains through, and the tiny MoE transformer's config.
+// models/ knows nothing of optimizers or checkpoints: it builds modules, owns their parameters and
+// computes losses. The harness sees only CausalLM and torch::nn::Module's named parameters.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rh::models {
+
+// Dimension names used in shape comments: B batch, T sequence, C d_model, H heads, D head dim,
+// E experts, K top-k, F expert hidden size, V vocab, N tokens (B*T).
+struct ModelConfig {
+  int64_t vocab_size = 256;     // V
+  int64_t seq_len = 64;         // T, also the RoPE table length
+  int64_t d_model = 128;        // C
+  int64_t n_layers = 2;         // L
+  int64_t n_heads = 4;          // H, D = C / H (must be even for RoPE)
+  int64_t n_experts = 4;        // E
+  int64_t top_k = 2;            // K
+  int64_t ffn_hidden = 256;     // F, per expert (SwiGLU: gate+up are 2F wide)
+  double aux_loss_coeff = 1e-2; // load-balancing loss coefficient
+  double z_loss_coeff = 0.0;    // router z-loss coefficient (0 = off; 1e-3 usual)
+  double dropout = 0.1;         // on attention probs and hidden states (residual branches)
+  double router_jitter = 0.0;   // router input multiplied by U(1-j, 1+j) in training (0 = off)
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;       // RMSNorm epsilon (Megatron's layernorm_epsilon default)
+  double init_std = 0.02;
+  std::string param_dtype = "bf16"; // bf16 | fp32: the dtype parameters are held in
+  // How bf16-held parameters compute: "fp32" casts weights to fp32 for every op and rounds each
+  // linear/attention output to bf16 (fast on CPUs without bf16 units); "native" runs the ops in
+  // bf16 (what a GPU does). "auto" = native on CUDA, fp32 on CPU. Ignored for fp32 params.
+  std::string compute = "auto";
+};
+
+// Scalars (0-dim fp32 tensors) from one forward pass.
+struct LossOutput {
+  torch::Tensor lm_loss;   // mean next-token cross-entropy
+  torch::Tensor aux_loss;  // load-balancing + z-loss, summed over layers (already scaled by coeff)
+  std::vector<int64_t> tokens_per_expert; // summed over layers, for diagnostics
+};
+
+// A causal language model the harness can train. Dropout and router jitter draw only from the
+// generator passed in, so the caller owns (and can checkpoint) every random-number state.
+class CausalLM : public torch::nn::Module {
+ public:
+  // tokens, targets: (B, T) int64. gen: used when is_training(); may be null only in eval.
+  virtual LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                          torch::Generator* gen) = 0;
+  virtual std::string describe() const = 0;   // one line: architecture and parameter count
+};
+
+// Throws std::invalid_argument naming the first bad field (e.g. "ModelConfig.top_k (5) must be in
+// [1, n_experts = 4]"). make_moe_transformer calls it; the harness may call it early too.
+void validate_config(const ModelConfig& cfg);
+
+// Builds the MoE transformer with parameters initialized from `seed` (bit-identical for the same
+// seed and config), on `device`, held in cfg.param_dtype. Throws std::invalid_argument naming the
+// field on a bad config.
+std::shared_ptr<CausalLM> make_moe_transformer(const ModelConfig& cfg, uint64_t seed,
+                                               const torch::Device& device);
+
+}  // namespace rh::models

@@ -1,0 +1,87 @@
+// Comparison of two run directories; see compare_runs.h.
+#include "reports/compare_runs.h"
+
+#include <filesystem>
+#include <map>
+
+#include "reports/run_data.h"
+#include "reports/tables.h"
+
+namespace rh::report {
+namespace {
+
+std::string state(const SummaryRow& r) { return (r.passed ? "PASS (" : "FAIL (") + r.outcome + ")"; }
+
+std::string or_none(const std::string& s) { return s.empty() ? "none" : s; }
+
+}  // namespace
+
+int compare_runs(const std::string& run_a, const std::string& run_b, std::ostream& out) {
+  namespace fs = std::filesystem;
+  const auto a = read_summary_csv((fs::path(run_a) / "summary.csv").string());
+  const auto b = read_summary_csv((fs::path(run_b) / "summary.csv").string());
+  std::map<std::string, const SummaryRow*> ma, mb;
+  for (const auto& r : a) ma[r.scenario] = &r;
+  for (const auto& r : b) mb[r.scenario] = &r;
+
+  Table verdicts, divergences, bytes;
+  verdicts.header = {"scenario", "A", "B", "change", "verdict in B"};
+  verdicts.right = {false, false, false, false, false};
+  divergences.header = {"scenario", "first divergence in A", "first divergence in B"};
+  divergences.right = {false, false, false};
+  bytes.header = {"scenario", "checkpoint bytes A", "checkpoint bytes B", "change"};
+  bytes.right = {false, true, true, true};
+  std::vector<std::string> only_a, only_b;
+  size_t regressions = 0, fixes = 0;
+  for (const auto& rb : b) {   // B's order: the newer run decides how the comment reads
+    auto it = ma.find(rb.scenario);
+    if (it == ma.end()) {
+      only_b.push_back(rb.scenario + ": " + state(rb));
+      continue;
+    }
+    const SummaryRow& ra = *it->second;
+    if (ra.passed != rb.passed || ra.outcome != rb.outcome || ra.verdict != rb.verdict) {
+      const char* change = ra.passed && !rb.passed ? "regression" : !ra.passed && rb.passed ? "fixed" : "changed";
+      regressions += ra.passed && !rb.passed;
+      fixes += !ra.passed && rb.passed;
+      verdicts.rows.push_back({rb.scenario, state(ra), state(rb), change, rb.verdict});
+      verdicts.row_class.push_back(rb.passed ? "pass" : "fail");
+    }
+    if (ra.first_divergence != rb.first_divergence)
+      divergences.rows.push_back({rb.scenario, or_none(ra.first_divergence), or_none(rb.first_divergence)});
+    if (ra.checkpoint_bytes.text != rb.checkpoint_bytes.text) {
+      const double x = ra.checkpoint_bytes.value, y = rb.checkpoint_bytes.value;
+      bytes.rows.push_back({rb.scenario, ra.checkpoint_bytes.text, rb.checkpoint_bytes.text,
+                            x > 0 ? fmt("%+.2f %%", 100.0 * (y - x) / x) : "new checkpoint"});
+    }
+  }
+  for (const auto& ra : a)
+    if (!mb.count(ra.scenario)) only_a.push_back(ra.scenario + ": " + state(ra));
+
+  auto failed = [](const std::vector<SummaryRow>& v) {
+    size_t n = 0;
+    for (const auto& r : v) n += !r.passed;
+    return n;
+  };
+  out << "## resume-harness: run comparison\n\n"
+      << "- A: `" << run_a << "`: " << a.size() << " scenarios, " << failed(a) << " failed\n"
+      << "- B: `" << run_b << "`: " << b.size() << " scenarios, " << failed(b) << " failed\n"
+      << "- " << regressions << " regression(s) (passed in A, fail in B), " << fixes << " fixed\n\n";
+  const bool none = verdicts.rows.empty() && divergences.rows.empty() && bytes.rows.empty() && only_a.empty() &&
+                    only_b.empty();
+  if (none) out << "No differences in verdicts, first divergences or checkpoint bytes.\n";
+  if (!verdicts.rows.empty()) out << "### Verdicts\n\n" << to_markdown(verdicts) << "\n";
+  if (!divergences.rows.empty()) out << "### First divergences\n\n" << to_markdown(divergences) << "\n";
+  if (!bytes.rows.empty()) out << "### Checkpoint bytes\n\n" << to_markdown(bytes) << "\n";
+  auto list = [&](const char* title, const std::vector<std::string>& v) {
+    if (v.empty()) return;
+    out << "### " << title << "\n\n";
+    for (const auto& s : v) out << "- " << s << "\n";
+    out << "\n";
+  };
+  list("Only in A (removed)", only_a);
+  list("Only in B (added)", only_b);
+  return regressions ? 1 : 0;
+}
+
+}  // namespace rh::report

@@ -1,0 +1,135 @@
+// Markdown and HTML printers of a Document; see document.h.
+#include "reports/document.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace rh::report {
+namespace {
+
+const char* kCss = R"(body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1400px;
+padding:0 1em;color:#1f2328;line-height:1.45}
+h1{border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
+.scroll{overflow-x:auto;margin:1em 0}
+table{border-collapse:collapse;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top}
+th{background:#f6f8fa;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.pass td:first-child{border-left:5px solid #1a7f37}
+tr.fail td:first-child{border-left:5px solid #cf222e}
+tr.fail{background:#fff5f5}
+img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}
+figcaption{font-size:13px;color:#57606a}
+)";
+
+}  // namespace
+
+void Document::heading(const std::string& text, int level) {
+  Block b;
+  b.kind = Block::Kind::heading;
+  b.level = level;
+  b.text = text;
+  blocks.push_back(b);
+}
+void Document::paragraph(const std::string& text) {
+  Block b;
+  b.kind = Block::Kind::paragraph;
+  b.text = text;
+  blocks.push_back(b);
+}
+void Document::bullets(const std::vector<std::string>& items) {
+  Block b;
+  b.kind = Block::Kind::bullets;
+  b.items = items;
+  blocks.push_back(b);
+}
+void Document::table(const Table& t) {
+  Block b;
+  b.kind = Block::Kind::table;
+  b.table = t;
+  blocks.push_back(b);
+}
+void Document::image(const std::string& rel_path, const std::string& caption) {
+  Block b;
+  b.kind = Block::Kind::image;
+  b.image = rel_path;
+  b.text = caption;
+  blocks.push_back(b);
+}
+
+std::string base64(const std::string& in) {
+  static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) | (static_cast<unsigned char>(in[i + 1]) << 8) |
+                       static_cast<unsigned char>(in[i + 2]);
+    out += tbl[(v >> 18) & 63];
+    out += tbl[(v >> 12) & 63];
+    out += tbl[(v >> 6) & 63];
+    out += tbl[v & 63];
+  }
+  if (i < in.size()) {
+    const bool two = i + 1 < in.size();
+    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) | (two ? static_cast<unsigned char>(in[i + 1]) << 8 : 0);
+    out += tbl[(v >> 18) & 63];
+    out += tbl[(v >> 12) & 63];
+    out += two ? tbl[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string render_markdown(const Document& d) {
+  std::string o = "# " + d.title + "\n\n";
+  for (const auto& b : d.blocks) {
+    switch (b.kind) {
+      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + b.text + "\n\n"; break;
+      case Block::Kind::paragraph: o += b.text + "\n\n"; break;
+      case Block::Kind::bullets:
+        for (const auto& i : b.items) o += "- " + i + "\n";
+        o += "\n";
+        break;
+      case Block::Kind::table: o += to_markdown(b.table) + "\n"; break;
+      case Block::Kind::image: o += "![" + b.text + "](" + b.image + ")\n\n*" + b.text + "*\n\n"; break;
+    }
+  }
+  return o;
+}
+
+std::string render_html(const Document& d, const std::string& run_dir) {
+  std::string o = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+                  html_escape(d.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n<h1>" +
+                  html_escape(d.title) + "</h1>\n";
+  for (const auto& b : d.blocks) {
+    switch (b.kind) {
+      case Block::Kind::heading: {
+        const std::string tag = "h" + std::to_string(b.level);
+        o += "<" + tag + ">" + html_escape(b.text) + "</" + tag + ">\n";
+        break;
+      }
+      case Block::Kind::paragraph: o += "<p>" + html_escape(b.text) + "</p>\n"; break;
+      case Block::Kind::bullets:
+        o += "<ul>\n";
+        for (const auto& i : b.items) o += "<li>" + html_escape(i) + "</li>\n";
+        o += "</ul>\n";
+        break;
+      case Block::Kind::table: o += "<div class=\"scroll\">\n" + to_html(b.table) + "</div>\n"; break;
+      case Block::Kind::image: {
+        const auto path = std::filesystem::path(run_dir) / b.image;
+        std::ifstream f(path, std::ios::binary);
+        if (!f) throw ReportError(path.string() + ": cannot read plot to embed");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        o += "<figure>\n<img alt=\"" + html_escape(b.text) + "\" src=\"data:image/png;base64," + base64(ss.str()) +
+             "\">\n<figcaption>" + html_escape(b.text) + "</figcaption>\n</figure>\n";
+        break;
+      }
+    }
+  }
+  return o + "</body>\n</html>\n";
+}
+
+}  // namespace rh::report

@@ -1,0 +1,246 @@
+// The report subcommand and the report document: which sections report.md / report.html hold and
+// the sentences around the tables (see reports/README.md for what each section means).
+#include "reports/report.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include "reports/compare_runs.h"
+#include "reports/document.h"
+#include "reports/projection.h"
+#include "reports/report_writer.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+namespace report {
+namespace {
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+  f.close();
+  if (!f) throw ReportError(p.string() + ": cannot write");
+}
+
+const char* outcome_meaning(const std::string& o) {
+  if (o == "identical") return "bit-exact: every metric after resume and every state equal bit for bit";
+  if (o == "within-tolerance") return "differs, within the scenario's declared tolerance";
+  if (o == "diverged") return "differs after resume (the first divergence is named)";
+  if (o == "load-refused") return "the resumed run refused the checkpoint";
+  if (o == "error") return "the check could not run";
+  return "unknown outcome";
+}
+
+void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
+  size_t met = 0, exact = 0;
+  std::map<std::string, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
+  std::map<std::string, std::pair<size_t, size_t>> groups;       // group -> (bit-exact, count)
+  std::vector<std::string> group_order;
+  for (const auto& s : run.scenarios) {
+    met += s.row.passed;
+    exact += s.row.outcome == "identical";
+    auto& o = outcomes[s.row.outcome];
+    ++o.first;
+    o.second += s.row.passed;
+    if (!groups.count(s.group)) group_order.push_back(s.group);
+    auto& g = groups[s.group];
+    g.first += s.row.outcome == "identical";
+    ++g.second;
+  }
+  d.paragraph("Run directory " + run.dir + ": " + std::to_string(run.scenarios.size()) + " scenarios, " +
+              std::to_string(met) + " met their expectation, " + std::to_string(run.scenarios.size() - met) +
+              " did not; " + std::to_string(exact) + " resumed bit for bit.");
+  if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
+  Table t;
+  t.header = {"outcome", "meaning", "scenarios", "met expectation"};
+  t.right = {false, false, true, true};
+  for (const auto& [o, n] : outcomes)
+    t.rows.push_back({o, outcome_meaning(o), std::to_string(n.first), std::to_string(n.second)});
+  d.table(t);
+  std::vector<std::string> items;
+  for (const auto& g : group_order)
+    items.push_back(g + ": " + std::to_string(groups[g].first) + " of " + std::to_string(groups[g].second) +
+                    " scenarios bit-exact");
+  d.bullets(items);
+}
+
+void matrix_section(Document& d, const RunData& run, const std::vector<int>& refs, const PlotOutcome& plots) {
+  d.heading("Matrix");
+  d.paragraph("One row per scenario, in the order of summary.csv, with its numbers exactly as summary.csv holds "
+              "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
+              "representable values of the saved dtype, between a state right after load and the state that was "
+              "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
+              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration.");
+  d.table(matrix_table(run, refs));
+  if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
+    d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (grey: key not in the checkpoint)");
+}
+
+void loss_section(Document& d, const PlotOutcome& plots) {
+  d.heading("Loss after resume");
+  d.paragraph("Baseline (uninterrupted) and resumed lm loss per iteration, one panel per scenario group; the dashed "
+              "line marks the save point. Below: |d loss| per iteration after resume on a log scale; exact zeros "
+              "(bit-exact iterations) are drawn as markers on their own row, not hidden.");
+  for (const char* p : {kLossPlot, kDlossPlot})
+    if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + p))
+      d.image(std::string("plots/") + p, std::string(p) == kLossPlot ? "Loss curves, baseline vs resumed" : "|d loss| after resume");
+}
+
+void disk_section(Document& d, const RunData& run, const std::vector<Combo>& combos, const PlotOutcome& plots) {
+  d.heading("Checkpoint size per key");
+  d.paragraph("One row per storage combination: the save policy and the dtype each key kind was written in, measured "
+              "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
+              "The reduction compares the total with the fp32-policy checkpoint of the same run configuration.");
+  d.table(disk_table(run, combos));
+  const Combo* best = nullptr;
+  for (const auto& c : combos)
+    if (c.has_reduction && run.scenarios[c.scenario].row.outcome == "identical" &&
+        (!best || c.reduction_pct > best->reduction_pct))
+      best = &c;
+  if (best)
+    d.paragraph("Largest saving with a bit-exact resume: " + best->label + ", " + reduction_text(best->reduction_pct) +
+                " smaller than the fp32 policy.");
+  if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kDiskPlot))
+    d.image(std::string("plots/") + kDiskPlot, "Checkpoint bytes stacked by key kind, with the reduction vs the fp32 policy");
+}
+
+void projection_section(Document& d, const std::vector<Combo>& combos, const std::string& models_file) {
+  d.heading("Projection to real model sizes");
+  if (!fs::exists(models_file)) {
+    d.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
+    return;
+  }
+  const auto models = load_models(models_file);
+  const auto rows = project(models, combos);
+  d.paragraph("Projected bytes = measured bytes per parameter x the model's parameter count (models from " +
+              models_file + "). Bytes per parameter count the model and optimizer tensors only: the fixed "
+              "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
+              "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
+              "the published dtype; the reduction difference is in percentage points (pp).");
+  d.table(projection_table(models, combos, rows));
+  std::vector<std::string> items;
+  for (const auto& r : rows) {
+    if (!r.published) continue;
+    std::string s = models[r.model].name + ", " + combos[r.combo].label + ": projected " + fmt("%.1f", r.gb) +
+                    " GB vs published " + fmt("%.1f", r.published->gb) + " GB (" +
+                    fmt("%+.1f %%", r.published_diff_pct) + ")";
+    if (r.has_published_reduction && r.published->states != "fp32")
+      s += "; reduction " + reduction_text(combos[r.combo].payload_reduction_pct) + " vs published " +
+           reduction_text(r.published_reduction_pct) + " (" + fmt("%+.2f pp", r.delta_pp) + ")";
+    if (!r.published->source.empty()) s += "; source: " + r.published->source;
+    items.push_back(s);
+  }
+  if (!items.empty()) d.bullets(items);
+}
+
+void notes_section(Document& d, const RunData& run) {
+  std::vector<std::string> items;
+  for (const auto& s : run.scenarios) {
+    std::string n;
+    if (s.row.outcome == "error") n += "the check errored: " + s.row.first_divergence + ". ";
+    if (!s.missing.empty()) {
+      n += "missing in " + s.rel_dir + ":";
+      for (const auto& m : s.missing) n += " " + m;
+      n += " (the tables and plots that need them leave this scenario out).";
+    }
+    if (!n.empty()) items.push_back(s.row.scenario + ": " + n);
+  }
+  if (items.empty()) return;
+  d.heading("Scenario notes");
+  d.bullets(items);
+}
+
+}  // namespace
+
+ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log) {
+  const RunData run = load_run(run_dir);
+  const std::string models = models_file.empty() ? default_models_file() : models_file;
+  if (!models_file.empty() && !fs::exists(models_file)) throw ReportError(models_file + ": models file not found");
+  const auto refs = fp32_references(run);
+  const auto combos = storage_combos(run, refs);
+  if (fs::exists(models)) load_models(models);   // a malformed models file fails before any plotting
+  write_plot_inputs(run, combos);
+  ReportFiles out;
+  out.plots = run_plots(run);
+  if (!out.plots.ok) log << "report: plots not drawn: " << out.plots.message << "\n";
+
+  Document d;
+  d.title = "Resume report: " + (run.matrix_file.empty() ? run.dir : run.matrix_file);
+  overview(d, run, out.plots);
+  matrix_section(d, run, refs, out.plots);
+  loss_section(d, out.plots);
+  disk_section(d, run, combos, out.plots);
+  projection_section(d, combos, models);
+  notes_section(d, run);
+  d.heading("Environment");
+  if (!run.has_summary_json) d.paragraph("summary.json is missing: the environment of this run is unknown.");
+  d.table(environment_table(run));
+
+  out.markdown = (fs::path(run_dir) / "report.md").string();
+  out.html = (fs::path(run_dir) / "report.html").string();
+  write_text(out.markdown, render_markdown(d));
+  write_text(out.html, render_html(d, run_dir));
+  log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size()
+      << " plots)\n";
+  return out;
+}
+
+}  // namespace report
+
+bool ReportCommand::active() const { return cmd != nullptr && static_cast<bool>(*cmd); }
+
+void register_report_command(CLI::App& app, ReportCommand& rc) {
+  rc.cmd = app.add_subcommand("report", "write report.md and report.html (with plots) for a matrix run "
+                                        "directory, or compare two run directories");
+  auto* dir = rc.cmd->add_option("RUN_DIR", rc.run_dir, "run directory written by `matrix`");
+  rc.cmd->add_option("--models", rc.models_file, "projection models (default reports/models.toml)");
+  rc.cmd
+      ->add_option_function<std::vector<std::string>>(
+          "--compare",
+          [&rc](const std::vector<std::string>& v) {
+            rc.compare_a = v.at(0);
+            rc.compare_b = v.at(1);
+          },
+          "print what changed from RUN_A to RUN_B as Markdown; exit 1 if a scenario that passed in RUN_A "
+          "fails in RUN_B")
+      ->expected(2)
+      ->excludes(dir);
+  rc.cmd->footer("Exit codes: 0 written (or no regression), 1 --compare found a regression, 2 missing or "
+                 "malformed run directory.");
+}
+
+int run_report_command(const ReportCommand& rc, std::ostream& out) {
+  if (!rc.compare_a.empty()) {
+    try {
+      return report::compare_runs(rc.compare_a, rc.compare_b, out);
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  if (rc.run_dir.empty()) {
+    std::cerr << "error: report: give RUN_DIR, or --compare RUN_A RUN_B\n";
+    return 2;
+  }
+  return write_report(rc.run_dir, rc.models_file, out);
+}
+
+int write_report(const std::string& run_dir, std::ostream& out) { return write_report(run_dir, "", out); }
+
+int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out) {
+  try {
+    report::generate_report(run_dir, models_file, out);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "error: report: " << e.what() << "\n";
+    return 2;
+  }
+}
+
+}  // namespace rh

@@ -1,0 +1,31 @@
+// Accuracy and disk-size reports of a matrix run directory: report.md, report.html (plots
+// embedded) and PNG plots drawn by reports/plots.py. Reads only what the harness wrote
+// (summary.csv, per-scenario CSVs, disk.csv), never the harness's in-memory state.
+#pragma once
+#include <ostream>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace rh {
+
+struct ReportCommand {
+  CLI::App* cmd = nullptr;
+  std::string run_dir;
+  std::string compare_a, compare_b;   // --compare RUN_A RUN_B
+  std::string models_file;            // projection models (default reports/models.toml)
+  bool active() const;
+};
+
+void register_report_command(CLI::App& app, ReportCommand& rc);
+int run_report_command(const ReportCommand& rc, std::ostream& out);
+
+// Writes report.md / report.html / plots into run_dir. Returns 0, or 2 for a malformed run dir
+// (the error names the file and line).
+int write_report(const std::string& run_dir, std::ostream& out);
+// The same with the projection models taken from models_file ("" = reports/models.toml).
+int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out);
+
+}  // namespace rh

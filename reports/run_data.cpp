@@ -1,0 +1,260 @@
+// Reading a matrix run directory with fast-cpp-csv-parser; see run_data.h. Every field is read as
+// text and converted here with strtod/strtoull (correctly rounded, whole field consumed), because
+// fccp's own float parser is not correctly rounded and the report must show the CSV's numbers.
+#include "reports/run_data.h"
+
+// fccp's error types copy file names with strncpy into fixed buffers; GCC's truncation warning
+// about that is in the library, not here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-truncation"
+#include <libfccp/csv.h>
+#pragma GCC diagnostic pop
+
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include "harness/metrics.h"
+#include "harness/scenario.h"
+
+namespace fs = std::filesystem;
+
+namespace rh::report {
+namespace {
+
+template <size_t N>
+using Fields = std::array<std::string, N>;
+
+template <size_t N>
+struct Row {
+  unsigned line;
+  Fields<N> f;
+};
+
+// Reads every row of a CSV with the named columns (extra columns are ignored, so a harness that
+// adds columns stays readable). fccp errors become "path:line: what".
+template <size_t N>
+std::vector<Row<N>> read_csv(const std::string& path, const std::array<const char*, N>& cols) {
+  std::vector<Row<N>> out;
+  try {
+    io::CSVReader<N, io::trim_chars<' '>, io::double_quote_escape<',', '"'>> in(path);
+    std::apply([&](auto... c) { in.read_header(io::ignore_extra_column, std::string(c)...); }, cols);
+    Fields<N> f;
+    while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) out.push_back({in.get_file_line(), f});
+  } catch (const io::error::base& e) {
+    unsigned line = 1;   // header errors carry no line: the header is line 1
+    if (auto* wl = dynamic_cast<const io::error::with_file_line*>(&e)) line = static_cast<unsigned>(wl->file_line);
+    throw ReportError(path + ":" + std::to_string(line) + ": malformed CSV: " + e.what());
+  }
+  return out;
+}
+
+[[noreturn]] void bad_field(const std::string& path, unsigned line, const std::string& column,
+                            const std::string& expected, const std::string& got) {
+  throw ReportError(path + ":" + std::to_string(line) + ": column " + column + ": expected " + expected +
+                    ", got '" + got + "'");
+}
+
+uint64_t parse_u64(const std::string& s, const std::string& path, unsigned line, const std::string& column) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos)
+    bad_field(path, line, column, "a non-negative integer", s);
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) bad_field(path, line, column, "an integer below 2^64", s);
+  return v;
+}
+
+// The line (1-based) of byte offset `byte` in text, for JSON parse errors.
+size_t line_of(const std::string& text, size_t byte) {
+  size_t line = 1;
+  for (size_t i = 0; i < byte && i < text.size(); ++i) line += text[i] == '\n';
+  return line;
+}
+
+nlohmann::json read_json_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw ReportError(p.string() + ": cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ReportError(p.string() + ":" + std::to_string(line_of(text, e.byte)) + ": malformed JSON: " + e.what());
+  }
+}
+
+int64_t json_int(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : -1;
+}
+
+}  // namespace
+
+const std::vector<std::string>& ulp_kinds() {
+  static const std::vector<std::string> k = {"model", "master_param", "remainder", "exp_avg", "exp_avg_sq", "scale"};
+  return k;
+}
+
+const std::vector<std::string>& disk_kinds() {
+  static const std::vector<std::string> k = {"model", "master_param", "remainder", "exp_avg",
+                                             "exp_avg_sq", "scale", "metadata"};
+  return k;
+}
+
+Num parse_num(const std::string& text, const std::string& path, unsigned line, const std::string& column) {
+  char* end = nullptr;
+  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end == nullptr || *end != '\0') bad_field(path, line, column, "a number", text);
+  return {text, v};
+}
+
+std::vector<SummaryRow> read_summary_csv(const std::string& path) {
+  if (!fs::exists(path))
+    throw ReportError(path + ": missing; expected a run directory written by `resume-harness matrix`");
+  const auto rows = read_csv<22>(
+      path, {"scenario", "expectation", "passed", "outcome", "verdict", "first_divergence", "max_abs_dloss",
+             "max_ulp_model", "max_ulp_master_param", "max_ulp_remainder", "max_ulp_exp_avg",
+             "max_ulp_exp_avg_sq", "max_ulp_scale", "checkpoint_bytes", "bytes_per_param", "num_params",
+             "save_policy", "fault", "exp_avg_dtype", "exp_avg_sq_dtype", "master_mode", "seconds"});
+  std::vector<SummaryRow> out;
+  for (const auto& [line, f] : rows) {
+    SummaryRow r;
+    r.line = line;
+    r.scenario = f[0];
+    r.expectation = f[1];
+    if (f[2] != "0" && f[2] != "1") bad_field(path, line, "passed", "0 or 1", f[2]);
+    r.passed = f[2] == "1";
+    r.outcome = f[3];
+    r.verdict = f[4];
+    r.first_divergence = f[5];
+    r.max_abs_dloss = parse_num(f[6], path, line, "max_abs_dloss");
+    for (size_t k = 0; k < ulp_kinds().size(); ++k) {
+      const std::string col = "max_ulp_" + ulp_kinds()[k];
+      if (f[7 + k].empty()) continue;   // the key kind is not in this checkpoint
+      r.max_ulp[ulp_kinds()[k]] = {f[7 + k], static_cast<double>(parse_u64(f[7 + k], path, line, col))};
+    }
+    r.checkpoint_bytes = {f[13], static_cast<double>(parse_u64(f[13], path, line, "checkpoint_bytes"))};
+    r.bytes_per_param = parse_num(f[14], path, line, "bytes_per_param");
+    r.num_params = {f[15], static_cast<double>(parse_u64(f[15], path, line, "num_params"))};
+    r.save_policy = f[16];
+    r.fault = f[17];
+    r.exp_avg_dtype = f[18];
+    r.exp_avg_sq_dtype = f[19];
+    r.master_mode = f[20];
+    r.seconds = parse_num(f[21], path, line, "seconds");
+    if (r.scenario.empty()) bad_field(path, line, "scenario", "a scenario name", "");
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<DiskRow> read_disk_csv(const std::string& path) {
+  std::vector<DiskRow> out;
+  for (const auto& [line, f] : read_csv<6>(path, {"file", "key", "kind", "dtype", "numel", "bytes"})) {
+    bool known = false;
+    for (const auto& k : disk_kinds()) known = known || k == f[2];
+    if (!known) bad_field(path, line, "kind", "model, master_param, remainder, exp_avg, exp_avg_sq, scale or metadata", f[2]);
+    out.push_back({f[0], f[1], f[2], f[3], parse_u64(f[4], path, line, "numel"), parse_u64(f[5], path, line, "bytes")});
+  }
+  return out;
+}
+
+std::vector<StateRow> read_state_csv(const std::string& path) {
+  std::vector<StateRow> out;
+  for (const auto& [line, f] : read_csv<9>(path, {"phase", "key", "kind", "dtype_saved", "dtype_loaded", "numel",
+                                                  "bit_equal_fraction", "max_abs_diff", "max_ulp"})) {
+    if (f[0] != "after_load" && f[0] != "final") bad_field(path, line, "phase", "after_load or final", f[0]);
+    StateRow r;
+    r.phase = f[0];
+    r.key = f[1];
+    r.kind = f[2];
+    r.dtype_saved = f[3];
+    r.dtype_loaded = f[4];
+    r.numel = parse_u64(f[5], path, line, "numel");
+    r.bit_equal_fraction = parse_num(f[6], path, line, "bit_equal_fraction").value;
+    r.max_abs_diff = parse_num(f[7], path, line, "max_abs_diff").value;
+    r.max_ulp = parse_u64(f[8], path, line, "max_ulp");
+    out.push_back(r);
+  }
+  return out;
+}
+
+int64_t check_metrics_compare_csv(const std::string& path) {
+  const auto rows = read_csv<10>(path, {"iteration", "metric", "baseline", "baseline_hex", "resumed", "resumed_hex",
+                                        "abs_diff", "rel_diff", "ulp", "bit_equal"});
+  static const char* names[] = {"iteration", "metric", "baseline", "baseline_hex", "resumed", "resumed_hex",
+                                "abs_diff", "rel_diff"};
+  for (const auto& [line, f] : rows) {
+    parse_u64(f[0], path, line, "iteration");
+    for (size_t c = 2; c < 8; ++c) parse_num(f[c], path, line, names[c]);
+    parse_u64(f[8], path, line, "ulp");
+    if (f[9] != "0" && f[9] != "1") bad_field(path, line, "bit_equal", "0 or 1", f[9]);
+  }
+  return static_cast<int64_t>(rows.size());
+}
+
+RunData load_run(const std::string& dir) {
+  RunData run;
+  run.dir = dir;
+  const fs::path root(dir);
+  if (!fs::is_directory(root)) throw ReportError(dir + ": not a directory (expected a matrix run directory)");
+  const auto rows = read_summary_csv((root / "summary.csv").string());
+
+  std::map<std::string, nlohmann::json> entries;   // summary.json scenarios by name
+  if (fs::exists(root / "summary.json")) {
+    const auto js = read_json_file(root / "summary.json");
+    run.has_summary_json = true;
+    if (js.contains("environment")) run.environment = js["environment"];
+    if (js.contains("file") && js["file"].is_string()) run.matrix_file = js["file"].get<std::string>();
+    if (js.contains("seconds") && js["seconds"].is_number()) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1f", js["seconds"].get<double>());
+      run.total_seconds = buf;
+    }
+    if (js.contains("scenarios") && js["scenarios"].is_array())
+      for (const auto& s : js["scenarios"])
+        if (s.is_object() && s.contains("name") && s["name"].is_string()) entries[s["name"].get<std::string>()] = s;
+  }
+
+  for (const auto& r : rows) {
+    ScenarioData s;
+    s.row = r;
+    s.group = r.scenario.substr(0, r.scenario.find('/'));
+    const auto e = entries.count(r.scenario) ? entries[r.scenario] : nlohmann::json();
+    s.rel_dir = e.contains("dir") && e["dir"].is_string() ? e["dir"].get<std::string>()
+                                                          : "scenarios/" + safe_name(r.scenario);
+    const fs::path sd = root / s.rel_dir;
+    auto present = [&](const char* name) {
+      if (fs::exists(sd / name)) return true;
+      s.missing.push_back(name);
+      return false;
+    };
+    nlohmann::json result;
+    if (present("result.json")) result = read_json_file(sd / "result.json");
+    for (const nlohmann::json* j : std::array<const nlohmann::json*, 2>{&e, &result})
+      if (s.config.is_null() && j->is_object() && j->contains("config") && (*j)["config"].is_object())
+        s.config = (*j)["config"];
+    s.save_at = json_int(result, "save_at") >= 0 ? json_int(result, "save_at") : json_int(e, "save_at");
+    s.iterations = json_int(result, "iterations") >= 0 ? json_int(result, "iterations") : json_int(e, "iterations");
+    if ((s.has_disk = present("disk.csv"))) s.disk = read_disk_csv((sd / "disk.csv").string());
+    if ((s.has_state = present("state_compare.csv"))) s.state = read_state_csv((sd / "state_compare.csv").string());
+    if ((s.has_metrics_compare = present("metrics_compare.csv")))
+      s.metric_rows = check_metrics_compare_csv((sd / "metrics_compare.csv").string());
+    for (auto [name, flag] : {std::pair{"baseline/metrics.csv", &s.has_baseline}, std::pair{"resumed/metrics.csv", &s.has_resumed}}) {
+      if (!(*flag = present(name))) continue;
+      try {
+        read_metrics_csv((sd / name).string());
+      } catch (const std::runtime_error& err) {
+        throw ReportError((sd / name).string() + ": " + err.what());
+      }
+    }
+    run.scenarios.push_back(std::move(s));
+  }
+  return run;
+}
+
+}  // namespace rh::report

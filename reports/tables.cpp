@@ -1,0 +1,253 @@
+// Table printers and the matrix, disk and environment tables; see tables.h. Numbers that come
+// from summary.csv are shown as the exact text the harness wrote; derived figures (reductions)
+// are formatted here, once, by the helpers both printers share.
+#include "reports/tables.h"
+
+#include <cstdio>
+#include <set>
+
+namespace rh::report {
+namespace {
+
+const char* kDash = "\u2014";   // shown where a value does not apply
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '|') o += "\\|";
+    else if (c == '\n' || c == '\r') o += ' ';
+    else o += c;
+  }
+  return o.empty() ? " " : o;
+}
+
+bool is_optimizer_kind(const std::string& k) {
+  return k == "master_param" || k == "remainder" || k == "exp_avg" || k == "exp_avg_sq";
+}
+
+// Every optimizer tensor of the checkpoint is F32: an fp32-policy save without overrides.
+bool optimizer_all_f32(const ScenarioData& s) {
+  for (const auto& r : s.disk)
+    if (is_optimizer_kind(r.kind) && r.dtype != "F32") return false;
+  return true;
+}
+
+std::string json_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  return v.dump();
+}
+
+}  // namespace
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string reduction_text(double pct) { return fmt("%.2f %%", pct); }
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string to_markdown(const Table& t) {
+  std::string o = "|";
+  for (const auto& h : t.header) o += " " + md_cell(h) + " |";
+  o += "\n|";
+  for (size_t c = 0; c < t.header.size(); ++c) o += c < t.right.size() && t.right[c] ? " ---: |" : " --- |";
+  o += "\n";
+  for (const auto& r : t.rows) {
+    o += "|";
+    for (const auto& cell : r) o += " " + md_cell(cell) + " |";
+    o += "\n";
+  }
+  return o;
+}
+
+std::string to_html(const Table& t) {
+  std::string o = "<table>\n<thead><tr>";
+  for (const auto& h : t.header) o += "<th>" + html_escape(h) + "</th>";
+  o += "</tr></thead>\n<tbody>\n";
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const std::string cls = i < t.row_class.size() ? t.row_class[i] : "";
+    o += cls.empty() ? "<tr>" : "<tr class=\"" + cls + "\">";
+    for (size_t c = 0; c < t.rows[i].size(); ++c)
+      o += (c < t.right.size() && t.right[c] ? "<td class=\"num\">" : "<td>") + html_escape(t.rows[i][c]) + "</td>";
+    o += "</tr>\n";
+  }
+  return o + "</tbody>\n</table>\n";
+}
+
+std::vector<int> fp32_references(const RunData& run) {
+  const size_t n = run.scenarios.size();
+  std::vector<std::string> key(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!run.scenarios[i].config.is_null()) key[i] = run.scenarios[i].config.dump();
+  std::vector<int> refs(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    if (key[i].empty()) continue;
+    int best = -1, best_score = -1;
+    for (size_t j = 0; j < n; ++j) {
+      const auto& c = run.scenarios[j];
+      if (key[j] != key[i] || c.row.save_policy != "fp32" || c.row.checkpoint_bytes.value <= 0) continue;
+      const int score = (c.has_disk && optimizer_all_f32(c) ? 2 : 0) + (c.row.fault == "none" ? 1 : 0);
+      if (score > best_score) best = static_cast<int>(j), best_score = score;
+    }
+    refs[i] = best;
+  }
+  return refs;
+}
+
+std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s) {
+  std::map<std::string, uint64_t> b;
+  for (const auto& r : s.disk) b[r.kind] += r.bytes;
+  return b;
+}
+
+std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& refs) {
+  std::vector<Combo> out;
+  std::map<std::string, size_t> by_label;
+  auto total = [](const std::map<std::string, uint64_t>& b) {
+    uint64_t t = 0;
+    for (const auto& [k, v] : b) t += v;
+    return t;
+  };
+  for (size_t i = 0; i < run.scenarios.size(); ++i) {
+    const auto& s = run.scenarios[i];
+    if (!s.has_disk || s.disk.empty()) continue;
+    std::map<std::string, std::set<std::string>> dt;
+    for (const auto& r : s.disk)
+      if (r.kind != "metadata") dt[r.kind].insert(r.dtype);
+    Combo c;
+    c.policy = s.row.save_policy;
+    std::string parts;
+    for (const auto& k : disk_kinds()) {
+      if (!dt.count(k)) continue;
+      std::string d;
+      for (const auto& x : dt[k]) d += (d.empty() ? "" : "+") + x;
+      c.dtypes[k] = d;
+      parts += (parts.empty() ? "" : ", ") + k + " " + d;
+    }
+    c.label = c.policy + ": " + parts;
+    const bool has_ref = refs[i] >= 0 && run.scenarios[static_cast<size_t>(refs[i])].has_disk;
+    auto it = by_label.find(c.label);
+    if (it != by_label.end()) {
+      // Keep the first measurement unless it lacks a reference and this one has one.
+      if (out[it->second].has_reduction || !has_ref) continue;
+    }
+    c.scenario = i;
+    c.bytes = bytes_by_kind(s);
+    c.total_bytes = total(c.bytes);
+    c.payload_bytes = c.total_bytes - (c.bytes.count("metadata") ? c.bytes["metadata"] : 0);
+    c.num_params = static_cast<uint64_t>(s.row.num_params.value);
+    c.payload_per_param = c.num_params ? static_cast<double>(c.payload_bytes) / static_cast<double>(c.num_params) : 0;
+    if (has_ref) {
+      const auto& r = run.scenarios[static_cast<size_t>(refs[i])];
+      auto rb = bytes_by_kind(r);
+      const uint64_t rt = total(rb), rp = rt - (rb.count("metadata") ? rb["metadata"] : 0);
+      const double rn = r.row.num_params.value;
+      c.reference = refs[i];
+      c.has_reduction = rt > 0 && rp > 0 && rn > 0 && c.num_params > 0;
+      if (c.has_reduction) {
+        c.reduction_pct = 100.0 * (1.0 - static_cast<double>(c.total_bytes) / static_cast<double>(rt));
+        c.payload_reduction_pct = 100.0 * (1.0 - c.payload_per_param / (static_cast<double>(rp) / rn));
+      }
+    }
+    if (it != by_label.end()) {
+      out[it->second] = c;
+    } else {
+      by_label[c.label] = out.size();
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+Table matrix_table(const RunData& run, const std::vector<int>& refs) {
+  // Only the key kinds that some scenario's checkpoint holds get a column.
+  std::vector<std::string> kinds;
+  for (const auto& k : ulp_kinds())
+    for (const auto& s : run.scenarios)
+      if (s.row.max_ulp.count(k)) {
+        kinds.push_back(k);
+        break;
+      }
+  Table t;
+  t.header = {"scenario", "expectation", "outcome", "verdict", "first divergence", "max |d loss| after resume"};
+  for (const auto& k : kinds) t.header.push_back("max ULP " + k);
+  for (const char* h : {"checkpoint bytes", "bytes/param", "reduction vs fp32 policy"}) t.header.push_back(h);
+  t.right.assign(t.header.size(), true);
+  for (size_t c = 0; c < 5; ++c) t.right[c] = false;
+  for (size_t i = 0; i < run.scenarios.size(); ++i) {
+    const auto& r = run.scenarios[i].row;
+    const bool compared = r.outcome != "error" && r.outcome != "load-refused";
+    std::vector<std::string> row = {r.scenario, r.expectation, r.outcome, r.verdict,
+                                    r.first_divergence.empty() ? "none" : r.first_divergence,
+                                    compared ? r.max_abs_dloss.text : kDash};
+    for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
+    row.push_back(r.checkpoint_bytes.text);
+    row.push_back(r.bytes_per_param.text);
+    if (refs[i] == static_cast<int>(i)) {
+      row.push_back("reference");
+    } else if (refs[i] >= 0 && r.checkpoint_bytes.value > 0) {
+      const double ref = run.scenarios[static_cast<size_t>(refs[i])].row.checkpoint_bytes.value;
+      row.push_back(reduction_text(100.0 * (1.0 - r.checkpoint_bytes.value / ref)));
+    } else {
+      row.push_back(kDash);
+    }
+    t.rows.push_back(row);
+    t.row_class.push_back(r.passed ? "pass" : "fail");
+  }
+  return t;
+}
+
+Table disk_table(const RunData& run, const std::vector<Combo>& combos) {
+  Table t;
+  t.header = {"storage (save policy: dtype per key)", "measured in"};
+  for (const auto& k : disk_kinds()) t.header.push_back(k + " bytes");
+  for (const char* h : {"total bytes", "bytes/param (without metadata)", "reduction vs fp32 policy"})
+    t.header.push_back(h);
+  t.right.assign(t.header.size(), true);
+  t.right[0] = t.right[1] = false;
+  for (const auto& c : combos) {
+    std::vector<std::string> row = {c.label, run.scenarios[c.scenario].row.scenario};
+    for (const auto& k : disk_kinds()) row.push_back(c.bytes.count(k) ? std::to_string(c.bytes.at(k)) : kDash);
+    row.push_back(std::to_string(c.total_bytes));
+    row.push_back(c.num_params ? fmt("%.4f", c.payload_per_param) : kDash);
+    row.push_back(c.reference == static_cast<int>(c.scenario) ? "reference"
+                  : c.has_reduction                           ? reduction_text(c.reduction_pct)
+                                                              : kDash);
+    t.rows.push_back(row);
+  }
+  return t;
+}
+
+Table environment_table(const RunData& run) {
+  Table t;
+  t.header = {"setting", "value"};
+  t.right = {false, false};
+  static const std::vector<std::pair<const char*, const char*>> keys = {
+      {"harness_version", "harness version"}, {"git_commit", "harness commit"}, {"torch_version", "LibTorch"},
+      {"blas", "BLAS"}, {"cuda_compiled", "CUDA compiled in"}, {"device", "device"},
+      {"threads_per_process", "threads per process"}, {"jobs", "scenarios run at a time"}};
+  const auto& e = run.environment;
+  for (const auto& [k, label] : keys)
+    t.rows.push_back({label, e.is_object() && e.contains(k) ? json_text(e[k]) : std::string("unknown")});
+  if (!run.matrix_file.empty()) t.rows.push_back({"scenario file", run.matrix_file});
+  if (!run.total_seconds.empty()) t.rows.push_back({"wall time of the run (s)", run.total_seconds});
+  return t;
+}
+
+}  // namespace rh::report

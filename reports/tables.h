@@ -1,0 +1,66 @@
+// The report's tables, built once from a RunData and printed by two printers (Markdown, HTML), so
+// report.md and report.html cannot disagree. Also the two derived notions the tables need: the
+// fp32-policy reference checkpoint of a scenario, and storage combinations (policy x the dtype
+// each key kind was written in) measured from disk.csv.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "reports/run_data.h"
+
+namespace rh::report {
+
+struct Table {
+  std::vector<std::string> header;
+  std::vector<bool> right;                    // right-aligned (numeric) columns
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row_class;         // HTML row class per row ("pass", "fail" or "")
+};
+
+std::string to_markdown(const Table& t);
+std::string to_html(const Table& t);
+std::string html_escape(const std::string& s);
+
+// printf-style formatting of one double (e.g. fmt("%.2f", 28.571) -> "28.57").
+std::string fmt(const char* format, double v);
+
+// For each scenario, the index of the fp32-policy scenario with the same run config (a save
+// policy and its overrides are not part of the config), or -1. Among candidates, one whose disk.csv
+// shows every optimizer key in F32 (no override) and whose fault is "none" is preferred; a
+// candidate without a checkpoint (0 bytes) is never taken.
+std::vector<int> fp32_references(const RunData& run);
+
+// Bytes per key kind of a scenario's disk.csv, every kind of disk_kinds() present (0 if none).
+std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s);
+
+// A storage combination: the save policy and the dtype each key kind was written in, measured
+// on the first scenario (in summary order) that wrote it and has an fp32 reference with a
+// disk.csv (else the first that wrote it at all).
+struct Combo {
+  std::string label;                          // "per_key: model BF16, master_param F32, ..."
+  std::string policy;
+  std::map<std::string, std::string> dtypes;  // kind -> safetensors dtype (metadata excluded)
+  size_t scenario = 0;                        // measured scenario (index in run.scenarios)
+  int reference = -1;                         // its fp32 reference scenario, -1 none
+  std::map<std::string, uint64_t> bytes;      // per kind, metadata included
+  uint64_t total_bytes = 0;                   // sum of disk.csv
+  uint64_t payload_bytes = 0;                 // total minus metadata (headers + manifest)
+  uint64_t num_params = 0;
+  double payload_per_param = 0;               // payload_bytes / num_params
+  bool has_reduction = false;
+  double reduction_pct = 0;                   // total bytes vs the reference's total, in %
+  double payload_reduction_pct = 0;           // payload per parameter vs the reference's, in %
+};
+
+std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& refs);
+
+// "28.57 %" for a size reduction; shared by every table that shows one.
+std::string reduction_text(double pct);
+
+Table matrix_table(const RunData& run, const std::vector<int>& refs);
+Table disk_table(const RunData& run, const std::vector<Combo>& combos);
+Table environment_table(const RunData& run);
+
+}  // namespace rh::report

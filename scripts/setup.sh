@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs every Debian package resume-harness needs on a fresh Debian 12 machine, then
+# configures and builds the project. Idempotent: a second run installs nothing and rebuilds only
+# what changed. Used by both README commands and by .ci/run.
+#
+#   scripts/setup.sh [BUILD_DIR]      (default: build)
+#
+# Extra CMake arguments go through $CMAKE_ARGS, e.g. CMAKE_ARGS="-DCMAKE_PREFIX_PATH=/opt/torch".
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$here/build}
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  libeigen3-dev libfccp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libxxhash-dev
+  python3-matplotlib python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Debian's LibTorch links libblas.so.3; OpenBLAS must be the alternative that provides it, or
+# every matmul runs on the reference BLAS (about 12x slower). The tool also checks at start-up.
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
+case "$blas" in
+  *openblas*) echo "setup: BLAS is OpenBLAS ($blas)";;
+  *) echo "setup: WARNING libblas.so.3 resolves to '$blas', not OpenBLAS; selecting OpenBLAS"
+     for alt in /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3; do
+       [ -e "$alt" ] && update-alternatives --set libblas.so.3-x86_64-linux-gnu "$alt" || true
+     done;;
+esac
+
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$build" -j "$(nproc)"

@@ -1,0 +1,212 @@
+// Damaged and mismatched checkpoints: each case breaks one thing in a good checkpoint and
+// asserts that load throws CheckpointError naming the damaged file (and what was expected), that
+// the target model/optimizer/state are untouched, and that inspect returns 1 naming the file.
+// Structural cases (header length, offsets, overlap, duplicate key) re-seal the manifest's size
+// and checksum so the safetensors checks themselves are exercised, not the checksum.
+#include <xxhash.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "checkpoint_fixture.h"
+
+using namespace ckfix;
+using namespace rh::ckpt;
+
+namespace {
+
+const char* kShard = "optim_rank_00000.safetensors";
+const char* kModel = "model.safetensors";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+
+nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
+void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
+
+// Rewrites `file` and updates the manifest's recorded size and checksum to match.
+void reseal(const fs::path& dir, const std::string& file, const std::string& bytes) {
+  spit(dir / file, bytes);
+  nlohmann::json m = read_manifest(dir);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(bytes.data(), bytes.size()));
+  for (auto& f : m["files"])
+    if (f["name"] == file) f["bytes"] = bytes.size(), f["xxh3"] = hex;
+  write_manifest(dir, m);
+}
+
+// Edits the JSON header text of a safetensors file (keeping its length by space padding when
+// the edit is shorter) and reseals.
+void edit_header(const fs::path& dir, const std::string& file, const std::function<void(std::string&)>& edit) {
+  std::string s = slurp(dir / file);
+  uint64_t n;
+  std::memcpy(&n, s.data(), 8);
+  std::string h = s.substr(8, n), rest = s.substr(8 + n);
+  edit(h);
+  if (h.size() < n) h.append(n - h.size(), ' ');
+  uint64_t n2 = h.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n2, 8);
+  reseal(dir, file, out + h + rest);
+}
+
+void replace_once(std::string& s, const std::string& from, const std::string& to) {
+  size_t i = s.find(from);
+  ASSERT_NE(i, std::string::npos) << from;
+  s.replace(i, from.size(), to);
+}
+
+struct Damage {
+  std::string name;
+  std::function<void(const fs::path& dir)> apply;
+  std::string file;     // the file the error must name
+  std::string expect;   // and a fragment saying what is wrong
+};
+
+class Corruption : public ::testing::TestWithParam<Damage> {};
+
+TEST_P(Corruption, LoadRefusesNamingTheFileAndTouchesNothing) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];   // remainders + fp16 moments: I16, BF16, F16, F32 scales
+  Rig a = make_rig(mode, 1);
+  train(a, 2);
+  SaveResult res = save_checkpoint(root.str(), save_input(a));
+  const fs::path dir = res.dir;
+  GetParam().apply(dir);
+
+  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  nlohmann::json run_config = save_input(a).run_config;
+  if (GetParam().name == "ModelConfigMismatch") run_config["model"]["width"] = 32;
+  try {
+    load_checkpoint(root.str(), *c.model, *c.opt, c.state, run_config, {});
+    FAIL() << "loaded a checkpoint with " << GetParam().name;
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(GetParam().file), std::string::npos) << msg;
+    EXPECT_NE(msg.find(GetParam().expect), std::string::npos) << "want '" << GetParam().expect << "' in: " << msg;
+  }
+  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_EQ(c.state.iteration, 0);
+  if (GetParam().name != "ModelConfigMismatch") {
+    std::ostringstream out;
+    EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
+    EXPECT_NE(out.str().find("DAMAGED"), std::string::npos);
+    EXPECT_NE(out.str().find(GetParam().file), std::string::npos) << out.str();
+  }
+}
+
+const std::vector<Damage> kDamage = {
+    {"FlippedDataByte", [](const fs::path& d) {
+       std::string s = slurp(d / kShard);
+       s[s.size() - 7] ^= 0x10;
+       spit(d / kShard, s);
+     }, kShard, "checksum"},
+    {"FlippedHeaderByte", [](const fs::path& d) {
+       std::string s = slurp(d / kModel);
+       s[20] ^= 0x01;
+       spit(d / kModel, s);
+     }, kModel, "checksum"},
+    {"TruncatedFile", [](const fs::path& d) {
+       std::string s = slurp(d / kShard);
+       spit(d / kShard, s.substr(0, s.size() / 2));
+     }, kShard, "(truncated)"},
+    {"MissingFile", [](const fs::path& d) { fs::remove(d / kModel); }, kModel, "missing"},
+    {"MissingManifest", [](const fs::path& d) { fs::remove(d / "manifest.json"); }, "manifest.json", "no manifest.json"},
+    {"WrongHeaderLength", [](const fs::path& d) {
+       std::string s = slurp(d / kShard);
+       uint64_t n = s.size() + 100;
+       std::memcpy(s.data(), &n, 8);
+       reseal(d, kShard, s);
+     }, kShard, "runs past the end"},
+    {"OffsetsOutOfRange", [](const fs::path& d) {
+       edit_header(d, kShard, [](std::string& h) {
+         size_t i = h.rfind("\"data_offsets\":[");
+         size_t comma = h.find(',', i), close = h.find(']', i);
+         h.replace(comma + 1, close - comma - 1, "999999999");
+       });
+     }, kShard, "out of range"},
+    {"OverlappingTensors", [](const fs::path& d) {
+       edit_header(d, kShard, [](std::string& h) {
+         // Two tensors of the same size claim the same bytes: exp_avg_sq gets exp_avg's offsets.
+         auto offsets_of = [&](const std::string& key) {
+           size_t i = h.find("\"" + key + "\":{\"data_offsets\":[");
+           EXPECT_NE(i, std::string::npos) << key;
+           i = h.find('[', i);
+           return std::make_pair(i, h.find(']', i) - i + 1);
+         };
+         auto [a, alen] = offsets_of("embed/exp_avg");
+         const std::string first = h.substr(a, alen);
+         auto [b, blen] = offsets_of("embed/exp_avg_sq");
+         h.replace(b, blen, first);
+       });
+     }, kShard, "overlaps"},
+    {"DuplicateKey", [](const fs::path& d) {
+       edit_header(d, kShard, [](std::string& h) { replace_once(h, "\"embed/exp_avg_sq\"", "\"embed/exp_avg\"   "); });
+     }, kShard, "duplicate key 'embed/exp_avg'"},
+    {"PathEscapesDirectory", [](const fs::path& d) {
+       nlohmann::json m = read_manifest(d);
+       for (auto& f : m["files"])
+         if (f["name"] == kModel) f["name"] = "../model.safetensors";
+       write_manifest(d, m);
+     }, "manifest.json", "'../model.safetensors' is not a plain file name"},
+    {"AbsolutePath", [](const fs::path& d) {
+       nlohmann::json m = read_manifest(d);
+       m["files"][0]["name"] = "/etc/passwd";
+       write_manifest(d, m);
+     }, "manifest.json", "not a plain file name"},
+    {"FormatVersion", [](const fs::path& d) {
+       nlohmann::json m = read_manifest(d);
+       m["format_version"] = 99;
+       write_manifest(d, m);
+     }, "manifest.json", "format version 99"},
+    {"ManifestTensorMismatch", [](const fs::path& d) {
+       nlohmann::json m = read_manifest(d);
+       for (auto& t : m["tensors"])
+         if (t["key"] == "norm/exp_avg") t["shape"] = {4};
+       write_manifest(d, m);
+     }, kShard, "tensor 'norm/exp_avg'"},
+    {"ModelConfigMismatch", [](const fs::path&) {}, "manifest.json", "width=16 (now 32)"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, Corruption, ::testing::ValuesIn(kDamage), [](const auto& i) { return i.param.name; });
+
+// A model of another shape, or with other parameter names, is refused before anything changes.
+TEST(CheckpointConfig, ShapeAndNameMismatchesAreRefused) {
+  TmpDir root;
+  const Mode mode = all_modes()[4];
+  Rig a = make_rig(mode, 1);
+  train(a, 1);
+  save_checkpoint(root.str(), save_input(a));
+  Rig wide = make_rig(mode, 2, /*width=*/24), wide0 = make_rig(mode, 2, 24);
+  try {
+    load_checkpoint(root.str(), *wide.model, *wide.opt, wide.state, {}, {});
+    FAIL();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors tensor 'l0.b'"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_state(wide, wide0));
+  Rig fp32 = make_rig(all_modes()[0], 2);
+  EXPECT_THROW(load_checkpoint(root.str(), *fp32.model, *fp32.opt, fp32.state, {}, {}), CheckpointError);
+}
+
+TEST(CheckpointConfig, IncompleteDirectoryIsNotACheckpoint) {
+  TmpDir root;
+  fs::create_directories(root.p / "iter_0000005");
+  spit(root.p / "latest_checkpointed_iteration.txt", "5\n");
+  Rig c = make_rig(all_modes()[0], 2);
+  try {
+    load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {});
+    FAIL();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no manifest.json"), std::string::npos) << e.what();
+  }
+  spit(root.p / "latest_checkpointed_iteration.txt", "five\n");
+  EXPECT_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}), CheckpointError);
+}
+
+}  // namespace

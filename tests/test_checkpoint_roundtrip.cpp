@@ -1,0 +1,263 @@
+// Round trip of every storage mode x save policy: train a few steps, save, load into a fresh
+// optimizer, and compare each state bit for bit with an independently predicted result:
+// native restores exactly; fp32 re-stores unscaled values (fp16/fp8 scales recomputed); per_key
+// casts moments to their dtype without a scale (fp16 unscaled, fp8 by truncating value copy).
+// Lossy outcomes must be refused without allow_lossy, leave the target untouched, and match the
+// prediction with it. Also: master-mode conversions, overrides, skip_keys, disk accounting.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint_fixture.h"
+
+using namespace ckfix;
+using namespace rh::ckpt;
+
+namespace {
+
+// The PR's per-key cast of an unscaled fp32 value and back to fp32, written independently of the
+// harness: fp8 is "float copied into uint8" as x86 does it (truncate to int32, keep the low byte).
+torch::Tensor per_key_cast_roundtrip(const torch::Tensor& v, Dtype d) {
+  switch (d) {
+    case Dtype::fp32: return v.clone();
+    case Dtype::bf16: return v.to(torch::kBFloat16).to(torch::kFloat);
+    case Dtype::fp16: return v.to(torch::kHalf).to(torch::kFloat);
+    case Dtype::fp8: {
+      torch::Tensor out = torch::empty_like(v);
+      auto in = v.contiguous();
+      const float* src = in.data_ptr<float>();
+      float* dst = out.data_ptr<float>();
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        EXPECT_TRUE(std::isfinite(src[i]) && std::fabs(src[i]) < 2e9f);
+        dst[i] = static_cast<float>(static_cast<uint8_t>(static_cast<int32_t>(src[i])));
+      }
+      return out;
+    }
+    default: ADD_FAILURE() << "no per_key cast for int16"; return v;
+  }
+}
+
+struct Case {
+  Mode mode;
+  SavePolicyKind policy;
+};
+
+class RoundTrip : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
+  torch::set_num_threads(1);
+  TmpDir dir;
+  const Mode& mode = GetParam().mode;
+  const SavePolicyKind pol = GetParam().policy;
+  Rig a = make_rig(mode, 1);
+  train(a, 3);
+  SaveResult res = save_checkpoint(dir.str(), save_input(a, {pol, {}}));
+  EXPECT_TRUE(fs::exists(fs::path(res.dir) / "manifest.json"));
+  std::ostringstream listing;
+  EXPECT_EQ(inspect_checkpoint(dir.str(), listing), 0) << listing.str();
+
+  Rig c = make_rig(mode, 2);
+  Rig fresh = make_rig(mode, 2);
+  ASSERT_FALSE(same_state(a, c)) << "negative control: a fresh optimizer must differ";
+
+  // The PR's remainder rule keys on the flag, not on what the optimizer holds.
+  const bool pr_int16 = mode.cfg.store_param_remainders && mode.param_dtype == torch::kBFloat16;
+  const bool has_rem = a.opt->master_mode() == rh::optim::MasterMode::remainders;
+  if (pol == SavePolicyKind::per_key && pr_int16 != has_rem) {
+    EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}), CheckpointError);
+    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+    LoadOptions lossy;
+    lossy.allow_lossy = true;
+    load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
+    const std::string p = a.opt->param_names()[0];
+    EXPECT_FALSE(bytes_equal(c.opt->get_unscaled_state(p, StateKey::master_param),
+                             a.opt->get_unscaled_state(p, StateKey::master_param)))
+        << "the misfire (fp32 master read as int16) must show";
+    return;
+  }
+
+  // Predict each restored state independently; a scratch optimizer re-applies storage.
+  Rig scratch = make_rig(mode, 3);
+  std::map<std::string, StoredState> expect;
+  bool lossy = false;
+  for (const auto& p : a.opt->param_names())
+    for (StateKey k : kKeys) {
+      const StoredState& orig = a.opt->stored(p, k);
+      StoredState e = orig;
+      const bool moment = k != StateKey::master_param;
+      if (moment && pol != SavePolicyKind::native) {
+        torch::Tensor v = a.opt->get_unscaled_state(p, k);
+        if (pol == SavePolicyKind::per_key)
+          v = per_key_cast_roundtrip(v, k == StateKey::exp_avg ? mode.cfg.exp_avg_dtype : mode.cfg.exp_avg_sq_dtype);
+        scratch.opt->set_scaled_state(p, k, v);
+        e = scratch.opt->stored(p, k);
+        e.data = e.data.clone();
+      }
+      lossy |= !stored_equal(e, orig);
+      expect[p + "/" + rh::optim::key_name(k)] = e;
+    }
+  // The weak spots must actually lose information in these runs.
+  const bool low_moments = mode.cfg.exp_avg_dtype == Dtype::fp16 || mode.cfg.exp_avg_dtype == Dtype::fp8;
+  if (pol == SavePolicyKind::per_key && low_moments) {
+    EXPECT_TRUE(lossy) << "per_key fp16/fp8 must be lossy";
+  }
+  if (pol == SavePolicyKind::native || !low_moments) {
+    EXPECT_FALSE(lossy);
+  }
+
+  LoadOptions opts;
+  if (lossy) {
+    EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts), CheckpointError);
+    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+    opts.allow_lossy = true;
+  }
+  LoadReport rep = load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts);
+  EXPECT_EQ(rep.iteration, 3);
+  EXPECT_EQ(rep.dir, res.dir);
+  for (const auto& p : a.opt->param_names())
+    for (StateKey k : kKeys)
+      EXPECT_TRUE(stored_equal(c.opt->stored(p, k), expect[p + "/" + rh::optim::key_name(k)]))
+          << p << "/" << rh::optim::key_name(k);
+  auto pa = a.model->named_parameters(true), pc = c.model->named_parameters(true);
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bytes_equal(pa[i].value(), pc[i].value())) << pa[i].key();
+  for (size_t g = 0; g < a.opt->num_groups(); ++g) EXPECT_EQ(c.opt->step_count(g), a.opt->step_count(g));
+  EXPECT_EQ(c.state.iteration, a.state.iteration);
+  EXPECT_EQ(c.state.consumed_samples, a.state.consumed_samples);
+  EXPECT_EQ(c.state.lr.num_steps, a.state.lr.num_steps);
+  EXPECT_EQ(c.state.lr.decay_iters, a.state.lr.decay_iters);
+  EXPECT_EQ(c.state.rng_states, a.state.rng_states);
+  if (!lossy) {   // exact resume: the next step is identical too
+    train(a, 1);
+    train(c, 1);
+    EXPECT_TRUE(same_state(a, c));
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  for (const Mode& m : all_modes())
+    for (SavePolicyKind p : {SavePolicyKind::native, SavePolicyKind::fp32, SavePolicyKind::per_key}) v.push_back({m, p});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesXPolicies, RoundTrip, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param.mode.name + "_" + to_string(info.param.policy); });
+
+Mode mode_named(const std::string& n) {
+  for (const Mode& m : all_modes())
+    if (m.name == n) return m;
+  throw std::logic_error(n);
+}
+
+TEST(Checkpoint, MasterModeConversionsAreExactAndReported) {
+  torch::set_num_threads(1);
+  TmpDir dir;
+  // remainders -> fp32 master: join the bf16 weight with the remainder.
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 3);
+  save_checkpoint(dir.str() + "/rem", save_input(a));
+  Rig c = make_rig(mode_named("fp32master_bf16moments"), 2);
+  LoadReport rep = load_checkpoint(dir.str() + "/rem", *c.model, *c.opt, c.state, {}, {});
+  EXPECT_FALSE(rep.conversions.empty());
+  for (const auto& p : a.opt->param_names())
+    EXPECT_TRUE(bytes_equal(c.opt->get_unscaled_state(p, StateKey::master_param),
+                            a.opt->get_unscaled_state(p, StateKey::master_param))) << p;
+  // and back: the fp32 master splits into weight + remainder with the same joined value.
+  save_checkpoint(dir.str() + "/fp32", save_input(c));
+  Rig d = make_rig(mode_named("remainders_bf16moments"), 3);
+  rep = load_checkpoint(dir.str() + "/fp32", *d.model, *d.opt, d.state, {}, {});
+  EXPECT_FALSE(rep.conversions.empty());
+  for (const auto& p : a.opt->param_names())
+    EXPECT_TRUE(bytes_equal(d.opt->get_unscaled_state(p, StateKey::master_param),
+                            a.opt->get_unscaled_state(p, StateKey::master_param))) << p;
+  // remainder into an fp16 master cannot be exact: refused, target untouched.
+  Rig e = make_rig(mode_named("fp16master_fp8_fp16"), 4), e0 = make_rig(mode_named("fp16master_fp8_fp16"), 4);
+  EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *e.model, *e.opt, e.state, {}, {}), CheckpointError);
+  EXPECT_TRUE(same_state(e, e0));
+}
+
+TEST(Checkpoint, OverrideIsRecordedAsLossyAndRefused) {
+  TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_fp32moments"), 1);
+  train(a, 3);
+  save_checkpoint(dir.str(), save_input(a, {SavePolicyKind::native, {{"exp_avg", Dtype::bf16}}}));
+  Rig c = make_rig(mode_named("remainders_fp32moments"), 2);
+  try {
+    load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {});
+    FAIL() << "a bf16 override of fp32 moments must be refused";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("optim_rank_00000.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/exp_avg'"), std::string::npos) << e.what();
+  }
+  LoadOptions lossy;
+  lossy.allow_lossy = true;
+  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
+  const std::string p = a.opt->param_names()[1];
+  torch::Tensor want = a.opt->get_unscaled_state(p, StateKey::exp_avg).to(torch::kBFloat16).to(torch::kFloat);
+  EXPECT_TRUE(bytes_equal(c.opt->get_unscaled_state(p, StateKey::exp_avg), want));
+  EXPECT_FALSE(bytes_equal(want, a.opt->get_unscaled_state(p, StateKey::exp_avg)));
+}
+
+TEST(Checkpoint, SkipKeysLeaveStatesAlone) {
+  TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 3);
+  save_checkpoint(dir.str(), save_input(a));
+  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
+  LoadOptions o;
+  o.skip_keys = {"exp_avg", "remainder"};
+  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, o);
+  for (const auto& p : a.opt->param_names()) {
+    EXPECT_EQ(c.opt->stored(p, StateKey::exp_avg).data.abs().max().item<float>(), 0.0f) << p;
+    EXPECT_EQ(c.opt->stored(p, StateKey::master_param).data.abs().max().item<int>(), 0) << p;
+    EXPECT_TRUE(stored_equal(c.opt->stored(p, StateKey::exp_avg_sq), a.opt->stored(p, StateKey::exp_avg_sq)));
+  }
+  o.skip_keys = {"nonsense"};
+  EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, o), CheckpointError);
+}
+
+TEST(Checkpoint, DiskAccountingAddsUp) {
+  TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 1);
+  SaveResult r = save_checkpoint(dir.str(), save_input(a));
+  int64_t n = 0;
+  for (const auto& p : a.model->named_parameters(true)) n += p.value().numel();
+  // bf16 weight 2 B + int16 remainder 2 B + bf16 moments 2 + 2 B: 8 B/param plus metadata.
+  EXPECT_EQ(r.bytes_per_key.at("model"), uint64_t(2 * n));
+  EXPECT_EQ(r.bytes_per_key.at("remainder"), uint64_t(2 * n));
+  EXPECT_EQ(r.bytes_per_key.at("exp_avg"), uint64_t(2 * n));
+  EXPECT_EQ(r.bytes_per_key.at("exp_avg_sq"), uint64_t(2 * n));
+  uint64_t sum = 0;
+  for (const auto& [k, b] : r.bytes_per_key) sum += b;
+  EXPECT_EQ(sum, r.total_bytes);
+  uint64_t on_disk = 0;
+  for (const char* f : {"model.safetensors", "optim_rank_00000.safetensors", "manifest.json"})
+    on_disk += fs::file_size(fs::path(r.dir) / f);
+  EXPECT_EQ(on_disk, r.total_bytes);
+  EXPECT_DOUBLE_EQ(r.bytes_per_param, double(r.total_bytes) / double(n));
+  // disk.csv rows add up to the same total.
+  std::ifstream csv(fs::path(r.dir) / "disk.csv");
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes");
+  uint64_t csv_sum = 0;
+  while (std::getline(csv, line)) csv_sum += std::stoull(line.substr(line.rfind(',') + 1));
+  EXPECT_EQ(csv_sum, r.total_bytes);
+}
+
+TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
+  TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 2);
+  save_checkpoint(dir.str(), save_input(a));
+  a.state.consumed_samples = 12345;   // same iteration, different content
+  save_checkpoint(dir.str(), save_input(a));
+  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
+  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {});
+  EXPECT_EQ(c.state.consumed_samples, 12345);
+  for (const auto& e : fs::directory_iterator(dir.p))
+    EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "leftover " << e.path();
+}
+
+}  // namespace

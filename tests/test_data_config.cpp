@@ -1,0 +1,138 @@
+// Data addressing, the run-config forms (JSON, strict errors) and the metrics CSV round trip.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <cstring>
+#include <cmath>
+
+#include "harness/config.h"
+#include "harness/data.h"
+#include "harness/metrics.h"
+
+namespace {
+
+TEST(Corpus, SampleIsTheSameWhetherReachedFromZeroOrDirectly) {
+  rh::SyntheticCorpus c(42, 256, 64);
+  std::vector<int64_t> tok(64 * 40), tgt(64 * 40);
+  c.fill(0, 40, tok.data(), tgt.data());
+  for (int64_t i : {0, 7, 39}) {
+    std::vector<int64_t> t1(64), t2(64);
+    c.fill(i, 1, t1.data(), t2.data());
+    for (int64_t t = 0; t < 64; ++t) {
+      ASSERT_EQ(t1[t], tok[i * 64 + t]) << "sample " << i << " token " << t;
+      ASSERT_EQ(t2[t], tgt[i * 64 + t]);
+    }
+  }
+  // A second corpus object with the same seed reproduces the samples; another seed does not.
+  rh::SyntheticCorpus same(42, 256, 64), other(43, 256, 64);
+  EXPECT_EQ(same.sample(1000), c.sample(1000));
+  EXPECT_NE(other.sample(1000), c.sample(1000));
+}
+
+TEST(Corpus, TargetsAreInputsShiftedAndStructureIsLearnable) {
+  rh::SyntheticCorpus c(1, 64, 32, /*branching=*/4, /*noise=*/0.1);
+  auto s = c.sample(3);
+  std::vector<int64_t> tok(32), tgt(32);
+  c.fill(3, 1, tok.data(), tgt.data());
+  for (int t = 0; t < 31; ++t) EXPECT_EQ(tgt[t], tok[t + 1]);
+  // Count distinct successors per token over many samples: the structure limits them.
+  std::vector<std::set<int64_t>> succ(64);
+  for (int64_t i = 0; i < 200; ++i) {
+    auto x = c.sample(i);
+    for (size_t t = 1; t < x.size(); ++t) succ[x[t - 1]].insert(x[t]);
+  }
+  size_t total = 0;
+  for (auto& s2 : succ) total += s2.size();
+  EXPECT_LT(total, 64u * 20u) << "successor sets look uniform: no learnable structure";
+  EXPECT_THROW(rh::SyntheticCorpus(1, 1, 32), std::invalid_argument);
+  EXPECT_THROW(c.sample(-1), std::out_of_range);
+}
+
+TEST(RunConfig, JsonRoundTripsEveryField) {
+  rh::RunConfig cfg;
+  cfg.model.d_model = 96;
+  cfg.model.param_dtype = "fp32";
+  cfg.optim.use_precision_aware_optimizer = true;
+  cfg.optim.exp_avg_dtype = rh::optim::Dtype::bf16;
+  cfg.train.lr = 0.123456789012345;
+  cfg.train.seed = 18446744073709551615ull;
+  auto j = rh::to_json(cfg);
+  auto back = rh::run_config_from_json(j, "test");
+  EXPECT_EQ(rh::to_json(back), j);
+  EXPECT_EQ(back.train.seed, cfg.train.seed);
+  EXPECT_EQ(back.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
+}
+
+TEST(RunConfig, StrictJsonNamesTheKey) {
+  auto expect_error = [](const char* text, const char* needle) {
+    try {
+      rh::run_config_from_json(nlohmann::json::parse(text), "scenario.toml");
+      FAIL() << "accepted " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("scenario.toml"), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"({"model": {"d_modle": 3}})", "model.d_modle");
+  expect_error(R"({"modle": {}})", "modle");
+  expect_error(R"({"model": {"d_model": "wide"}})", "model.d_model");
+  expect_error(R"({"train": {"seed": -1}})", "train.seed");
+  expect_error(R"({"optimizer": {"exp_avg_dtype": "fp64"}})", "exp_avg_dtype");
+}
+
+TEST(RunConfig, ValidateNamesTheField) {
+  rh::RunConfig cfg;
+  cfg.train.global_batch = 10;
+  cfg.train.micro_batch = 4;
+  EXPECT_THROW(rh::validate(cfg), std::invalid_argument);
+  cfg = rh::RunConfig{};
+  cfg.train.device = "tpu";
+  try {
+    rh::validate(cfg);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--device"), std::string::npos);
+  }
+  EXPECT_NO_THROW(rh::validate(rh::RunConfig{}));
+}
+
+TEST(Metrics, CsvRoundTripsBitExactly) {
+  std::vector<rh::IterMetrics> rows(3);
+  for (int i = 0; i < 3; ++i) {
+    rows[i].iteration = i + 1;
+    rows[i].consumed_samples = 16 * (i + 1);
+    rows[i].lm_loss = std::nextafter(5.5f + i, 10.f);
+    rows[i].aux_loss = 1e-2f / 3.f;
+    rows[i].total_loss = rows[i].lm_loss + rows[i].aux_loss;
+    rows[i].grad_norm = 1.0 / 3.0 + i;
+    rows[i].lr = std::numeric_limits<double>::denorm_min() * (i + 1);
+    rows[i].num_zeros = 17 * i;
+  }
+  auto path = (std::filesystem::temp_directory_path() / "rh_metrics_test.csv").string();
+  rh::write_metrics_csv(path, rows);
+  auto back = rh::read_metrics_csv(path);
+  ASSERT_EQ(back.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (const auto& name : rh::metric_names()) {
+      const double a = rh::metric_value(rows[i], name), b = rh::metric_value(back[i], name);
+      EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << name << " row " << i;
+    }
+  // A malformed file names itself and the line.
+  {
+    std::FILE* f = std::fopen(path.c_str(), "a");
+    std::fputs("4,64,1,zzz,1,0x1p+0,1,0x1p+0,1,0x1p+0,1,0x1p+0,0\n", f);
+    std::fclose(f);
+  }
+  try {
+    rh::read_metrics_csv(path);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rh_metrics_test.csv:5"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace

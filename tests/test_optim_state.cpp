@@ -1,0 +1,282 @@
+// PrecisionAdam's contract outside the update math: Megatron's option rules (each refusal with
+// its message), the master mode in effect, state accessors (unscaled get / scaled set, raw
+// stored get / set with validation), an optimizer-level save/restore that continues bit for bit,
+// step counters, and the main-grad helpers.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+
+#include "harness/optim/precision_adam.h"
+#include "tests/optim_test_util.h"
+
+using namespace rh::optim;
+using rh::optim::testutil::Case;
+using rh::optim::testutil::Rig;
+
+namespace {
+
+struct Threads {
+  Threads() { torch::set_num_threads(1); }
+} threads_once;
+
+// --- option rules ---------------------------------------------------------------------------
+struct Invalid {
+  const char* name;
+  std::function<void(OptimizerConfig&)> set;
+  torch::ScalarType param_dtype;
+  const char* message;   // a substring the refusal must contain
+};
+
+class InvalidOptions : public ::testing::TestWithParam<Invalid> {};
+
+TEST_P(InvalidOptions, RefusedWithItsMessage) {
+  OptimizerConfig c;
+  GetParam().set(c);
+  try {
+    validate(c, GetParam().param_dtype);
+    FAIL() << "accepted an invalid combination";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(GetParam().message), std::string::npos) << e.what();
+  }
+  // The constructor applies the same rules.
+  auto p = torch::zeros({3}, GetParam().param_dtype);
+  EXPECT_THROW(PrecisionAdam({{"g", {{"p", p}}, 0.0}}, c), std::invalid_argument);
+}
+
+const Invalid kInvalid[] = {
+    {"bf16_grads_without_pao", [](auto& c) { c.main_grads_dtype = Dtype::bf16; }, torch::kBFloat16,
+     "--main-grads-dtype can only be fp32 when not using precision-aware optimizer"},
+    {"fp16_master_without_pao", [](auto& c) { c.main_params_dtype = Dtype::fp16; }, torch::kBFloat16,
+     "--main-params-dtype can only be fp32 when not using precision-aware optimizer"},
+    {"bf16_exp_avg_without_pao", [](auto& c) { c.exp_avg_dtype = Dtype::bf16; }, torch::kBFloat16,
+     "--exp-avg-dtype can only be fp32 when not using precision-aware optimizer"},
+    {"fp8_exp_avg_sq_without_pao", [](auto& c) { c.exp_avg_sq_dtype = Dtype::fp8; }, torch::kBFloat16,
+     "--exp-avg-sq-dtype can only be fp32 when not using precision-aware optimizer"},
+    {"fp16_main_grads", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_grads_dtype = Dtype::fp16; },
+     torch::kBFloat16, "--main-grads-dtype fp16 is not supported (allowed: fp32, bf16)"},
+    {"fp8_main_grads", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_grads_dtype = Dtype::fp8; },
+     torch::kBFloat16, "--main-grads-dtype fp8 is not supported"},
+    {"bf16_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::bf16; },
+     torch::kBFloat16, "--main-params-dtype bf16 is not supported (allowed: fp32, fp16)"},
+    {"fp8_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::fp8; },
+     torch::kBFloat16, "--main-params-dtype fp8 is not supported"},
+    {"int16_exp_avg", [](auto& c) { c.use_precision_aware_optimizer = true; c.exp_avg_dtype = Dtype::int16; },
+     torch::kBFloat16, "--exp-avg-dtype int16 is not supported (allowed: fp32, bf16, fp16, fp8)"},
+    {"int16_exp_avg_sq", [](auto& c) { c.use_precision_aware_optimizer = true; c.exp_avg_sq_dtype = Dtype::int16; },
+     torch::kBFloat16, "--exp-avg-sq-dtype int16 is not supported"},
+    {"int16_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::int16; },
+     torch::kBFloat16, "--main-params-dtype int16 is not supported"},
+    {"fp16_params", [](auto&) {}, torch::kHalf, "model params must be fp32 or bf16"},
+    {"beta1_one", [](auto& c) { c.beta1 = 1.0; }, torch::kFloat, "beta1 must be in [0, 1)"},
+    {"beta2_negative", [](auto& c) { c.beta2 = -0.1; }, torch::kFloat, "beta2 must be in [0, 1)"},
+    {"eps_zero", [](auto& c) { c.eps = 0.0; }, torch::kFloat, "eps must be > 0"},
+};
+INSTANTIATE_TEST_SUITE_P(Rules, InvalidOptions, ::testing::ValuesIn(kInvalid),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+TEST(Options, ParseDtype) {
+  EXPECT_EQ(parse_dtype("fp8", "--exp-avg-dtype"), Dtype::fp8);
+  try {
+    parse_dtype("float32", "--exp-avg-dtype");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--exp-avg-dtype: unknown dtype 'float32'"), std::string::npos);
+  }
+}
+
+TEST(Options, EffectiveMasterModeIsReportedNotSilentlyChanged) {
+  OptimizerConfig c;   // store_param_remainders defaults to true
+  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp32) << "needs pao";
+  c.use_precision_aware_optimizer = true;
+  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::remainders);
+  EXPECT_EQ(effective_master_mode(c, torch::kFloat), MasterMode::fp32) << "needs bf16 params";
+  c.main_params_dtype = Dtype::fp16;
+  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp16);
+  PrecisionAdam opt({{"g", {{"p", torch::zeros({2}, torch::kBFloat16)}}, 0.0}}, c);
+  EXPECT_EQ(opt.master_mode(), MasterMode::fp16);
+  EXPECT_TRUE(opt.config().store_param_remainders) << "the option itself is left as given";
+  EXPECT_NE(opt.describe().find("store_param_remainders=true NOT in effect (needs fp32 --main-params-dtype)"),
+            std::string::npos) << opt.describe();
+  c.store_param_remainders = false;
+  c.main_params_dtype = Dtype::fp32;
+  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp32);
+}
+
+// --- state access ---------------------------------------------------------------------------
+class StateAccess : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
+  Rig rig(GetParam(), {{"a", {64}, 0, 1, 0}});
+  auto& opt = *rig.opt;
+  auto x = torch::randn({64}) * 0.01;
+  for (auto key : {StateKey::exp_avg, StateKey::exp_avg_sq}) {
+    opt.set_scaled_state("a", key, x);
+    const auto& st = opt.stored("a", key);
+    const Dtype d = key == StateKey::exp_avg ? GetParam().exp_avg : GetParam().exp_avg_sq;
+    ASSERT_EQ(st.dtype, d);
+    ASSERT_EQ(st.data.scalar_type(), storage_scalar_type(d));
+    auto back = opt.get_unscaled_state("a", key);
+    if (d == Dtype::fp32) EXPECT_TRUE(torch::equal(back, x));
+    if (d == Dtype::bf16) EXPECT_TRUE(torch::equal(back, x.to(torch::kBFloat16).to(torch::kFloat)));
+    if (d == Dtype::fp16 || d == Dtype::fp8) {
+      EXPECT_EQ(*st.scale, x.abs().max().item<float>() / (d == Dtype::fp8 ? 448.0f : 32752.0f))
+          << "set_scaled_state recomputes the scale";
+      EXPECT_LE((back - x).abs().max().item<float>(), x.abs().max().item<float>() / 8);
+    }
+    // get of a set of what get returned is a fixed point (storage is idempotent).
+    opt.set_scaled_state("a", key, back);
+    EXPECT_TRUE(torch::equal(opt.get_unscaled_state("a", key), back)) << key_name(key);
+  }
+  // master_param: the model param follows; in remainder mode the fp32 value round-trips exactly.
+  opt.set_scaled_state("a", StateKey::master_param, x);
+  auto m = opt.get_unscaled_state("a", StateKey::master_param);
+  if (GetParam().master == MasterMode::fp16) EXPECT_TRUE(torch::equal(m, x.to(torch::kHalf).to(torch::kFloat)));
+  else EXPECT_TRUE(torch::equal(m, x));
+  const auto w = opt.param("a");
+  if (GetParam().master == MasterMode::fp32) EXPECT_TRUE(torch::equal(w, x.to(torch::kBFloat16)));
+  if (GetParam().master == MasterMode::fp16)
+    EXPECT_TRUE(torch::equal(w, x.to(torch::kHalf).to(torch::kBFloat16)));
+  if (GetParam().master == MasterMode::remainders)
+    EXPECT_EQ(opt.stored("a", StateKey::master_param).data.scalar_type(), torch::kShort);
+}
+
+// Save every stored state, the model params and the step counters after 10 steps; a fresh
+// optimizer restored from them must continue exactly as the original (bitwise, 10 more steps).
+TEST_P(StateAccess, StoredRoundTripContinuesBitForBit) {
+  const auto specs = testutil::small_specs();
+  Rig a(GetParam(), specs, 21);
+  for (int s = 0; s < 10; ++s) a.step(s, 1e-3);
+  std::vector<StoredState> saved;
+  std::vector<torch::Tensor> weights;
+  for (const auto& sp : specs) {
+    weights.push_back(a.opt->param(sp.name).clone());
+    for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
+      auto st = a.opt->stored(sp.name, key);
+      st.data = st.data.clone();
+      saved.push_back(st);
+    }
+  }
+  Rig b(GetParam(), specs, 99);   // different init: everything must come from the restore
+  EXPECT_FALSE(torch::equal(b.opt->param("a"), a.opt->param("a"))) << "negative control";
+  size_t k = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    b.params[i].detach().copy_(weights[i]);
+    for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq})
+      b.opt->set_stored(specs[i].name, key, saved[k++]);
+  }
+  for (size_t g = 0; g < 2; ++g) b.opt->set_step_count(g, a.opt->step_count(g));
+  torch::manual_seed(1234);
+  for (int s = 10; s < 20; ++s) a.step(s, 1e-3);
+  torch::manual_seed(1234);
+  for (int s = 10; s < 20; ++s) b.step(s, 1e-3);
+  for (const auto& sp : specs) {
+    EXPECT_TRUE(torch::equal(a.opt->param(sp.name), b.opt->param(sp.name))) << sp.name;
+    for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
+      const auto &x = a.opt->stored(sp.name, key), &y = b.opt->stored(sp.name, key);
+      EXPECT_TRUE(torch::equal(x.data, y.data)) << sp.name << " " << key_name(key);
+      EXPECT_EQ(x.scale, y.scale) << sp.name << " " << key_name(key);
+    }
+  }
+}
+
+TEST_P(StateAccess, SetStoredValidates) {
+  Rig rig(GetParam(), {{"a", {8}, 0, 1, 0}});
+  auto& opt = *rig.opt;
+  auto expect_msg = [&](StateKey key, StoredState s, const std::string& msg) {
+    try {
+      opt.set_stored("a", key, s);
+      FAIL() << "accepted: " << msg;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("param 'a'"), std::string::npos) << e.what();
+    }
+  };
+  for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
+    const StoredState good = opt.stored("a", key);
+    StoredState s = good;
+    s.dtype = good.dtype == Dtype::fp32 ? Dtype::bf16 : Dtype::fp32;
+    expect_msg(key, s, "is held as " + to_string(good.dtype));
+    s = good;
+    s.data = good.data.to(good.data.scalar_type() == torch::kFloat ? torch::kDouble : torch::kFloat);
+    expect_msg(key, s, "expects data of type");
+    s = good;
+    s.data = torch::zeros({9}, good.data.scalar_type());
+    expect_msg(key, s, "expects shape [8]");
+    s = good;
+    s.scale = s.scale ? std::nullopt : std::optional<float>(1.0f);
+    expect_msg(key, s, good.scale ? "needs a scale" : "takes no scale");
+    if (good.scale) {
+      s = good;
+      s.scale = 0.0f;
+      expect_msg(key, s, "scale must be finite and > 0");
+    }
+    EXPECT_NO_THROW(opt.set_stored("a", key, good));
+  }
+  EXPECT_THROW(opt.stored("nope", StateKey::exp_avg), std::invalid_argument);
+}
+
+std::vector<Case> access_cases() {
+  return {{Dtype::fp32, Dtype::bf16, MasterMode::fp32, true, Dtype::fp32, true},
+          {Dtype::fp16, Dtype::fp8, MasterMode::fp16, true, Dtype::bf16, true},
+          {Dtype::fp8, Dtype::fp16, MasterMode::remainders, false, Dtype::fp32, true},
+          {Dtype::bf16, Dtype::fp32, MasterMode::remainders, true, Dtype::bf16, true}};
+}
+INSTANTIATE_TEST_SUITE_P(Modes, StateAccess, ::testing::ValuesIn(access_cases()),
+                         [](const auto& i) { return i.param.name(); });
+
+// --- step counters and grads ------------------------------------------------------------------
+TEST(Steps, EveryGroupAdvancesEvenWithoutGradients) {
+  auto p = torch::ones({3}, torch::kBFloat16), q = torch::ones({3}, torch::kBFloat16);
+  PrecisionAdam opt({{"g0", {{"p", p}}, 0.1}, {"g1", {{"q", q}}, 0.0}}, OptimizerConfig{});
+  ASSERT_EQ(opt.num_groups(), 2u);
+  EXPECT_EQ(opt.group_name(1), "g1");
+  EXPECT_EQ(opt.group_of("q"), 1u);
+  p.mutable_grad() = torch::ones({3}, torch::kBFloat16);
+  opt.accumulate_grads();
+  EXPECT_FALSE(p.grad().defined()) << "param.grad is reset after accumulation";
+  opt.step(1e-3);
+  opt.step(1e-3);   // the main grad is kept until zero_grads
+  EXPECT_EQ(opt.step_count(0), 2);
+  EXPECT_EQ(opt.step_count(1), 2);
+  EXPECT_TRUE(torch::equal(q, torch::ones({3}, torch::kBFloat16))) << "no grad: untouched";
+  EXPECT_TRUE(torch::equal(opt.get_unscaled_state("q", StateKey::exp_avg), torch::zeros({3})));
+  EXPECT_FALSE(torch::equal(p, torch::ones({3}, torch::kBFloat16)));
+  EXPECT_THROW(opt.step_count(2), std::out_of_range);
+  opt.set_step_count(1, 40);
+  EXPECT_EQ(opt.step_count(1), 40);
+}
+
+TEST(Grads, NormZerosScaleAndAccumulate) {
+  OptimizerConfig c;
+  c.use_precision_aware_optimizer = true;
+  c.main_grads_dtype = Dtype::bf16;
+  auto p = torch::zeros({5000}, torch::kBFloat16), q = torch::zeros({7}, torch::kBFloat16);
+  PrecisionAdam opt({{"g", {{"p", p}, {"q", q}}, 0.0}}, c);
+  torch::manual_seed(2);
+  auto g1 = torch::randn({5000}).to(torch::kBFloat16), g2 = torch::randn({5000}).to(torch::kBFloat16);
+  g1.index_put_({torch::indexing::Slice(0, 100)}, 0);
+  g2.index_put_({torch::indexing::Slice(0, 100)}, 0);
+  p.mutable_grad() = g1;
+  opt.accumulate_grads();
+  p.mutable_grad() = g2;
+  opt.accumulate_grads();
+  const auto want = (g1.to(torch::kFloat) + g2.to(torch::kFloat)).to(torch::kBFloat16);
+  ASSERT_TRUE(torch::equal(opt.main_grad("p"), want)) << "fp32 sum, one RNE to bf16";
+  EXPECT_EQ(opt.main_grad("p").scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(opt.count_zeros(), 100 + 7);
+  // fp32 accumulation of 5000 squares: within a few fp32 ulps of the double result.
+  const double norm = want.to(torch::kDouble).norm().item<double>();
+  EXPECT_NEAR(opt.grad_norm(), norm, norm * 1e-5);
+  torch::set_num_threads(2);   // the norm's summation order does not depend on threads
+  const double n2 = opt.grad_norm();
+  torch::set_num_threads(1);
+  EXPECT_EQ(opt.grad_norm(), n2);
+  opt.scale_grads(0.5f);
+  EXPECT_TRUE(torch::equal(opt.main_grad("p"), (want.to(torch::kFloat) * 0.5).to(torch::kBFloat16)));
+  opt.zero_grads();
+  EXPECT_EQ(opt.count_zeros(), 5007);
+  EXPECT_EQ(opt.grad_norm(), 0.0);
+}
+
+}  // namespace
