@@ -13,6 +13,7 @@
 //    not from what the optimizer holds. Where that disagrees with the checkpoint the PR misfires;
 //    load refuses, or with allow_lossy reproduces the misfire as upstream would.
 #include <filesystem>
+#include <set>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
@@ -115,6 +116,16 @@ torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
   torch::Tensor ok = f.eq(f.trunc()).logical_and(f.ge(-32768)).logical_and(f.le(32767));
   if (!ok.all().item<bool>()) throw CheckpointError(w + ": fp32 container does not hold int16 remainder values");
   return f.to(torch::kShort);
+}
+
+// set_stored, except for an fp16 master: the optimizer's set_stored demands a scale for every
+// fp16 state, masters included (reported to the optim room). An fp16 master goes through
+// set_scaled_state instead, which is exact for fp16 values (fp16 -> fp32 -> fp16 round trips).
+void put_stored(optim::PrecisionAdam& opt, const std::string& p, StateKey k, const optim::StoredState& s) {
+  if (k == StateKey::master_param && s.dtype == optim::Dtype::fp16 && !s.scale)
+    opt.set_scaled_state(p, k, s.data.to(torch::kFloat));
+  else
+    opt.set_stored(p, k, s);
 }
 
 }  // namespace
@@ -250,21 +261,24 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   }
   auto rollback = [&] {
     torch::NoGradGuard ng;
-    for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
     for (int i = 0; i < 3; ++i)
-      for (const auto& [p, s] : snap_states[i]) opt.set_stored(p, kKeys[i], s);
+      for (const auto& [p, s] : snap_states[i]) put_stored(opt, p, kKeys[i], s);
+    for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
     for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
   };
   try {
     torch::NoGradGuard ng;
-    if (!opts.skip_keys.count("model"))
-      for (const auto& p : params) p.value().detach().copy_(mf.tensor(p.key()));
+    // Optimizer first, then the model weights from the file (setting a master may write the
+    // model param; the saved weight is the one to keep), except where a remainder optimizer
+    // split an fp32 master: that split produced the weight belonging to its remainder.
+    std::set<std::string> weight_from_split;
     std::vector<std::string> inexact;
     for (const Action& a : plan) {
       if (a.use_stored) {
-        opt.set_stored(a.param, a.key, a.stored);
+        put_stored(opt, a.param, a.key, a.stored);
         continue;
       }
+      if (a.key == StateKey::master_param && tgt_rem) weight_from_split.insert(a.param);
       opt.set_scaled_state(a.param, a.key, a.value);
       torch::Tensor got = opt.get_unscaled_state(a.param, a.key);
       if (!detail::bits_equal(got, a.value)) {
@@ -274,6 +288,9 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
                           " storage");
       }
     }
+    if (!opts.skip_keys.count("model"))
+      for (const auto& p : params)
+        if (!weight_from_split.count(p.key())) p.value().detach().copy_(mf.tensor(p.key()));
     if (!inexact.empty()) {
       if (!opts.allow_lossy) {
         std::string msg = "conversion is not exact, refusing without allow_lossy: " + inexact[0];

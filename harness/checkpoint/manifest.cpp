@@ -164,11 +164,12 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
     per_kind[t["kind"].get<std::string>()] += t["bytes"].get<uint64_t>();
     per_dtype[t["dtype"].get<std::string>()] += t["bytes"].get<uint64_t>();
   }
-  // The manifest counts itself: re-serialize until its length stops changing (two or three
-  // rounds; the numbers only ever change length by a digit).
+  // The manifest counts itself. Its length depends on the numbers in it (bytes_per_param's
+  // digits can flip back and forth), so grow the assumed size until the text fits, then pad the
+  // text with spaces (valid JSON whitespace) to exactly that size. `self` only grows: this ends.
   uint64_t self = 0;
   std::string text;
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < 64; ++round) {
     auto kinds = per_kind;
     kinds["metadata"] = headers + self;
     auto files = per_file;
@@ -180,9 +181,9 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
                  {"bytes_per_dtype", per_dtype},
                  {"num_params", num_model_params},
                  {"bytes_per_param", num_model_params ? double(total) / double(num_model_params) : 0.0}};
-    text = m.dump(1) + "\n";
-    if (text.size() == self) return text;
-    self = text.size();
+    text = m.dump(1);
+    if (text.size() + 1 <= self) return text + std::string(self - text.size() - 1, ' ') + "\n";
+    self = text.size() + 1;
   }
   throw CheckpointError("manifest size did not settle (internal error)");
 }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every benchmark and prints its figures (ratios, never pass/fail on time).
+#   scripts/bench.sh [NAME...]     e.g. scripts/bench.sh bench_optim
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$here/build}
+"$here/scripts/setup.sh" "$build" >/dev/null
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=(bench_train bench_optim bench_checkpoint bench_check)
+for n in "${names[@]}"; do
+  echo "== $n"
+  "$build/bench/$n"
+done

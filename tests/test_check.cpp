@@ -1,0 +1,147 @@
+// End-to-end resume checks on a tiny config, through the real tool in child processes: an exact
+// case, a tolerance case, every deliberate fault (which must be caught), and the negative case
+// that proves the check can fail (a fault declared "exact" must FAIL).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "harness/check.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kTiny = R"(
+[defaults]
+save_at = 3
+[defaults.model]
+vocab_size = 32
+seq_len = 16
+d_model = 32
+n_layers = 1
+n_heads = 2
+ffn_hidden = 32
+[defaults.optimizer]
+use_precision_aware_optimizer = true
+exp_avg_dtype = "bf16"
+exp_avg_sq_dtype = "bf16"
+[defaults.train]
+iterations = 6
+global_batch = 4
+micro_batch = 2
+lr_decay_iters = 6
+
+[[scenario]]
+name = "exact"
+
+[[scenario]]
+name = "exact-per-key-remainders"
+save_policy = "per_key"
+[scenario.optimizer]
+store_param_remainders = true
+
+[[scenario]]
+name = "tolerance"
+optimizer = { exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32" }
+save_overrides = { exp_avg_sq = "bf16" }
+allow_lossy = true
+expect = "tolerance"
+reason = "bf16 second moments; loss within 5 %"
+tolerance = { lm_loss = { rtol = 0.05 } }
+
+[[scenario]]
+name = "fault-declared-exact"
+fault = "reset_lr_schedule"
+
+[[matrix]]
+name = "faults"
+expect = "diverge"
+reason = "deliberate fault"
+optimizer = { store_param_remainders = true }
+  [[matrix.axis]]
+  name = "fault"
+  key = "fault"
+  values = ["skip_rng_restore", "skip_data_position_restore", "reset_step_counter",
+            "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders"]
+)";
+
+class Check : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("rh_check_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tiny.toml") << kTiny;
+    all_ = new std::vector<rh::Scenario>(rh::load_scenarios((dir_ / "tiny.toml").string()));
+  }
+  static void TearDownTestSuite() {
+    delete all_;
+    fs::remove_all(dir_);
+  }
+  rh::CheckResult run(const std::string& name) {
+    for (const auto& s : *all_)
+      if (s.name == name) {
+        rh::CheckOptions o;
+        o.tool = RH_TOOL;
+        o.work_dir = (dir_ / rh::safe_name(name)).string();
+        o.timeout_s = 300;
+        return rh::run_check(s, o);
+      }
+    throw std::runtime_error("no scenario " + name);
+  }
+  static fs::path dir_;
+  static std::vector<rh::Scenario>* all_;
+};
+fs::path Check::dir_;
+std::vector<rh::Scenario>* Check::all_ = nullptr;
+
+TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
+  for (const char* name : {"exact", "exact-per-key-remainders"}) {
+    auto r = run(name);
+    EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
+    EXPECT_EQ(r.outcome, "identical") << name;
+    EXPECT_TRUE(r.first_divergence.empty()) << r.first_divergence;
+    EXPECT_TRUE(r.control_fresh_differs);
+    EXPECT_TRUE(r.control_k_differs);
+    EXPECT_EQ(r.metric_diffs.size(), 3u * 6u);   // iterations 4..6 x 6 metrics
+    EXPECT_GT(r.checkpoint_bytes, 0u);
+    EXPECT_GT(r.bytes_per_param, 2.0);
+    for (const auto& d : r.after_load) EXPECT_TRUE(d.identical()) << d.key;
+    const fs::path out = dir_ / rh::safe_name(name);
+    for (const char* f : {"result.json", "metrics_compare.csv", "state_compare.csv", "disk.csv",
+                          "baseline/metrics.csv", "resumed/metrics.csv"})
+      EXPECT_TRUE(fs::exists(out / f)) << f;
+  }
+}
+
+TEST_F(Check, ToleranceCaseDiffersButStaysWithinItsDeclaredEnvelope) {
+  auto r = run("tolerance");
+  EXPECT_TRUE(r.passed) << r.verdict;
+  EXPECT_EQ(r.outcome, "within-tolerance") << r.verdict;
+  EXPECT_FALSE(r.first_divergence.empty());
+  EXPECT_LT(r.bit_equal_after_load.at("exp_avg_sq"), 1.0);
+}
+
+TEST_F(Check, AFaultDeclaredExactFails) {
+  auto r = run("fault-declared-exact");
+  EXPECT_FALSE(r.passed) << r.verdict;
+  EXPECT_NE(r.first_divergence.find("lr.num_steps"), std::string::npos) << r.first_divergence;
+}
+
+class CheckFault : public Check, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(CheckFault, IsCaughtAndNamed) {
+  auto r = run("faults/fault=" + GetParam());
+  EXPECT_TRUE(r.passed) << r.verdict;
+  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_FALSE(r.first_divergence.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, CheckFault,
+                         ::testing::Values("skip_rng_restore", "skip_data_position_restore",
+                                           "reset_step_counter", "skip_exp_avg_restore",
+                                           "reset_lr_schedule", "drop_remainders"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
