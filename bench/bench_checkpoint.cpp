@@ -5,7 +5,7 @@
 // save = save_checkpoint (two safetensors files, XXH3 while writing, manifest, fsyncs, renames,
 // pointer); load = load_checkpoint (mmap, checksums, structure, copy into model + optimizer).
 // Every figure is the median of --reps runs; files live in page cache for all sides alike.
-//   bench_checkpoint [--gb 1.0] [--reps 3] [--dir /tmp]
+//   bench_checkpoint [--gb 1.0] [--reps 5] [--dir /tmp]
 // Targets (issue 4): save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch.
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,19 +30,25 @@ struct Flat : torch::nn::Module {
   Flat(int64_t n_tensors, int64_t numel) {
     auto g = at::detail::createCPUGenerator(7);
     for (int64_t i = 0; i < n_tensors; ++i)
-      ps.push_back(register_parameter("layer" + std::to_string(i) + ".weight", torch::randn({numel}, g)));
+      ps.push_back(register_parameter("layer" + std::to_string(i) + "_weight", torch::randn({numel}, g)));
   }
 };
 
-double median_time(int reps, const std::function<void()>& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+double seconds(const std::function<void()>& f) {
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+std::string rh_iter_name(int64_t it) {
+  char b[32];
+  std::snprintf(b, sizeof b, "iter_%07lld", static_cast<long long>(it));
+  return b;
 }
 
 void fsync_path(const std::string& p) {
@@ -55,7 +61,7 @@ void fsync_path(const std::string& p) {
 
 int main(int argc, char** argv) {
   double gb = 1.0;
-  int reps = 3;
+  int reps = 5;
   std::string base = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -99,9 +105,10 @@ int main(int argc, char** argv) {
   in.state = &st;
   const std::string root = (dir / "ckpt").string();
 
-  double t_save = median_time(reps, [&] { rh::ckpt::save_checkpoint(root, in); });
-  const std::string plain = (dir / "plain.bin").string();
-  double t_write = median_time(reps, [&] {
+  // Every round writes fresh files (a new iteration; new plain/torch files) and deletes the
+  // previous round's outside the timed region: no side pays for freeing the old blocks.
+  std::string plain = (dir / "plain.bin").string(), tpath = (dir / "torch.pt").string();
+  auto plain_write = [&] {
     int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     for (const auto& t : all) {
       const char* p = static_cast<const char*>(t.data_ptr());
@@ -114,18 +121,10 @@ int main(int argc, char** argv) {
     }
     ::fsync(fd);
     ::close(fd);
-  });
-  const std::string tpath = (dir / "torch.pt").string();
-  double t_tsave = median_time(reps, [&] {
-    torch::save(all, tpath);
-    fsync_path(tpath);
-  });
-
-  rh::ckpt::TrainState st2;
-  double t_load = median_time(reps, [&] { rh::ckpt::load_checkpoint(root, model2, *opt2, st2, {}, {}); });
+  };
   std::vector<torch::Tensor> dest;
   for (const auto& t : all) dest.push_back(torch::ones_like(t));   // allocated and touched
-  double t_read = median_time(reps, [&] {
+  auto plain_read = [&] {
     int fd = ::open(plain.c_str(), O_RDONLY);
     for (auto& t : dest) {
       char* p = static_cast<char*>(t.data_ptr());
@@ -137,11 +136,37 @@ int main(int argc, char** argv) {
       }
     }
     ::close(fd);
-  });
-  double t_tload = median_time(reps, [&] {
-    std::vector<torch::Tensor> back;
-    torch::load(back, tpath);
-  });
+  };
+  rh::ckpt::TrainState st2;
+  // Rounds interleave the three sides, so disk noise (a shared machine) spreads over all alike.
+  std::vector<double> save, write, tsave, load, read, tload;
+  for (int r = 0; r < reps; ++r) {
+    if (r > 0) {
+      fs::remove_all(fs::path(root) / rh_iter_name(st.iteration));
+      fs::remove(plain);
+      fs::remove(tpath);
+      ::sync();
+    }
+    st.iteration = r + 1;
+    plain = (dir / ("plain" + std::to_string(r) + ".bin")).string();
+    tpath = (dir / ("torch" + std::to_string(r) + ".pt")).string();
+    save.push_back(seconds([&] { rh::ckpt::save_checkpoint(root, in); }));
+    write.push_back(seconds(plain_write));
+    tsave.push_back(seconds([&] {
+      torch::save(all, tpath);
+      fsync_path(tpath);
+    }));
+  }
+  for (int r = 0; r < reps; ++r) {
+    load.push_back(seconds([&] { rh::ckpt::load_checkpoint(root, model2, *opt2, st2, {}, {}); }));
+    read.push_back(seconds(plain_read));
+    tload.push_back(seconds([&] {
+      std::vector<torch::Tensor> back;
+      torch::load(back, tpath);
+    }));
+  }
+  const double t_save = median(save), t_write = median(write), t_tsave = median(tsave);
+  const double t_load = median(load), t_read = median(read), t_tload = median(tload);
   bool same = true;
   for (const auto& p : opt->param_names())
     same = same && torch::equal(opt->stored(p, StateKey::exp_avg).data, opt2->stored(p, StateKey::exp_avg).data);

@@ -1,6 +1,7 @@
 // Runtime environment detection; see env.h. OpenBLAS is found by symbol, since Debian's LibTorch
 // links libblas.so.3 and whichever alternative provides it is the BLAS that actually runs.
 #include "harness/env.h"
+#include "harness/version.h"
 
 #include <dlfcn.h>
 #include <torch/torch.h>
@@ -25,7 +26,7 @@ void configure_determinism(int threads) {
 RuntimeInfo runtime_info() {
   RuntimeInfo r;
   r.harness_version = RH_VERSION;
-  r.git_commit = RH_GIT_COMMIT;
+  r.git_commit = rh::git_commit();
   r.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
                     "." + std::to_string(TORCH_VERSION_PATCH);
   using GetConfig = char* (*)();

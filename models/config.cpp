@@ -86,15 +86,15 @@ std::string Numerics::name() const {
   return round_to_bf16 ? "bf16/fp32-compute" : "bf16/native";
 }
 
-torch::Tensor dropout_fp32(const torch::Tensor& x, double p, bool training,
-                           torch::Generator* gen) {
+torch::Tensor dropout_fp32(const torch::Tensor& x, double p, bool training, torch::Generator* gen) {
   if (!training || p == 0.0) return x.to(torch::kFloat);
   if (gen == nullptr)
     throw std::invalid_argument(
         "dropout: training with dropout > 0 needs a torch::Generator (got null); pass the "
         "generator the caller checkpoints, or call eval()");
   // Drawn on the generator's device so a CPU generator also drives a CUDA model (same bits).
-  auto mask = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
+  auto mask =
+      torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
   mask.bernoulli_(1.0 - p, *gen);
   mask = mask.to(x.device()).mul_(1.0 / (1.0 - p));
   return x.to(torch::kFloat) * mask;

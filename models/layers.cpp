@@ -3,6 +3,7 @@
 #include "models/layers.h"
 
 #include <cmath>
+#include <limits>
 
 namespace rh::models {
 namespace {
@@ -16,14 +17,15 @@ torch::TensorOptions param_options(const Numerics& num, const torch::Device& dev
 NoBiasLinearImpl::NoBiasLinearImpl(int64_t in_features, int64_t out_features, const Numerics& n,
                                    const torch::Device& device)
     : num(n) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features},
-                                                     param_options(num, device)));
+  weight = register_parameter(
+      "weight", torch::empty({out_features, in_features}, param_options(num, device)));
 }
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab_size, int64_t d_model, const Numerics& n,
                                        const torch::Device& device)
     : num(n) {
-  weight = register_parameter("weight", torch::empty({vocab_size, d_model}, param_options(num, device)));
+  weight =
+      register_parameter("weight", torch::empty({vocab_size, d_model}, param_options(num, device)));
 }
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& tokens) {
@@ -44,8 +46,9 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 RopeTables make_rope_tables(int64_t max_len, int64_t head_dim, double theta,
                             const torch::Device& device) {
   auto f64 = torch::TensorOptions().dtype(torch::kDouble);
-  auto inv_freq = torch::pow(theta, -torch::arange(0, head_dim, 2, f64) / double(head_dim));  // (D/2)
-  auto angles = torch::outer(torch::arange(max_len, f64), inv_freq);                          // (T, D/2)
+  auto inv_freq =
+      torch::pow(theta, -torch::arange(0, head_dim, 2, f64) / double(head_dim));  // (D/2)
+  auto angles = torch::outer(torch::arange(max_len, f64), inv_freq);              // (T, D/2)
   return {angles.cos().to(torch::kFloat).to(device), angles.sin().to(torch::kFloat).to(device)};
 }
 
@@ -53,7 +56,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
   const int64_t T = x.size(-2), half = x.size(-1) / 2;
   TORCH_CHECK(T <= rope.cos.size(0), "apply_rope: sequence length ", T, " exceeds the RoPE table (",
               rope.cos.size(0), ")");
-  TORCH_CHECK(half == rope.cos.size(1), "apply_rope: head dim ", x.size(-1), " does not match the table");
+  TORCH_CHECK(half == rope.cos.size(1), "apply_rope: head dim ", x.size(-1),
+              " does not match the table");
   auto xf = x.to(torch::kFloat);
   auto x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);  // (B, H, T, D/2)
   auto c = rope.cos.narrow(0, 0, T), s = rope.sin.narrow(0, 0, T);   // (T, D/2)
@@ -84,8 +88,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, torch::Ge
                .masked_fill(causal_mask.narrow(0, 0, T).narrow(1, 0, T),
                             -std::numeric_limits<float>::infinity());
   auto probs = num.act(dropout_fp32(torch::softmax(scores, -1), attn_dropout, is_training(), gen));
-  auto ctx = num.act(torch::matmul(probs, v));                // (B, H, T, D)
-  return proj(ctx.transpose(1, 2).reshape({B, T, C}));       // (B, T, C)
+  auto ctx = num.act(torch::matmul(probs, v));          // (B, H, T, D)
+  return proj(ctx.transpose(1, 2).reshape({B, T, C}));  // (B, T, C)
 }
 
 }  // namespace rh::models

@@ -15,7 +15,9 @@ namespace rh::models {
 struct NoBiasLinearImpl : torch::nn::Module {
   NoBiasLinearImpl(int64_t in_features, int64_t out_features, const Numerics& num,
                    const torch::Device& device);
-  torch::Tensor forward(const torch::Tensor& x) { return num.linear(x, weight); }  // (.., in) -> (.., out)
+  torch::Tensor forward(const torch::Tensor& x) {
+    return num.linear(x, weight);
+  }  // (.., in) -> (.., out)
   Numerics num;
   torch::Tensor weight;  // (out, in) in num.param_dtype
 };

@@ -31,8 +31,10 @@ struct ModelConfig {
   double init_std = 0.02;
   std::string param_dtype = "bf16"; // bf16 | fp32: the dtype parameters are held in
   // How bf16-held parameters compute: "fp32" casts weights to fp32 for every op and rounds each
-  // linear/attention output to bf16 (fast on CPUs without bf16 units); "native" runs the ops in
-  // bf16 (what a GPU does). "auto" = native on CUDA, fp32 on CPU. Ignored for fp32 params.
+  // linear/attention output (and every other activation a bf16 model holds: norms, residuals,
+  // expert outputs; see models/numerics.h) to bf16, fast on CPUs without bf16 units; "native"
+  // runs the ops in bf16 (what a GPU does). "auto" = native on CUDA, fp32 on CPU. Ignored for
+  // fp32 params.
   std::string compute = "auto";
 };
 

@@ -13,10 +13,10 @@ ExpertImpl::ExpertImpl(int64_t d_model, int64_t f, const Numerics& n, const torc
 }
 
 torch::Tensor ExpertImpl::forward(const torch::Tensor& x) {
-  auto h = fc1(x);                                                    // (n, 2F)
+  auto h = fc1(x);  // (n, 2F)
   auto gate = h.narrow(-1, 0, ffn_hidden), up = h.narrow(-1, ffn_hidden, ffn_hidden);
   // Each op's output rounded as a bf16 model would hold it.
-  return fc2(num.act(num.act(torch::silu(gate)) * up));              // (n, C)
+  return fc2(num.act(num.act(torch::silu(gate)) * up));  // (n, C)
 }
 
 MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torch::Device& device)
@@ -40,8 +40,10 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   auto xr = x.to(torch::kFloat);
   if (is_training() && router_jitter > 0.0) {
     if (gen == nullptr)
-      throw std::invalid_argument("MoELayer: router_jitter > 0 in training needs a torch::Generator");
-    auto noise = torch::empty(xr.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
+      throw std::invalid_argument(
+          "MoELayer: router_jitter > 0 in training needs a torch::Generator");
+    auto noise =
+        torch::empty(xr.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
     noise.uniform_(1.0 - router_jitter, 1.0 + router_jitter, *gen);
     xr = xr * noise.to(xr.device());
   }
@@ -60,7 +62,8 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   if (aux_loss_coeff > 0.0) {
     // Megatron's switch_load_balancing_loss_func; tokens_e carries no gradient.
     auto prob_per_expert = torch::softmax(r.logits, -1).sum(0);  // (E)
-    const double scale = double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
+    const double scale =
+        double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
     r.aux_loss = r.aux_loss + (prob_per_expert * counts.to(torch::kFloat)).sum() * scale;
   }
   if (z_loss_coeff > 0.0) {
@@ -73,7 +76,8 @@ torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput&
   const int64_t N = x.size(0), C = x.size(1), NK = N * top_k;
   auto pair_expert = r.top_idx.reshape({NK});  // pair p = n*K + j -> expert
   // Stable: within an expert, pairs stay in (token, slot) order.
-  auto perm = std::get<1>(torch::sort(pair_expert, /*stable=*/c10::optional<bool>(true), /*dim=*/0));  // sorted pos -> pair
+  auto perm = std::get<1>(torch::sort(pair_expert, /*stable=*/c10::optional<bool>(true),
+                                      /*dim=*/0));  // sorted pos -> pair
   auto inv_perm = torch::empty_like(perm).scatter_(0, perm, torch::arange(NK, perm.options()));
 
   // Each token's row repeated K times (pair order), then permuted: no repeated gather index.

@@ -22,10 +22,10 @@ struct ExpertImpl : torch::nn::Module {
 TORCH_MODULE(Expert);
 
 struct RouterOutput {
-  torch::Tensor logits;     // (N, E) fp32
-  torch::Tensor top_idx;    // (N, K) int64, experts in descending logit order
-  torch::Tensor top_probs;  // (N, K) fp32, softmax over the K chosen logits
-  torch::Tensor aux_loss;   // () fp32: load-balancing + z-loss, coefficients applied
+  torch::Tensor logits;                    // (N, E) fp32
+  torch::Tensor top_idx;                   // (N, K) int64, experts in descending logit order
+  torch::Tensor top_probs;                 // (N, K) fp32, softmax over the K chosen logits
+  torch::Tensor aux_loss;                  // () fp32: load-balancing + z-loss, coefficients applied
   std::vector<int64_t> tokens_per_expert;  // (E), token-expert pairs routed to each expert
 };
 
@@ -43,7 +43,7 @@ struct MoELayerImpl : torch::nn::Module {
   // no rows are not run, so their params get no grad), and the outputs are put back in pair order,
   // weighted by top_probs in fp32 and summed over j = 0..K-1 in that order.
   // Every gather is by a permutation (never by an index with repeats) so that neither forward
-  // nor backward needs an atomic index_add: bit-identical on CPU and CUDA alike.
+  // nor backward needs an atomic index_add: run-to-run bit-identical on CUDA as on CPU.
   torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);  // (N, C) -> (N, C)
 
   std::pair<torch::Tensor, RouterOutput> forward(const torch::Tensor& x, torch::Generator* gen) {
@@ -57,7 +57,7 @@ struct MoELayerImpl : torch::nn::Module {
   Numerics num;
   NoBiasLinear router{nullptr};  // weight (E, C)
   torch::nn::ModuleList experts_list{nullptr};
-  std::vector<Expert> experts;   // the same modules as experts_list, typed
+  std::vector<Expert> experts;  // the same modules as experts_list, typed
 };
 TORCH_MODULE(MoELayer);
 

@@ -12,7 +12,8 @@ namespace rh::models {
 TransformerBlockImpl::TransformerBlockImpl(const ModelConfig& cfg, const Numerics& n,
                                            const torch::Device& device)
     : hidden_dropout(cfg.dropout), num(n) {
-  attention_norm = register_module("attention_norm", RMSNorm(cfg.d_model, cfg.norm_eps, num, device));
+  attention_norm =
+      register_module("attention_norm", RMSNorm(cfg.d_model, cfg.norm_eps, num, device));
   attention = register_module("attention", CausalSelfAttention(cfg, num, device));
   moe_norm = register_module("moe_norm", RMSNorm(cfg.d_model, cfg.norm_eps, num, device));
   moe = register_module("moe", MoELayer(cfg, num, device));
@@ -32,7 +33,8 @@ MoETransformer::MoETransformer(const ModelConfig& cfg, const torch::Device& devi
     : cfg_(cfg), device_(device) {
   validate_config(cfg_);
   num_ = resolve_numerics(cfg_, device_);
-  embedding = register_module("embedding", TokenEmbedding(cfg_.vocab_size, cfg_.d_model, num_, device_));
+  embedding =
+      register_module("embedding", TokenEmbedding(cfg_.vocab_size, cfg_.d_model, num_, device_));
   auto list = register_module("layers", torch::nn::ModuleList());
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     layers.push_back(TransformerBlock(cfg_, num_, device_));
@@ -63,7 +65,8 @@ void MoETransformer::check_tokens(const torch::Tensor& t, const char* what) cons
   };
   if (!t.defined()) fail("is undefined");
   if (t.dim() != 2) fail("must be (B, T), got " + std::to_string(t.dim()) + " dims");
-  if (t.scalar_type() != torch::kLong) fail("must be int64, got " + std::string(c10::toString(t.scalar_type())));
+  if (t.scalar_type() != torch::kLong)
+    fail("must be int64, got " + std::string(c10::toString(t.scalar_type())));
   if (t.size(0) < 1 || t.size(1) < 1 || t.size(1) > cfg_.seq_len)
     fail("must have B >= 1 and 1 <= T <= seq_len = " + std::to_string(cfg_.seq_len) + ", got (" +
          std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + ")");
@@ -97,7 +100,8 @@ LossOutput MoETransformer::loss(const torch::Tensor& tokens, const torch::Tensor
   auto fwd = forward(tokens, gen);
   const int64_t V = cfg_.vocab_size;
   LossOutput out;
-  out.lm_loss = torch::cross_entropy_loss(fwd.logits.reshape({-1, V}), targets.to(device_).reshape({-1}));
+  out.lm_loss =
+      torch::cross_entropy_loss(fwd.logits.reshape({-1, V}), targets.to(device_).reshape({-1}));
   out.aux_loss = fwd.aux_loss;
   out.tokens_per_expert = std::move(fwd.tokens_per_expert);
   return out;

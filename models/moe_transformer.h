@@ -3,8 +3,8 @@
 // RMSNorm, untied LM head. Exposed (beyond CausalLM) so tests can read logits and internals.
 // Numerics: see numerics.h. Parameter names (registration order = init order):
 //   embedding.weight
-//   layers.<l>.attention_norm.weight, layers.<l>.attention.qkv.weight, layers.<l>.attention.proj.weight
-//   layers.<l>.moe_norm.weight, layers.<l>.moe.router.weight
+//   layers.<l>.attention_norm.weight, layers.<l>.attention.qkv.weight,
+//   layers.<l>.attention.proj.weight layers.<l>.moe_norm.weight, layers.<l>.moe.router.weight
 //   layers.<l>.moe.experts.<e>.fc1.weight, layers.<l>.moe.experts.<e>.fc2.weight
 //   final_norm.weight, lm_head.weight
 #pragma once
@@ -30,8 +30,8 @@ struct TransformerBlockImpl : torch::nn::Module {
 TORCH_MODULE(TransformerBlock);
 
 struct ForwardOutput {
-  torch::Tensor logits;    // (B, T, V) fp32
-  torch::Tensor aux_loss;  // () fp32, summed over layers
+  torch::Tensor logits;                    // (B, T, V) fp32
+  torch::Tensor aux_loss;                  // () fp32, summed over layers
   std::vector<int64_t> tokens_per_expert;  // (E), summed over layers
 };
 

@@ -182,12 +182,14 @@ def plot_disk(plt, storage, out):
         if row["storage"] not in labels:
             labels.append(row["storage"])
     fig, ax = plt.subplots(figsize=(max(6.4, 1.9 * len(labels) + 2), 6.2))
+    biggest = max([float(r["total_bytes"]) for r in storage] + [1.0])
+    unit, scale = ("MiB", 2.0 ** 20) if biggest >= 2.0 ** 24 else ("KiB", 2.0 ** 10)
     bottoms = [0.0] * len(labels)
     for kind in DISK_KINDS:
         vals = [0.0] * len(labels)
         for row in storage:
             if row["kind"] == kind:
-                vals[labels.index(row["storage"])] = float(row["bytes"]) / 1024.0
+                vals[labels.index(row["storage"])] = float(row["bytes"]) / scale
         if any(vals):
             ax.bar(range(len(labels)), vals, bottom=bottoms, color=KIND_COLORS[kind], label=kind, width=0.6)
             bottoms = [b + v for b, v in zip(bottoms, vals)]
@@ -197,7 +199,7 @@ def plot_disk(plt, storage, out):
         ax.annotate(text, (x, bottoms[x]), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=9)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels([wrap_label(lab) for lab in labels], fontsize=7)
-    ax.set_ylabel("checkpoint KiB")
+    ax.set_ylabel("checkpoint " + unit)
     ax.set_ylim(0, max(bottoms + [1.0]) * 1.12)
     ax.legend(fontsize=8)
     ax.set_title("Checkpoint bytes by key kind, size change vs the fp32 policy")

@@ -92,7 +92,8 @@ void loss_section(Document& d, const PlotOutcome& plots) {
       d.image(std::string("plots/") + p, std::string(p) == kLossPlot ? "Loss curves, baseline vs resumed" : "|d loss| after resume");
 }
 
-void disk_section(Document& d, const RunData& run, const std::vector<Combo>& combos, const PlotOutcome& plots) {
+// Returns the headline of the section ("" when nothing resumed bit-exactly with a reference).
+std::string disk_section(Document& d, const RunData& run, const std::vector<Combo>& combos, const PlotOutcome& plots) {
   d.heading("Checkpoint size per key");
   d.paragraph("One row per storage combination: the save policy and the dtype each key kind was written in, measured "
               "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
@@ -103,18 +104,23 @@ void disk_section(Document& d, const RunData& run, const std::vector<Combo>& com
     if (c.has_reduction && run.scenarios[c.scenario].row.outcome == "identical" &&
         (!best || c.reduction_pct > best->reduction_pct))
       best = &c;
+  std::string headline;
   if (best)
-    d.paragraph("Largest saving with a bit-exact resume: " + best->label + ", " + reduction_text(best->reduction_pct) +
-                " smaller than the fp32 policy.");
+    headline = "Largest saving with a bit-exact resume: " + best->label + ", " + reduction_text(best->reduction_pct) +
+               " smaller than the fp32 policy (measured in " + run.scenarios[best->scenario].row.scenario + ").";
+  if (!headline.empty()) d.paragraph(headline);
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kDiskPlot))
     d.image(std::string("plots/") + kDiskPlot, "Checkpoint bytes stacked by key kind, with the reduction vs the fp32 policy");
+  return headline;
 }
 
-void projection_section(Document& d, const std::vector<Combo>& combos, const std::string& models_file) {
+// Returns one line per projection that has a published size to compare with.
+std::vector<std::string> projection_section(Document& d, const std::vector<Combo>& combos,
+                                            const std::string& models_file) {
   d.heading("Projection to real model sizes");
   if (!fs::exists(models_file)) {
     d.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
-    return;
+    return {};
   }
   const auto models = load_models(models_file);
   const auto rows = project(models, combos);
@@ -137,6 +143,7 @@ void projection_section(Document& d, const std::vector<Combo>& combos, const std
     items.push_back(s);
   }
   if (!items.empty()) d.bullets(items);
+  return items;
 }
 
 void notes_section(Document& d, const RunData& run) {
@@ -173,10 +180,19 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   Document d;
   d.title = "Resume report: " + (run.matrix_file.empty() ? run.dir : run.matrix_file);
   overview(d, run, out.plots);
+  const size_t findings_at = d.blocks.size();
   matrix_section(d, run, refs, out.plots);
   loss_section(d, out.plots);
-  disk_section(d, run, combos, out.plots);
-  projection_section(d, combos, models);
+  const std::string saving = disk_section(d, run, combos, out.plots);
+  auto findings = projection_section(d, combos, models);
+  // Key findings repeat the sections' headline sentences right under the overview.
+  if (!saving.empty()) findings.insert(findings.begin(), saving);
+  if (!findings.empty()) {
+    Document k;
+    k.heading("Key findings");
+    k.bullets(findings);
+    d.blocks.insert(d.blocks.begin() + static_cast<std::ptrdiff_t>(findings_at), k.blocks.begin(), k.blocks.end());
+  }
   notes_section(d, run);
   d.heading("Environment");
   if (!run.has_summary_json) d.paragraph("summary.json is missing: the environment of this run is unknown.");

@@ -90,6 +90,8 @@ std::vector<DiskRow> read_disk_csv(const std::string& path);
 std::vector<StateRow> read_state_csv(const std::string& path);
 // Validates metrics_compare.csv; returns its number of data rows.
 int64_t check_metrics_compare_csv(const std::string& path);
+// Validates a baseline/ or resumed/ metrics.csv (format: harness/metrics.h).
+void check_metrics_csv(const std::string& path);
 
 // Reads the whole run directory. Throws ReportError when summary.csv is missing or any present
 // file is malformed.

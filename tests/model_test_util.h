@@ -1,10 +1,9 @@
 // Shared helpers for the models/ tests (test_model*.cpp): the numerics cases every parameterized
 // suite runs over, small configs, and bitwise comparison helpers.
 #pragma once
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cstring>
 #include <string>
@@ -25,7 +24,9 @@ inline void PrintTo(const NumericsCase& c, std::ostream* os) {
 }
 
 inline std::vector<NumericsCase> numerics_cases() {
-  return {{"fp32", "fp32", "fp32"}, {"bf16_fp32compute", "bf16", "fp32"}, {"bf16_native", "bf16", "native"}};
+  return {{"fp32", "fp32", "fp32"},
+          {"bf16_fp32compute", "bf16", "fp32"},
+          {"bf16_native", "bf16", "native"}};
 }
 
 inline std::string case_name(const ::testing::TestParamInfo<NumericsCase>& info) {
@@ -45,7 +46,9 @@ inline std::shared_ptr<MoETransformer> build(const ModelConfig& cfg, uint64_t se
   return m;
 }
 
-inline torch::Generator cpu_gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+inline torch::Generator cpu_gen(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
 
 inline torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   auto g = cpu_gen(seed);

@@ -41,7 +41,7 @@ nlohmann::json expected_checkpoint(const Rig& r, const SavePolicy& pol, const st
                        st_from_scalar_type(p.value().scalar_type(), p.key())));
   for (const auto& p : r.opt->param_names())
     for (StateKey k : kKeys)
-      for (const auto& e : detail::encode_state(*r.opt, p, k, pol)) {
+      for (const auto& e : rh::ckpt::detail::encode_state(*r.opt, p, k, pol)) {
         nlohmann::json j = entry("optim_rank_00000.safetensors", e.key, e.data, e.dtype);
         const auto& s = r.opt->stored(p, k);
         if (e.conversion == "stored" && e.kind != "scale" && s.scale)

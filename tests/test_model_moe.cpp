@@ -29,7 +29,8 @@ TEST_P(MoELayerTest, RouterTopKAndLossesMatchHandComputedCase) {
     moe->router->weight.copy_(torch::eye(4));
   }
   auto x = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f, 0.5f, -1.0f, 2.0f, 0.0f, 0.0f, 1.0f, -2.0f, 3.0f})
-               .view({3, 4}).to(moe->num.compute_dtype);
+               .view({3, 4})
+               .to(moe->num.compute_dtype);
   auto r = moe->route(x, nullptr);
 
   const std::vector<int64_t> want_idx = {3, 2, 2, 0, 3, 1};  // descending logit order per token
@@ -75,7 +76,8 @@ torch::Tensor reference_dispatch(MoELayer& moe, const torch::Tensor& x, const Ro
     std::vector<torch::Tensor> rows;
     for (auto [n, j] : pairs[e]) rows.push_back(x[n]);
     auto ye = moe->experts[e]->forward(torch::stack(rows));
-    for (size_t i = 0; i < pairs[e].size(); ++i) y[pairs[e][i].first * K + pairs[e][i].second] = ye[i];
+    for (size_t i = 0; i < pairs[e].size(); ++i)
+      y[pairs[e][i].first * K + pairs[e][i].second] = ye[i];
   }
   std::vector<torch::Tensor> out;
   for (int64_t n = 0; n < N; ++n) {
@@ -97,8 +99,9 @@ TEST_P(MoELayerTest, DispatchMatchesPerTokenReferenceBitwise) {
     auto got = moe->dispatch(x, r);
     auto want = reference_dispatch(moe, x, r);
     EXPECT_EQ(got.scalar_type(), moe->num.compute_dtype);
-    EXPECT_TRUE(same_bits(got, want)) << "top_k=" << top_k << " max |diff| "
-                                      << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
+    EXPECT_TRUE(same_bits(got, want))
+        << "top_k=" << top_k << " max |diff| "
+        << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
   }
 }
 

@@ -39,10 +39,11 @@ TEST_P(TransformerTest, ShapesNamesAndParameterCount) {
     names.insert(p.key());
     EXPECT_EQ(p.value().scalar_type(), want_dtype) << p.key();
   }
-  for (const char* n : {"embedding.weight", "layers.0.attention_norm.weight", "layers.0.attention.qkv.weight",
-                        "layers.1.attention.proj.weight", "layers.0.moe_norm.weight",
-                        "layers.0.moe.router.weight", "layers.1.moe.experts.3.fc1.weight",
-                        "layers.0.moe.experts.1.fc2.weight", "final_norm.weight", "lm_head.weight"})
+  for (const char* n :
+       {"embedding.weight", "layers.0.attention_norm.weight", "layers.0.attention.qkv.weight",
+        "layers.1.attention.proj.weight", "layers.0.moe_norm.weight", "layers.0.moe.router.weight",
+        "layers.1.moe.experts.3.fc1.weight", "layers.0.moe.experts.1.fc2.weight",
+        "final_norm.weight", "lm_head.weight"})
     EXPECT_EQ(names.count(n), 1u) << n;
   EXPECT_EQ(names.size(), size_t(3 + cfg.n_layers * (5 + 2 * E)));
   EXPECT_NE(model->describe().find("params=984704"), std::string::npos) << model->describe();
@@ -60,8 +61,10 @@ TEST_P(TransformerTest, FutureTokensNeverChangeEarlierLogits) {
     auto changed = tokens.clone();
     changed.select(1, t).add_(1).remainder_(cfg.vocab_size);
     auto logits = model->logits(changed, nullptr);
-    EXPECT_TRUE(same_bits(logits.narrow(1, 0, t), base.narrow(1, 0, t))) << "changed position " << t;
-    EXPECT_FALSE(same_bits(logits.select(1, t), base.select(1, t))) << "change at " << t << " had no effect";
+    EXPECT_TRUE(same_bits(logits.narrow(1, 0, t), base.narrow(1, 0, t)))
+        << "changed position " << t;
+    EXPECT_FALSE(same_bits(logits.select(1, t), base.select(1, t)))
+        << "change at " << t << " had no effect";
   }
 }
 
@@ -176,7 +179,8 @@ TEST_P(TransformerTest, GradsInParamDtypeAndNoneForIdleExperts) {
     const auto& grad = p.value().grad();
     bool expect_grad = true;
     for (int64_t e = 0; e < cfg.n_experts; ++e)
-      if (out.tokens_per_expert[e] == 0 && p.key().find("experts." + std::to_string(e) + ".") != std::string::npos)
+      if (out.tokens_per_expert[e] == 0 &&
+          p.key().find("experts." + std::to_string(e) + ".") != std::string::npos)
         expect_grad = false;
     ASSERT_EQ(grad.defined(), expect_grad) << p.key();
     if (!expect_grad) continue;
@@ -186,7 +190,8 @@ TEST_P(TransformerTest, GradsInParamDtypeAndNoneForIdleExperts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Numerics, TransformerTest, ::testing::ValuesIn(numerics_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Numerics, TransformerTest, ::testing::ValuesIn(numerics_cases()),
+                         case_name);
 
 struct BadConfig {
   std::string name;
@@ -212,24 +217,38 @@ TEST_P(ConfigValidationTest, NamesTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Fields, ConfigValidationTest,
     ::testing::Values(
-        BadConfig{"vocab", [](ModelConfig& c) { c.vocab_size = 0; }, "ModelConfig.vocab_size (0) must be > 0"},
+        BadConfig{"vocab", [](ModelConfig& c) { c.vocab_size = 0; },
+                  "ModelConfig.vocab_size (0) must be > 0"},
         BadConfig{"seq_len", [](ModelConfig& c) { c.seq_len = -1; }, "ModelConfig.seq_len (-1)"},
         BadConfig{"layers", [](ModelConfig& c) { c.n_layers = 0; }, "ModelConfig.n_layers"},
-        BadConfig{"heads_divide", [](ModelConfig& c) { c.n_heads = 3; }, "ModelConfig.d_model (128) must be divisible by n_heads = 3"},
-        BadConfig{"odd_head_dim", [](ModelConfig& c) { c.d_model = 12; c.n_heads = 4; }, "ModelConfig.n_heads (4) must give an even head dim"},
-        BadConfig{"top_k_big", [](ModelConfig& c) { c.top_k = 5; }, "ModelConfig.top_k (5) must be in [1, n_experts = 4]"},
+        BadConfig{"heads_divide", [](ModelConfig& c) { c.n_heads = 3; },
+                  "ModelConfig.d_model (128) must be divisible by n_heads = 3"},
+        BadConfig{"odd_head_dim",
+                  [](ModelConfig& c) {
+                    c.d_model = 12;
+                    c.n_heads = 4;
+                  },
+                  "ModelConfig.n_heads (4) must give an even head dim"},
+        BadConfig{"top_k_big", [](ModelConfig& c) { c.top_k = 5; },
+                  "ModelConfig.top_k (5) must be in [1, n_experts = 4]"},
         BadConfig{"top_k_zero", [](ModelConfig& c) { c.top_k = 0; }, "ModelConfig.top_k (0)"},
         BadConfig{"experts", [](ModelConfig& c) { c.n_experts = 0; }, "ModelConfig.n_experts"},
         BadConfig{"ffn", [](ModelConfig& c) { c.ffn_hidden = 0; }, "ModelConfig.ffn_hidden"},
-        BadConfig{"dropout", [](ModelConfig& c) { c.dropout = 1.0; }, "ModelConfig.dropout (1) must be in [0, 1)"},
-        BadConfig{"jitter_nan", [](ModelConfig& c) { c.router_jitter = std::nan(""); }, "ModelConfig.router_jitter"},
-        BadConfig{"aux_negative", [](ModelConfig& c) { c.aux_loss_coeff = -1e-2; }, "ModelConfig.aux_loss_coeff"},
-        BadConfig{"z_inf", [](ModelConfig& c) { c.z_loss_coeff = INFINITY; }, "ModelConfig.z_loss_coeff"},
+        BadConfig{"dropout", [](ModelConfig& c) { c.dropout = 1.0; },
+                  "ModelConfig.dropout (1) must be in [0, 1)"},
+        BadConfig{"jitter_nan", [](ModelConfig& c) { c.router_jitter = std::nan(""); },
+                  "ModelConfig.router_jitter"},
+        BadConfig{"aux_negative", [](ModelConfig& c) { c.aux_loss_coeff = -1e-2; },
+                  "ModelConfig.aux_loss_coeff"},
+        BadConfig{"z_inf", [](ModelConfig& c) { c.z_loss_coeff = INFINITY; },
+                  "ModelConfig.z_loss_coeff"},
         BadConfig{"theta", [](ModelConfig& c) { c.rope_theta = 0; }, "ModelConfig.rope_theta"},
         BadConfig{"eps", [](ModelConfig& c) { c.norm_eps = 0; }, "ModelConfig.norm_eps"},
         BadConfig{"init_std", [](ModelConfig& c) { c.init_std = -0.02; }, "ModelConfig.init_std"},
-        BadConfig{"param_dtype", [](ModelConfig& c) { c.param_dtype = "fp16"; }, "ModelConfig.param_dtype (\"fp16\") must be \"bf16\" or \"fp32\""},
-        BadConfig{"compute", [](ModelConfig& c) { c.compute = "bf16"; }, "ModelConfig.compute (\"bf16\")"}),
+        BadConfig{"param_dtype", [](ModelConfig& c) { c.param_dtype = "fp16"; },
+                  "ModelConfig.param_dtype (\"fp16\") must be \"bf16\" or \"fp32\""},
+        BadConfig{"compute", [](ModelConfig& c) { c.compute = "bf16"; },
+                  "ModelConfig.compute (\"bf16\")"}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return info.param.name; });
 
 TEST(TransformerInputs, RejectsBadTokensNamingThem) {
@@ -238,7 +257,8 @@ TEST(TransformerInputs, RejectsBadTokensNamingThem) {
   auto model = build(cfg, 1);
   model->eval();
   auto ok = random_tokens(2, 8, cfg.vocab_size, 1);
-  auto expect_msg = [&](const torch::Tensor& tokens, const torch::Tensor& targets, const std::string& msg) {
+  auto expect_msg = [&](const torch::Tensor& tokens, const torch::Tensor& targets,
+                        const std::string& msg) {
     try {
       model->loss(tokens, targets, nullptr);
       ADD_FAILURE() << "accepted bad input, expected: " << msg;
@@ -248,8 +268,8 @@ TEST(TransformerInputs, RejectsBadTokensNamingThem) {
   };
   expect_msg(ok + cfg.vocab_size, ok, "tokens ids must be in [0, vocab_size = 256)");
   expect_msg(ok, ok - 1 - ok.max(), "targets ids must be in [0, vocab_size = 256)");
-  expect_msg(random_tokens(1, cfg.seq_len + 1, cfg.vocab_size, 2), random_tokens(1, cfg.seq_len + 1, 1, 2),
-             "1 <= T <= seq_len = 64");
+  expect_msg(random_tokens(1, cfg.seq_len + 1, cfg.vocab_size, 2),
+             random_tokens(1, cfg.seq_len + 1, 1, 2), "1 <= T <= seq_len = 64");
   expect_msg(ok.to(torch::kInt), ok, "tokens must be int64");
   expect_msg(ok.flatten(), ok.flatten(), "must be (B, T)");
   expect_msg(ok, ok.narrow(1, 0, 4), "targets must have the shape of tokens");

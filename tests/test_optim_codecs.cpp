@@ -99,6 +99,30 @@ TEST(Fp8, AllCodesDecodeAsTheFormatDefines) {
   EXPECT_TRUE(std::signbit(d[0x80]) && d[0x80] == 0.0f);
 }
 
+// The optimizer decodes by bit arithmetic unless a NaN code is present; both paths must give
+// the table's value times the scale, bit for bit.
+TEST(Fp8, DecodeIntoMatchesTableTimesScaleOnBothPaths) {
+  for (bool with_nan : {false, true}) {
+    std::vector<int> cs;
+    for (int rep = 0; rep < 3; ++rep)
+      for (int c = 0; c < 256; ++c)
+        if (with_nan || (c & 0x7F) != 0x7F) cs.push_back(c);
+    auto codes = torch::tensor(cs, torch::kInt).to(torch::kByte);
+    const float scale = 0.3712f;
+    auto out = torch::empty({codes.numel()});
+    codec::fp8_decode_into(codes, out, torch::empty({codes.numel()}, torch::kInt), scale);
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const float want = codec::fp8_decode_table()[cs[i]].item<float>() * scale;
+      const float got = out[i].item<float>();
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << "code " << cs[i];
+      } else {
+        EXPECT_EQ(ref::f2u(got), ref::f2u(want)) << "code 0x" << std::hex << cs[i];
+      }
+    }
+  }
+}
+
 TEST(Fp8, EncodeOfDecodeIsIdentityOnFiniteCodes) {
   std::vector<float> vals;
   std::vector<int> cs;
@@ -171,6 +195,20 @@ TEST(Casts, TorchBf16AndFp16CastsAreRoundToNearestEven) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     ASSERT_EQ(static_cast<uint16_t>(b[i].item<int16_t>()), ref::bf16_rne(xp[i])) << xp[i];
     ASSERT_EQ(static_cast<uint16_t>(h[i].item<int16_t>()), ref::fp16_rne(xp[i])) << xp[i];
+  }
+}
+
+// The fp16-master mode writes the model param as the bf16 cast of the fp16 master.
+TEST(Casts, HalfToBf16IsRneOfTheHalfValue) {
+  auto h = torch::arange(65536, torch::kInt).to(torch::kShort).view(torch::kHalf);
+  auto b = torch::empty({65536}, torch::kBFloat16);
+  b.copy_(h);
+  auto bits = b.view(torch::kShort);
+  for (int i = 0; i < 65536; ++i) {
+    const float f = ref::fp16_to_f(static_cast<uint16_t>(i));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(static_cast<uint16_t>(bits[i].item<int16_t>()), ref::bf16_rne(f))
+        << "fp16 bits 0x" << std::hex << i << " = " << f;
   }
 }
 

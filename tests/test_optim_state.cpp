@@ -117,8 +117,11 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
     ASSERT_EQ(st.dtype, d);
     ASSERT_EQ(st.data.scalar_type(), storage_scalar_type(d));
     auto back = opt.get_unscaled_state("a", key);
-    if (d == Dtype::fp32) EXPECT_TRUE(torch::equal(back, x));
-    if (d == Dtype::bf16) EXPECT_TRUE(torch::equal(back, x.to(torch::kBFloat16).to(torch::kFloat)));
+    if (d == Dtype::fp32) {
+      EXPECT_TRUE(torch::equal(back, x));
+    } else if (d == Dtype::bf16) {
+      EXPECT_TRUE(torch::equal(back, x.to(torch::kBFloat16).to(torch::kFloat)));
+    }
     if (d == Dtype::fp16 || d == Dtype::fp8) {
       EXPECT_EQ(*st.scale, x.abs().max().item<float>() / (d == Dtype::fp8 ? 448.0f : 32752.0f))
           << "set_scaled_state recomputes the scale";
@@ -131,14 +134,23 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
   // master_param: the model param follows; in remainder mode the fp32 value round-trips exactly.
   opt.set_scaled_state("a", StateKey::master_param, x);
   auto m = opt.get_unscaled_state("a", StateKey::master_param);
-  if (GetParam().master == MasterMode::fp16) EXPECT_TRUE(torch::equal(m, x.to(torch::kHalf).to(torch::kFloat)));
-  else EXPECT_TRUE(torch::equal(m, x));
   const auto w = opt.param("a");
-  if (GetParam().master == MasterMode::fp32) EXPECT_TRUE(torch::equal(w, x.to(torch::kBFloat16)));
-  if (GetParam().master == MasterMode::fp16)
-    EXPECT_TRUE(torch::equal(w, x.to(torch::kHalf).to(torch::kBFloat16)));
-  if (GetParam().master == MasterMode::remainders)
-    EXPECT_EQ(opt.stored("a", StateKey::master_param).data.scalar_type(), torch::kShort);
+  const auto& ms = opt.stored("a", StateKey::master_param);
+  EXPECT_FALSE(ms.scale.has_value()) << "a master has no scale";
+  switch (GetParam().master) {
+    case MasterMode::fp32:
+      EXPECT_TRUE(torch::equal(m, x));
+      EXPECT_TRUE(torch::equal(w, x.to(torch::kBFloat16)));
+      break;
+    case MasterMode::fp16:
+      EXPECT_TRUE(torch::equal(m, x.to(torch::kHalf).to(torch::kFloat)));
+      EXPECT_TRUE(torch::equal(w, x.to(torch::kHalf).to(torch::kBFloat16)));
+      break;
+    case MasterMode::remainders:
+      EXPECT_TRUE(torch::equal(m, x)) << "bf16 weight + remainder hold the fp32 value exactly";
+      EXPECT_EQ(ms.data.scalar_type(), torch::kShort);
+      break;
+  }
 }
 
 // Save every stored state, the model params and the step counters after 10 steps; a fresh
@@ -211,6 +223,12 @@ TEST_P(StateAccess, SetStoredValidates) {
       s.scale = 0.0f;
       expect_msg(key, s, "scale must be finite and > 0");
     }
+    if (key == StateKey::master_param && good.dtype != Dtype::int16) {
+      // An int16 remainder offered to an optimizer without remainders is refused (upstream
+      // would silently take the integers as master values).
+      s = StoredState{torch::zeros({8}, torch::kShort), Dtype::int16, std::nullopt};
+      expect_msg(key, s, "is held as " + to_string(good.dtype) + ", got int16");
+    }
     EXPECT_NO_THROW(opt.set_stored("a", key, good));
   }
   EXPECT_THROW(opt.stored("nope", StateKey::exp_avg), std::invalid_argument);
@@ -264,7 +282,9 @@ TEST(Grads, NormZerosScaleAndAccumulate) {
   const auto want = (g1.to(torch::kFloat) + g2.to(torch::kFloat)).to(torch::kBFloat16);
   ASSERT_TRUE(torch::equal(opt.main_grad("p"), want)) << "fp32 sum, one RNE to bf16";
   EXPECT_EQ(opt.main_grad("p").scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(opt.count_zeros(), 100 + 7);
+  // 100 forced zeros, q's 7, plus any exact cancellations g1 == -g2 (bf16 values collide).
+  EXPECT_EQ(opt.count_zeros(), want.eq(0).sum().item<int64_t>() + 7);
+  EXPECT_GE(opt.count_zeros(), 107);
   // fp32 accumulation of 5000 squares: within a few fp32 ulps of the double result.
   const double norm = want.to(torch::kDouble).norm().item<double>();
   EXPECT_NEAR(opt.grad_norm(), norm, norm * 1e-5);

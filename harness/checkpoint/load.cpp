@@ -280,7 +280,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       }
       if (a.key == StateKey::master_param && tgt_rem) weight_from_split.insert(a.param);
       opt.set_scaled_state(a.param, a.key, a.value);
-      torch::Tensor got = opt.get_unscaled_state(a.param, a.key);
+      torch::Tensor got = detail::unscaled(opt, a.param, a.key);
       if (!detail::bits_equal(got, a.value)) {
         const int64_t n = detail::count_bits_differ(got, a.value);
         inexact.push_back(where(v, a.file, a.tkey) + ": " + std::to_string(n) + " of " + std::to_string(got.numel()) +

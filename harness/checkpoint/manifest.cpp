@@ -2,8 +2,12 @@
 // manifest.h for the layout).
 #include "harness/checkpoint/manifest.h"
 
+#include <xxhash.h>
+
 #include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <future>
 #include <iomanip>
 #include <ostream>
 #include <set>
@@ -99,26 +103,51 @@ Verified verify_checkpoint_dir(const std::string& dir) {
                     std::to_string(kFormatVersion));
 
   // Files: plain names only, so nothing outside the directory can be read through a manifest.
+  struct Want {
+    std::string name, path, hash;
+    uint64_t size;
+  };
+  std::vector<Want> wants;
+  std::set<std::string> names;
   for (const auto& f : need(m, "files", mpath)) {
     const std::string name = need(f, "name", mpath).get<std::string>();
     if (!is_plain_file_name(name))
       fail(mpath, "file name '" + name + "' is not a plain file name inside the checkpoint directory");
-    if (v.files.count(name)) fail(mpath, "file '" + name + "' listed twice");
+    if (!names.insert(name).second) fail(mpath, "file '" + name + "' listed twice");
     const std::string path = (fs::path(dir) / name).string();
     if (!path_exists(path)) fail(path, "missing (listed in " + mpath + ")");
-    const uint64_t want_size = need(f, "bytes", mpath).get<uint64_t>();
-    const std::string want_hash = need(f, "xxh3", mpath).get<std::string>();
-    auto check = [&](const uint8_t*, uint64_t size) {
-      if (size != want_size)
-        fail(path, "size " + std::to_string(size) + " bytes, manifest says " +
-                       std::to_string(want_size) + (size < want_size ? " (truncated)" : ""));
-    };
-    SafetensorsFile sf = SafetensorsFile::open(path, check);
-    const std::string got = hex64(sf.xxh3());
-    if (got != want_hash)
-      fail(path, "XXH3-64 checksum " + got + " != manifest " + want_hash + " (file is corrupted)");
-    v.files.emplace(name, std::move(sf));
+    wants.push_back({name, path, need(f, "xxh3", mpath).get<std::string>(), need(f, "bytes", mpath).get<uint64_t>()});
   }
+  // Size and checksum before the structure, so damage is reported as damage. Files are hashed
+  // concurrently (hashing is most of a load's CPU time); the first failure in list order wins.
+  auto open_one = [](const Want& w) {
+    auto check = [&](const uint8_t* data, uint64_t size) {
+      if (size != w.size)
+        fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
+                         (size < w.size ? " (truncated)" : ""));
+      const std::string got = hex64(XXH3_64bits(data, size));
+      if (got != w.hash) fail(w.path, "XXH3-64 checksum " + got + " != manifest " + w.hash + " (file is corrupted)");
+    };
+    return SafetensorsFile::open(w.path, check);
+  };
+  std::vector<std::future<SafetensorsFile>> jobs;
+  for (size_t i = 1; i < wants.size(); ++i) jobs.push_back(std::async(std::launch::async, open_one, wants[i]));
+  std::exception_ptr first;
+  if (!wants.empty()) {
+    try {
+      v.files.emplace(wants[0].name, open_one(wants[0]));
+    } catch (...) {
+      first = std::current_exception();
+    }
+  }
+  for (size_t i = 1; i < wants.size(); ++i) {
+    try {
+      v.files.emplace(wants[i].name, jobs[i - 1].get());
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 
   // Manifest tensors <-> file tensors: same set, same dtype, shape and bytes.
   std::map<std::string, std::set<std::string>> listed;

@@ -38,6 +38,12 @@ StDtype st_of(Dtype d) {
   throw std::logic_error("st_of: invalid Dtype");
 }
 
+torch::Tensor unscaled(const optim::PrecisionAdam& opt, const std::string& param, StateKey k) {
+  const optim::StoredState& s = opt.stored(param, k);
+  if (k == StateKey::master_param && s.dtype == Dtype::fp16 && !s.scale) return s.data.to(torch::kFloat);
+  return opt.get_unscaled_state(param, k);
+}
+
 std::string field_name(const optim::PrecisionAdam& opt, StateKey k) {
   if (k == StateKey::master_param && opt.master_mode() == optim::MasterMode::remainders) return "remainder";
   return optim::key_name(k);
@@ -107,7 +113,7 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
 
   auto ov = policy.overrides.find(kname);
   if (ov != policy.overrides.end()) {
-    EncodedTensor e = cast_value(opt.get_unscaled_state(param, key), ov->second, false,
+    EncodedTensor e = cast_value(unscaled(opt, param, key), ov->second, false,
                                  "override of '" + kname + "' for " + param);
     e.key = param + "/" + kname;
     e.kind = kname;
@@ -127,7 +133,7 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
     return out;
   }
   if (policy.kind == SavePolicyKind::fp32) {
-    return {EncodedTensor{param + "/" + field, field, opt.get_unscaled_state(param, key), StDtype::F32,
+    return {EncodedTensor{param + "/" + field, field, unscaled(opt, param, key), StDtype::F32,
                           "fp32", "unscaled_fp32", true}};
   }
   // per_key: the PR. param -> fp32 container; moments -> their configured dtype, from the
@@ -136,11 +142,11 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
     if (remainder)
       return {EncodedTensor{param + "/remainder", "remainder", s.data.to(torch::kFloat), StDtype::F32,
                             "per_key", "remainder_widened_f32", true}};
-    return {EncodedTensor{param + "/master_param", "master_param", opt.get_unscaled_state(param, key),
+    return {EncodedTensor{param + "/master_param", "master_param", unscaled(opt, param, key),
                           StDtype::F32, "per_key", "unscaled_fp32", true}};
   }
   const Dtype configured = key == StateKey::exp_avg ? opt.config().exp_avg_dtype : opt.config().exp_avg_sq_dtype;
-  EncodedTensor e = cast_value(opt.get_unscaled_state(param, key), configured, true, param + "/" + kname);
+  EncodedTensor e = cast_value(unscaled(opt, param, key), configured, true, param + "/" + kname);
   e.key = param + "/" + kname;
   e.kind = kname;
   e.policy = "per_key";

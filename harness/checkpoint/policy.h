@@ -34,6 +34,9 @@ struct EncodedTensor {
 };
 
 StDtype st_of(optim::Dtype d);
+// get_unscaled_state, except for an fp16 master, which is unscaled by definition: the
+// optimizer's accessor applies a moment's scale to every fp16 state (reported to the optim room).
+torch::Tensor unscaled(const optim::PrecisionAdam& opt, const std::string& param, optim::StateKey k);
 // The field name of a state on disk: "remainder" for master_param in remainder mode.
 std::string field_name(const optim::PrecisionAdam& opt, optim::StateKey k);
 

@@ -171,7 +171,9 @@ struct SafetensorsFile::Mapping {
 namespace {
 
 // Maps the whole file copy-on-write: tensors that alias it may be written without touching the
-// file. MAP_POPULATE reads it in one sweep instead of one page fault per 4 KiB.
+// file. It is populated read-only (one sweep instead of a page fault per 4 KiB; populating a
+// writable private mapping would copy every page) and only then made writable, so a page is
+// copied only if someone writes to it.
 void map_file(const std::string& path, void** addr, size_t* len) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open", path);
@@ -183,10 +185,15 @@ void map_file(const std::string& path, void** addr, size_t* len) {
   *len = static_cast<size_t>(sb.st_size);
   *addr = nullptr;
   if (*len > 0) {
-    void* a = ::mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void* a = ::mmap(nullptr, *len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     if (a == MAP_FAILED) {
       ::close(fd);
       throw_errno("cannot mmap", path);
+    }
+    if (::mprotect(a, *len, PROT_READ | PROT_WRITE) != 0) {
+      ::munmap(a, *len);
+      ::close(fd);
+      throw_errno("cannot mprotect", path);
     }
     *addr = a;
   }

@@ -7,6 +7,7 @@
 // renameat2(RENAME_EXCHANGE) and the old one (now under the temp name) is deleted afterwards. Where
 // the file system cannot exchange, the old one is renamed aside to .old.iter_X.<pid> first; a
 // crash between the two renames leaves it there, complete, and load and the next save find it.
+#include "harness/version.h"
 #include <signal.h>
 #include <unistd.h>
 
@@ -111,7 +112,7 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
     m["format"] = detail::kFormatName;
     m["format_version"] = kFormatVersion;
     m["harness_version"] = RH_VERSION;
-    m["git_commit"] = RH_GIT_COMMIT;
+    m["git_commit"] = rh::git_commit();
     m["iteration"] = in.state->iteration;
     m["run_config"] = in.run_config;
     m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()}};

@@ -14,9 +14,9 @@
 //              u = lr * u;          p = p - u
 // The new fp32 m and v feed the update; storage is applied afterwards: bf16 by RNE cast, fp16/fp8
 // by q = m / scale with scale = amax(|m|) / range, then RNE to fp16 / E4M3 encode.
-// Scalars are fp32 values (StepScalars) passed as exactly representable Scalars, so a kernel
-// that happens to compute in double still returns the fp32-rounded result (double has more than
-// 2*24+2 bits, so double rounding is innocuous for + - * / sqrt).
+// Scalars are fp32 values (StepScalars) passed as 0-dim fp32 tensors, so every op is fp32 op
+// fp32 (and were a kernel to compute in double, double rounding is innocuous for + - * / sqrt
+// of fp32 operands: double has more than 2*24+2 bits).
 #include "harness/optim/adam_step.h"
 
 #include <cmath>
@@ -38,13 +38,11 @@ torch::Tensor load_moment(const StoredState& st, int64_t s, int64_t len, const t
   if (st.dtype == Dtype::fp32) return raw;
   auto out = buf.narrow(0, 0, len);
   if (st.dtype == Dtype::fp8) {
-    auto idx = idx_buf.narrow(0, 0, len);
-    idx.copy_(raw);
-    at::index_select_out(out, codec::fp8_decode_table(), 0, idx);
-  } else {
-    out.copy_(raw);   // bf16 / fp16 widening is exact
+    codec::fp8_decode_into(raw, out, idx_buf.narrow(0, 0, len), *st.scale);
+    return out;
   }
-  if (is_scaled(st.dtype)) out.mul_(static_cast<double>(*st.scale));
+  out.copy_(raw);   // bf16 / fp16 widening is exact
+  if (st.dtype == Dtype::fp16) out.mul_(torch::scalar_tensor(*st.scale, torch::kFloat));
   return out;
 }
 
@@ -70,10 +68,11 @@ void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Worksp
   st.scale = scale;
   auto dst = flat(st.data);
   const int64_t n = dst.numel();
+  const auto scale_t = torch::scalar_tensor(scale, torch::kFloat);
   for (int64_t s = 0; s < n; s += ws.chunk) {
     const int64_t len = std::min(ws.chunk, n - s);
     auto q = ws.t1.narrow(0, 0, len);
-    at::div_out(q, full.narrow(0, s, len), static_cast<double>(scale));
+    at::div_out(q, full.narrow(0, s, len), scale_t);
     if (fp8) codec::fp8_encode_into(q, dst.narrow(0, s, len), ws.fp8, !std::isfinite(amax));
     else dst.narrow(0, s, len).copy_(q);   // RNE to fp16
   }
@@ -116,8 +115,12 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
   const int64_t n = ps.param.numel();
   const bool m_scaled = is_scaled(ps.exp_avg.dtype), v_scaled = is_scaled(ps.exp_avg_sq.dtype);
   ws.ensure(kChunk, (m_scaled || v_scaled) ? n : 0);
-  const double b1 = k.beta1, omb1 = k.one_minus_beta1, b2 = k.beta2, omb2 = k.one_minus_beta2;
-  const double bc1 = k.bc1, bc2 = k.bc2, eps = k.eps, wd = k.weight_decay, lr = k.lr;
+  // fp32 scalars as 0-dim fp32 tensors: exactly the fp32 values, and LibTorch 1.13's out= ops
+  // are several times faster with a tensor operand than with a Scalar.
+  auto f0 = [](float v) { return torch::scalar_tensor(v, torch::kFloat); };
+  const auto b1 = f0(k.beta1), omb1 = f0(k.one_minus_beta1), b2 = f0(k.beta2),
+             omb2 = f0(k.one_minus_beta2), bc1 = f0(k.bc1), bc2 = f0(k.bc2), eps = f0(k.eps),
+             wd = f0(k.weight_decay), lr = f0(k.lr);
   auto P = flat(ps.master.data), W = flat(ps.param), G = flat(ps.main_grad);
   float m_amax = 0.0f, v_amax = 0.0f;
 
@@ -133,11 +136,9 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     } else if (mode == MasterMode::fp16) {
       p = cut(ws.p);
       p.copy_(Pc);
-    } else {   // join: bits = (weight bits << 16) + remainder (see storage_codecs.h)
+    } else {   // join the bf16 weight and the remainder (see storage_codecs.h)
       auto b = cut(ws.bits);
-      b.copy_(Wc.view(torch::kShort));
-      at::bitwise_left_shift_out(b, b, 16);
-      at::add_out(b, b, Pc);
+      codec::remainder_join_into(Wc, Pc, b);
       p = b.view(torch::kFloat);
     }
     torch::Tensor g = G.narrow(0, s, len);
@@ -182,13 +183,9 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
       at::sub_out(p, p, t2);
       Pc.copy_(p);                         // RNE to fp16
       Wc.copy_(Pc);                        // the model param is a cast of the fp16 master
-    } else {   // split: r = (int16)bits, w = (int16)((bits - r) >> 16)
+    } else {   // split into the bf16 weight (ties away from zero) and the remainder
       at::sub_out(p, p, t2);
-      auto b = cut(ws.bits);
-      Pc.copy_(b);                         // int32 -> int16 keeps the low half (wrapping)
-      at::sub_out(b, b, Pc);
-      at::bitwise_right_shift_out(b, b, 16);
-      Wc.view(torch::kShort).copy_(b);
+      codec::remainder_split_into(cut(ws.bits), Wc, Pc, cut(ws.idx));
     }
 
     if (ps.exp_avg.dtype == Dtype::bf16) flat(ps.exp_avg.data).narrow(0, s, len).copy_(m_new);

@@ -53,6 +53,11 @@ StoredState zeros_state(const torch::Tensor& like, Dtype d) {
   return s;
 }
 
+// fp16/fp8 *moments* carry a scale; an fp16 master does not.
+bool scaled_moment(StateKey key, Dtype d) {
+  return key != StateKey::master_param && (d == Dtype::fp16 || d == Dtype::fp8);
+}
+
 std::string where(const std::string& param, StateKey key) {
   return "param '" + param + "' state '" + key_name(key) + "'";
 }
@@ -231,7 +236,7 @@ torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateK
   const StoredState& st = I.state(ps, key);
   if (key == StateKey::master_param && I.mode == MasterMode::remainders)
     return codec::remainder_join(ps.param.detach(), st.data);
-  if (st.dtype == Dtype::fp16 || st.dtype == Dtype::fp8)
+  if (scaled_moment(key, st.dtype))
     return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, *st.scale);
   return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
@@ -258,7 +263,7 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
       st.data.copy_(v);          // fp16 master: RNE
       ps.param.copy_(st.data);   // the model param follows its master
     }
-  } else if (st.dtype == Dtype::fp16 || st.dtype == Dtype::fp8) {
+  } else if (scaled_moment(key, st.dtype)) {
     float scale = 1.0f;
     st.data.copy_(codec::scaled_encode(v, st.dtype == Dtype::fp8, scale));
     st.scale = scale;
@@ -285,7 +290,7 @@ void PrecisionAdam::set_stored(const std::string& param, StateKey key, const Sto
   if (s.data.sizes() != st.data.sizes())
     throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
                                 c10::str(s.data.sizes()));
-  const bool scaled = st.dtype == Dtype::fp16 || st.dtype == Dtype::fp8;
+  const bool scaled = scaled_moment(key, st.dtype);
   if (scaled != s.scale.has_value())
     throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " moment)"
                                             : std::string(" takes no scale")));

@@ -13,12 +13,9 @@ namespace {
 
 // fp32 bit patterns used by the E4M3 encoder.
 constexpr int32_t kAbsMask = 0x7FFFFFFF;
-constexpr int32_t kBits448 = 0x43E00000;      // 448.0f: every |x| above saturates here
-constexpr int32_t kBitsMinNormal = 0x3C800000;  // 2^-6, smallest normal E4M3 magnitude
-constexpr int32_t kBitsMagic = 0x46800000;    // 16384.0f: its ulp is 2^-9, the subnormal step
-// Re-biasing a rounded fp32 pattern (top 12 bits = exponent + 3 mantissa bits) to E4M3:
-// (127 - 7) << 3 = 960.
-constexpr int32_t kRebias = 960;
+constexpr int32_t kExpMask = 0x7F800000;
+constexpr int32_t kSignMask = static_cast<int32_t>(0x80000000u);
+constexpr int32_t kBitsOne = 0x3F800000;   // 1.0f
 
 void check_float(const torch::Tensor& x, const char* what) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), what,
@@ -45,7 +42,6 @@ void Fp8Scratch::ensure(int64_t n) {
   if (!a.defined() || a.numel() < n) {
     a = torch::empty({n}, torch::kInt);
     b = torch::empty({n}, torch::kInt);
-    mask = torch::empty({n}, torch::kBool);
   }
 }
 
@@ -56,40 +52,48 @@ void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratc
   TORCH_CHECK(out.scalar_type() == torch::kByte && out.numel() == n && out.is_contiguous(),
               "fp8_encode: output must be contiguous kByte with ", n, " elements");
   s.ensure(n);
+  // Constants as 0-dim tensors: LibTorch 1.13's out= ops with a Scalar operand take a slow
+  // path (several times slower than a 0-dim tensor operand); the values are exact either way.
+  static const auto kAbs = torch::scalar_tensor(kAbsMask, torch::kInt);
+  static const auto kExp = torch::scalar_tensor(kExpMask, torch::kInt);
+  static const auto kSign = torch::scalar_tensor(kSignMask, torch::kInt);
+  static const auto kOne = torch::scalar_tensor(kBitsOne, torch::kInt);
+  static const auto k2p20 = torch::scalar_tensor(std::ldexp(1.0f, 20));
+  static const auto k2m120 = torch::scalar_tensor(std::ldexp(1.0f, -120));
+  static const auto k64 = torch::scalar_tensor(64.0f);
   auto xi = x.view({-1}).view(torch::kInt);
-  auto a = s.a.narrow(0, 0, n);
-  auto b = s.b.narrow(0, 0, n);
-  auto mask = s.mask.narrow(0, 0, n);
-  // |x| as bits, saturated at 448 (this also maps +-inf and NaN patterns to 448; NaN is fixed
-  // up at the end).
-  at::bitwise_and_out(a, xi, kAbsMask);
-  at::clamp_max_out(a, a, kBits448);
-  at::lt_out(mask, a, kBitsMinNormal);
-  // Normal codes: round the fp32 pattern to 3 mantissa bits (nearest, ties to even: add
-  // 0x7FFFF plus the lowest kept bit), then re-bias the exponent. A carry into the exponent is
-  // the correct next binade.
-  at::bitwise_right_shift_out(b, a, 20);
-  at::bitwise_and_out(b, b, 1);
-  at::add_out(b, b, a);
-  at::add_out(b, b, 0x7FFFF);
-  at::bitwise_right_shift_out(b, b, 20);
-  at::sub_out(b, b, kRebias);
-  // Subnormal codes (|x| < 2^-6, step 2^-9): one fp32 add of 16384 rounds |x| to a multiple of
-  // 2^-9 (nearest, ties to even, a single rounding of the exact sum); the code is the pattern
-  // difference. Yields 8 (= code of 2^-6) when rounding reaches the normal range.
-  auto af = a.view(torch::kFloat);
-  at::add_out(af, af, 16384.0);
-  at::sub_out(a, a, kBitsMagic);
-  at::where_out(a, mask, a, b);
+  torch::Tensor ai = s.a.narrow(0, 0, n), bi = s.b.narrow(0, 0, n);
+  auto af = ai.view(torch::kFloat), bf = bi.view(torch::kFloat);
+  // a = |x|, saturated at 448 (+-inf too; NaN is fixed up below).
+  at::bitwise_and_out(ai, xi, kAbs);
+  at::clamp_max_out(af, af, 448.0);
+  // M = max(2^E, 2^-6) * 2^20 for |x| in [2^E, 2^(E+1)): the ulp of a + M is 2^(E-3) (normal
+  // E4M3 step: 3 mantissa bits) or 2^-9 (the subnormal step), so the single fp32 rounding of
+  // a + M is round-to-nearest-even onto the E4M3 grid, and (a + M) - M is exact.
+  at::bitwise_and_out(bi, ai, kExp);
+  at::clamp_min_out(bf, bf, std::ldexp(1.0, -6));
+  at::mul_out(bf, bf, k2p20);
+  at::add_out(af, af, bf);
+  at::sub_out(af, af, bf);
+  // Code of the E4M3 value r: the fp32 pattern of r * 2^-120 is exactly code << 20 (for codes
+  // below 8 it is an fp32 subnormal, which is exact too). int -> fp32 conversion of that pattern
+  // is exact (at most 7 significant bits), and so is the scaling by 2^-20.
+  at::mul_out(af, af, k2m120);
+  // The sign is folded in as code + 64 - 64 * s with s = +-1.0 from x's sign bit (0 or 128).
+  // These steps are integer-valued and exact, so a fused multiply-add inside add/sub with an
+  // alpha cannot change them.
+  bf.copy_(ai);
+  at::add_out(bf, k64, bf, std::ldexp(1.0, -20));   // 64 + code
+  at::bitwise_and_out(ai, xi, kSign);
+  at::bitwise_or_out(ai, ai, kOne);
+  at::sub_out(bf, bf, af, 64.0);
   if (may_have_nan) {
-    at::ne_out(mask, x.view({-1}), x.view({-1}));
-    a.masked_fill_(mask, 0x7F);
+    auto nan = torch::isnan(x.view({-1}));
+    // 0x7F | sign = 127 + 64 - 64 * s (af still holds s = +-1.0)
+    if (nan.any().item<bool>()) bf.copy_(torch::where(nan, 191.0f - af * 64.0f, bf));
   }
-  // Sign bit 31 -> bit 7 (arithmetic shift keeps it; the mask drops the rest).
-  at::bitwise_right_shift_out(b, xi, 24);
-  at::bitwise_and_out(b, b, 0x80);
-  at::bitwise_or_out(a, a, b);
-  out.view({-1}).copy_(a);
+  ai.copy_(bf);       // exact small integers; fp32 -> int32 -> uint8 is the fast conversion path
+  out.view({-1}).copy_(ai);
 }
 
 torch::Tensor fp8_encode(const torch::Tensor& x) {
@@ -123,18 +127,47 @@ const torch::Tensor& fp8_decode_table() {
   return table;
 }
 
-torch::Tensor fp8_decode(const torch::Tensor& codes) {
+void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out_buf,
+                     const torch::Tensor& scratch_buf, float scale) {
   TORCH_CHECK(codes.scalar_type() == torch::kByte, "fp8_decode: expected kByte codes, got ",
               codes.scalar_type());
-  auto idx = codes.reshape({-1}).to(torch::kInt);
-  return torch::index_select(fp8_decode_table(), 0, idx).view(codes.sizes());
+  static const auto k7F = torch::scalar_tensor(0x7F, torch::kInt);
+  static const auto k80 = torch::scalar_tensor(0x80, torch::kInt);
+  static const auto k2p20 = torch::scalar_tensor(1 << 20, torch::kInt);
+  static const auto k2p120 = torch::scalar_tensor(std::ldexp(1.0f, 120));
+  torch::Tensor out = out_buf, c = scratch_buf;   // out= ops take non-const references
+  const auto scale_t = torch::scalar_tensor(scale, torch::kFloat);
+  c.copy_(codes.view({-1}));
+  torch::Tensor mag = out.view(torch::kInt);
+  at::bitwise_and_out(mag, c, k7F);
+  if (mag.max().item<int32_t>() == 0x7F) {   // a NaN code: take the table
+    at::index_select_out(out, fp8_decode_table(), 0, c);
+    at::mul_out(out, out, scale_t);
+    return;
+  }
+  // The fp32 pattern (code & 0x7F) << 20 is decode(code) * 2^-120 (an fp32 subnormal for codes
+  // below 8, exactly representable), so one exact multiply by +-2^120 gives the value.
+  at::mul_out(mag, mag, k2p20);
+  at::bitwise_and_out(c, c, k80);
+  auto sgn = c.view(torch::kFloat);
+  sgn.copy_(c);                                      // 0 or 128
+  at::sub_out(sgn, k2p120, sgn, std::ldexp(1.0, 114));  // 2^120 - s * 2^114: +-2^120, exact
+  at::mul_out(out, out, sgn);
+  at::mul_out(out, out, scale_t);                    // the one rounding: decode(code) * scale
+}
+
+torch::Tensor fp8_decode(const torch::Tensor& codes) {
+  auto out = torch::empty(codes.sizes(), torch::kFloat);
+  auto scratch = torch::empty({codes.numel()}, torch::kInt);
+  fp8_decode_into(codes.contiguous(), out.view({-1}), scratch, 1.0f);
+  return out;
 }
 
 torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, float& scale) {
   auto x = state.to(torch::kFloat).contiguous();
   const float am = abs_max(x);
   scale = scale_from_amax(am, fp8 ? kFp8Range : kFp16Range);
-  auto q = torch::div(x, static_cast<double>(scale));
+  auto q = torch::div(x, torch::scalar_tensor(scale, torch::kFloat));
   if (!fp8) return q.to(torch::kHalf);
   auto out = torch::empty(q.sizes(), torch::kByte);
   Fp8Scratch s;
@@ -144,18 +177,41 @@ torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, float& scale) 
 
 torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float scale) {
   auto v = fp8 ? fp8_decode(stored) : stored.to(torch::kFloat);
-  return torch::mul(v, static_cast<double>(scale));
+  return torch::mul(v, torch::scalar_tensor(scale, torch::kFloat));
+}
+
+void remainder_join_into(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16,
+                         const torch::Tensor& bits_out) {
+  torch::Tensor bits = bits_out;   // out= ops take non-const references
+  static const auto k2p16 = torch::scalar_tensor(65536, torch::kInt);
+  bits.copy_(weight_bf16.view(torch::kShort));   // sign-extending: the weight's high half
+  at::mul_out(bits, bits, k2p16);                // exact: |w| * 2^16 < 2^31
+  at::add_out(bits, bits, remainder_i16);        // the one wrapping add of the rule
+}
+
+void remainder_split_into(const torch::Tensor& bits, const torch::Tensor& weight_bf16,
+                          const torch::Tensor& remainder_i16, const torch::Tensor& scratch_buf) {
+  torch::Tensor scratch = scratch_buf;   // out= ops take non-const references
+  static const auto k2m16 = torch::scalar_tensor(std::ldexp(1.0f, -16));
+  remainder_i16.copy_(bits);                     // int32 -> int16 keeps the low half (wrapping)
+  at::sub_out(scratch, bits, remainder_i16);     // (w << 16): low half cleared, +1 if r < 0
+  // Divide by 2^16 through fp32 (LibTorch 1.13's integer shifts are not vectorized): a multiple
+  // of 2^16 with at most 16 significant bits converts exactly, and the scaling is exact.
+  auto f = scratch.view(torch::kFloat);
+  f.copy_(scratch);
+  at::mul_out(f, f, k2m16);
+  scratch.copy_(f);
+  weight_bf16.view(torch::kShort).copy_(scratch);   // 32768 (from NaN 0x7FFF + 1) wraps
 }
 
 void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16,
                      torch::Tensor& remainder_i16) {
   check_float(master, "remainder_split");
-  auto bits = master.view({-1}).view(torch::kInt);
-  auto r = bits.to(torch::kShort);                     // low half, wrapping: signed int16
-  auto hi = torch::sub(bits, r);                       // low half cleared, +1 in the high half
-  at::bitwise_right_shift_out(hi, hi, 16);             // when r < 0 (ties away from zero)
-  weight_bf16 = hi.to(torch::kShort).view(torch::kBFloat16).view(master.sizes());
-  remainder_i16 = r.view(master.sizes());
+  weight_bf16 = torch::empty(master.sizes(), torch::kBFloat16);
+  remainder_i16 = torch::empty(master.sizes(), torch::kShort);
+  auto scratch = torch::empty({master.numel()}, torch::kInt);
+  remainder_split_into(master.view({-1}).view(torch::kInt), weight_bf16.view({-1}),
+                       remainder_i16.view({-1}), scratch);
 }
 
 torch::Tensor remainder_join(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16) {
@@ -165,10 +221,10 @@ torch::Tensor remainder_join(const torch::Tensor& weight_bf16, const torch::Tens
               "remainder_join: expected bf16 weight and int16 remainder of one shape, got ",
               weight_bf16.scalar_type(), weight_bf16.sizes(), " and ",
               remainder_i16.scalar_type(), remainder_i16.sizes());
-  auto w = weight_bf16.contiguous().view(torch::kShort).to(torch::kInt);
-  at::bitwise_left_shift_out(w, w, 16);
-  at::add_out(w, w, remainder_i16.contiguous());
-  return w.view(torch::kFloat);
+  auto bits = torch::empty(weight_bf16.sizes(), torch::kInt);
+  remainder_join_into(weight_bf16.contiguous().view({-1}), remainder_i16.contiguous().view({-1}),
+                      bits.view({-1}));
+  return bits.view(torch::kFloat);
 }
 
 }  // namespace rh::optim::codec

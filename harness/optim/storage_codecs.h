@@ -28,7 +28,6 @@ torch::Tensor fp8_encode(const torch::Tensor& x);
 // Scratch buffers for the allocation-free encode; grown on demand, reused across calls.
 struct Fp8Scratch {
   torch::Tensor a, b;   // (n,) kInt
-  torch::Tensor mask;   // (n,) kBool
   void ensure(int64_t n);
 };
 // Writes fp8_encode(x) into `out` (kByte, same numel): the form the optimizer's hot loop uses.
@@ -36,8 +35,12 @@ struct Fp8Scratch {
 // its amax is finite); the result is identical whenever x really has no NaN.
 void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s,
                      bool may_have_nan = true);
-// decode: kByte -> kFloat through the 256-entry table below.
+// decode: kByte -> kFloat. fp8_decode_into writes decode(codes) * scale into `out` (kFloat, same
+// numel) with `scratch` (kInt, same numel) by bit arithmetic, falling back to the table below
+// when a NaN code (0x7F / 0xFF) is present; the result is bitwise the table's value * scale.
 torch::Tensor fp8_decode(const torch::Tensor& codes);
+void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out,
+                     const torch::Tensor& scratch, float scale);
 const torch::Tensor& fp8_decode_table();   // (256,) kFloat, built once from the format's rules
 
 // Scaled storage of a fp32 state in fp16 or fp8: returns the stored tensor, sets `scale`.
@@ -46,11 +49,18 @@ torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float scale);
 
 // Remainder split: master fp32 -> (bf16 weight, int16 remainder). remainder = low 16 bits as
 // int16; weight bits = high 16 bits, plus one when the remainder is negative (round to nearest,
-// ties away from zero). In int32 arithmetic: r = (int16)bits, w = (int16)((bits - r) >> 16).
+// ties away from zero). In int32 arithmetic: r = (int16)bits, w = (int16)((bits - r) / 2^16).
 void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16,
                      torch::Tensor& remainder_i16);
-// Join: bits = (int32(weight bits) << 16) + int32(remainder), which is the "decrement the weight
+// Join: bits = int32(weight bits) * 2^16 + int32(remainder), which is the "decrement the weight
 // when the remainder is negative, then glue the halves" rule folded into one wrapping add.
 torch::Tensor remainder_join(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16);
+
+// Allocation-free forms on flat contiguous slices (the optimizer's hot loop): `bits` is kInt
+// (the fp32 master's pattern), `scratch` a kInt buffer of the same length.
+void remainder_join_into(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16,
+                         const torch::Tensor& bits);
+void remainder_split_into(const torch::Tensor& bits, const torch::Tensor& weight_bf16,
+                          const torch::Tensor& remainder_i16, const torch::Tensor& scratch);
 
 }  // namespace rh::optim::codec

@@ -1,0 +1,273 @@
+// The report on a hand-written fixture run (tests/report_fixture.h): every file is produced, the
+// PNGs are valid images of sensible size, the HTML is self-contained, the numbers in the tables
+// are the CSV's numbers, the fp32 reference is the right checkpoint, and the projection matches
+// a hand-computed case.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "report_fixture.h"
+#include "reports/document.h"
+#include "reports/projection.h"
+#include "reports/report.h"
+#include "reports/report_writer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace rh::report;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Splits one CSV line honouring double quotes (the test's own reader, independent of fccp).
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool q = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (q && c == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+    else if (c == '"') q = !q;
+    else if (c == ',' && !q) out.emplace_back();
+    else out.back() += c;
+  }
+  return out;
+}
+
+// The cells of the markdown table row that starts with `first`.
+std::vector<std::string> md_row(const std::string& md, const std::string& first) {
+  std::istringstream in(md);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| " + first + " |", 0) != 0) continue;
+    std::vector<std::string> cells;
+    size_t pos = 1;
+    while (pos < line.size()) {
+      const size_t end = line.find(" |", pos);
+      if (end == std::string::npos) break;
+      cells.push_back(line.substr(pos + 1, end - pos - 1));
+      pos = end + 2;
+    }
+    return cells;
+  }
+  return {};
+}
+
+struct Png {
+  bool valid = false;
+  uint32_t width = 0, height = 0;
+};
+
+Png read_png(const fs::path& p) {
+  const std::string b = slurp(p);
+  Png png;
+  static const std::string sig("\x89PNG\r\n\x1a\n", 8);
+  if (b.size() < 33 || b.compare(0, 8, sig) != 0 || b.compare(12, 4, "IHDR") != 0) return png;
+  auto be32 = [&](size_t o) {
+    return (uint32_t(uint8_t(b[o])) << 24) | (uint32_t(uint8_t(b[o + 1])) << 16) | (uint32_t(uint8_t(b[o + 2])) << 8) |
+           uint32_t(uint8_t(b[o + 3]));
+  };
+  png.valid = b.compare(b.size() - 8, 4, "IEND") == 0;
+  png.width = be32(16);
+  png.height = be32(20);
+  return png;
+}
+
+// One report with real plots, shared by the tests that read it (plotting takes seconds).
+class ReportOnFixture : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    unsetenv("RH_PYTHON");
+    dir_ = new fs::path(report_fixture::temp_dir("full"));
+    report_fixture::write_run(*dir_);
+    report_fixture::write_models(*dir_ / "models.toml");
+    std::ostringstream log;
+    files_ = new ReportFiles(generate_report(dir_->string(), (*dir_ / "models.toml").string(), log));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete files_;
+  }
+  static fs::path* dir_;
+  static ReportFiles* files_;
+};
+fs::path* ReportOnFixture::dir_ = nullptr;
+ReportFiles* ReportOnFixture::files_ = nullptr;
+
+TEST_F(ReportOnFixture, EveryFileIsProducedAndPngsAreValid) {
+  ASSERT_TRUE(files_->plots.ok) << files_->plots.message;
+  EXPECT_TRUE(fs::exists(*dir_ / "report.md"));
+  EXPECT_TRUE(fs::exists(*dir_ / "report.html"));
+  EXPECT_TRUE(fs::exists(*dir_ / "plots" / "index.csv"));
+  EXPECT_TRUE(fs::exists(*dir_ / "plots" / "storage.csv"));
+  for (const char* name : {kLossPlot, kDlossPlot, kDiskPlot, kUlpPlot}) {
+    const auto png = read_png(*dir_ / "plots" / name);
+    EXPECT_TRUE(png.valid) << name;
+    EXPECT_GT(png.width, 200u) << name;
+    EXPECT_GT(png.height, 200u) << name;
+  }
+}
+
+TEST_F(ReportOnFixture, HtmlIsSelfContained) {
+  const std::string html = slurp(*dir_ / "report.html");
+  size_t images = 0;
+  for (size_t p = html.find("src=\"data:image/png;base64,"); p != std::string::npos;
+       p = html.find("src=\"data:image/png;base64,", p + 1))
+    ++images;
+  EXPECT_EQ(images, 4u);
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_NE(html.find("<style>"), std::string::npos);
+  // The embedded image is the PNG on disk, base64-encoded.
+  const std::string b64 = base64(slurp(*dir_ / "plots" / kLossPlot));
+  EXPECT_NE(html.find(b64), std::string::npos);
+}
+
+TEST_F(ReportOnFixture, MatrixTableNumbersAreTheCsvNumbers) {
+  const std::string md = slurp(*dir_ / "report.md"), html = slurp(*dir_ / "report.html");
+  std::istringstream csv(report_fixture::summary_csv());
+  std::string line;
+  std::getline(csv, line);
+  const auto header = split_csv(line);
+  auto col = [&](const std::string& name) { return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin()); };
+  size_t rows = 0;
+  while (std::getline(csv, line)) {
+    const auto f = split_csv(line);
+    const auto cells = md_row(md, f[col("scenario")]);
+    // 6 + the 4 ULP kinds some checkpoint holds (no remainder, no scale in the fixture) + 3.
+    ASSERT_EQ(cells.size(), 13u) << f[0];
+    SCOPED_TRACE(f[0]);
+    EXPECT_EQ(cells[1], f[col("expectation")]);
+    EXPECT_EQ(cells[2], f[col("outcome")]);
+    EXPECT_EQ(cells[3], f[col("verdict")]);
+    if (f[col("outcome")] != "error") {
+      EXPECT_EQ(cells[5], f[col("max_abs_dloss")]);
+    }
+    const char* kinds[] = {"model", "master_param", "exp_avg", "exp_avg_sq"};
+    for (size_t k = 0; k < 4; ++k) {
+      const std::string v = f[col(std::string("max_ulp_") + kinds[k])];
+      EXPECT_EQ(cells[6 + k], v.empty() ? "\u2014" : v) << kinds[k];
+    }
+    EXPECT_EQ(cells[10], f[col("checkpoint_bytes")]);
+    EXPECT_EQ(cells[11], f[col("bytes_per_param")]);
+    // The HTML holds the same cells.
+    EXPECT_NE(html.find("<td class=\"num\">" + f[col("checkpoint_bytes")] + "</td><td class=\"num\">" +
+                        f[col("bytes_per_param")] + "</td>"),
+              std::string::npos);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 5u);
+  EXPECT_EQ(md.find("max ULP remainder"), std::string::npos);
+  EXPECT_EQ(md.find("max ULP scale"), std::string::npos);
+  // Reductions vs the fp32 checkpoint of the same config: 1 - 1800/2400.
+  EXPECT_EQ(md_row(md, "states/exp_avg=fp32,policy=fp32").back(), "reference");
+  EXPECT_EQ(md_row(md, "states/exp_avg=bf16,policy=fp32").back(), "reference");
+  EXPECT_EQ(md_row(md, "states/exp_avg=bf16,policy=per_key").back(), "25.00 %");
+  EXPECT_EQ(md_row(md, "faults/skip=exp_avg").back(), "25.00 %");
+  EXPECT_EQ(md_row(md, "faults/crash").back(), "\u2014");
+}
+
+TEST_F(ReportOnFixture, DiskTableSumsDiskCsvPerKind) {
+  const std::string md = slurp(*dir_ / "report.md");
+  const auto r = md_row(md, "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16");
+  ASSERT_EQ(r.size(), 12u);
+  EXPECT_EQ(r[1], "states/exp_avg=bf16,policy=per_key");
+  const std::vector<std::string> want = {"200", "400", "\u2014", "200", "200", "\u2014", "500", "1500", "10.0000",
+                                         "21.05 %"};   // 1 - 1500/1900
+  EXPECT_EQ(std::vector<std::string>(r.begin() + 2, r.end()), want);
+  EXPECT_EQ(md_row(md, "fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32").back(), "reference");
+}
+
+TEST_F(ReportOnFixture, ProjectionMatchesHandComputedCase) {
+  const std::string md = slurp(*dir_ / "report.md");
+  // 100 params: fp32 states 1400 payload bytes = 14 B/param; bf16 moments 1000 = 10 B/param.
+  // DeepSeek-V2-Lite: 14 * 15.7e9 = 219.8e9 (published 222: -0.99 %); 10 * 15.7e9 = 157e9
+  // (published 164: -4.27 %); reduction 1 - 10/14 = 28.571 % vs 1 - 164/222 = 26.126 %: +2.445 pp.
+  std::istringstream in(md);
+  std::string line;
+  std::vector<std::vector<std::string>> ds;
+  while (std::getline(in, line))
+    if (line.rfind("| DeepSeek-V2-Lite |", 0) == 0) ds.push_back(md_row(line, "DeepSeek-V2-Lite"));
+  ASSERT_EQ(ds.size(), 3u);   // fp32, per_key, native storage
+  const std::vector<std::string> fp32 = {"DeepSeek-V2-Lite", "15.7 B",
+                                         "fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32", "14.0000",
+                                         "219800000000", "219.8", "reference", "222.0", "-1.0 %", "0.00 %", "+0.00 pp"};
+  const std::vector<std::string> bf16 = {"DeepSeek-V2-Lite", "15.7 B",
+                                         "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16",
+                                         "10.0000", "157000000000", "157.0", "28.57 %", "164.0", "-4.3 %", "26.13 %",
+                                         "+2.45 pp"};
+  EXPECT_EQ(ds[0], fp32);
+  EXPECT_EQ(ds[1], bf16);
+  // Models are listed by parameter count: DeepSeek-V2-Lite (15.7e9) before Big (100e9).
+  EXPECT_LT(md.find("| DeepSeek-V2-Lite |"), md.find("| Big |"));
+  EXPECT_NE(md.find("| Big | 100 B | fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32 | 14.0000 | "
+                    "1400000000000 | 1400.0 |"),
+            std::string::npos);
+}
+
+TEST(ReportProjection, ArithmeticOnCombos) {
+  Combo fp32, bf16;
+  fp32.dtypes = {{"model", "BF16"}, {"master_param", "F32"}, {"exp_avg", "F32"}, {"exp_avg_sq", "F32"}};
+  fp32.num_params = 7;
+  fp32.payload_per_param = 14;
+  fp32.has_reduction = true;
+  bf16 = fp32;
+  bf16.dtypes["exp_avg"] = bf16.dtypes["exp_avg_sq"] = "BF16";
+  bf16.payload_per_param = 10;
+  bf16.payload_reduction_pct = 100.0 * (1 - 10.0 / 14.0);
+  ModelSize m{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
+  const auto rows = project({m}, {fp32, bf16});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].bytes, 219.8e9);
+  EXPECT_EQ(rows[1].bytes, 157e9);
+  ASSERT_NE(rows[1].published, nullptr);
+  EXPECT_EQ(rows[1].published->gb, 164);
+  EXPECT_NEAR(rows[1].published_diff_pct, 100.0 * (157.0 - 164.0) / 164.0, 1e-12);   // float rounding only
+  EXPECT_NEAR(rows[1].delta_pp, 100.0 * (1 - 10.0 / 14.0) - 100.0 * (1 - 164.0 / 222.0), 1e-12);
+  // A remainder checkpoint is not what was published.
+  auto rem = bf16;
+  rem.dtypes.erase("master_param");
+  rem.dtypes["remainder"] = "I16";
+  EXPECT_FALSE(published_applies(m.published[1], rem));
+}
+
+TEST(ReportModels, DefaultFileListsDeepSeekWithPublishedSizes) {
+  const auto models = load_models(default_models_file());
+  const ModelSize* ds = nullptr;
+  for (const auto& m : models) ds = m.name == "DeepSeek-V2-Lite" ? &m : ds;
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->params, 15.7e9);
+  ASSERT_EQ(ds->published.size(), 2u);
+  EXPECT_EQ(ds->published[0].gb, 222);
+  EXPECT_EQ(ds->published[1].gb, 164);
+  for (size_t i = 1; i < models.size(); ++i) EXPECT_LE(models[i - 1].params, models[i].params);
+}
+
+TEST(ReportReferences, Fp32SaveWithOverrideIsNotTheReference) {
+  const auto dir = report_fixture::temp_dir("override");
+  report_fixture::write_run(dir);
+  // Turn the per_key scenario's checkpoint into an fp32-policy save with a bf16 override, listed
+  // before the real fp32 save of that config: it must not be taken as the reference.
+  std::string csv = report_fixture::summary_csv();
+  const std::string from = "1800,18,100,per_key,", to = "1800,18,100,fp32,";
+  csv.replace(csv.find(from), from.size(), to);
+  report_fixture::write(dir / "summary.csv", csv);
+  const auto run = load_run(dir.string());
+  const auto refs = fp32_references(run);
+  EXPECT_EQ(refs[2], 1);   // not itself (2): its disk.csv has BF16 moments
+  EXPECT_EQ(refs[0], 0);
+  EXPECT_EQ(refs[4], -1);  // errored, no config
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,236 @@
+// The report's failure paths and compare mode: a malformed CSV is an error naming file and line
+// (exit 2); a missing interpreter or matplotlib still writes the tables; an errored scenario's
+// missing files are noted, not fatal; `--compare` on two runs that differ in one verdict; the
+// tool's exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "report_fixture.h"
+#include "reports/compare_runs.h"
+#include "reports/report.h"
+#include "reports/report_writer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace rh::report;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Replaces line `line` (1-based) of a file.
+void replace_line(const fs::path& p, int line, const std::string& text) {
+  std::istringstream in(slurp(p));
+  std::string out, l;
+  for (int i = 1; std::getline(in, l); ++i) out += (i == line ? text : l) + "\n";
+  report_fixture::write(p, out);
+}
+
+// Runs without plots: the tests here are about tables and errors, and /bin/false is quick.
+class NoPlots : public ::testing::Test {
+ protected:
+  void SetUp() override { setenv("RH_PYTHON", "/bin/false", 1); }
+  void TearDown() override { unsetenv("RH_PYTHON"); }
+};
+
+struct Malformed {
+  const char* name;
+  const char* file;   // relative to the run dir
+  int line;
+  const char* text;
+  const char* expect;   // part of the message
+};
+
+class MalformedCsv : public NoPlots, public ::testing::WithParamInterface<Malformed> {};
+
+TEST_P(MalformedCsv, ErrorNamesFileAndLine) {
+  const auto& m = GetParam();
+  const auto dir = report_fixture::temp_dir(std::string("bad_") + m.name);
+  report_fixture::write_run(dir);
+  replace_line(dir / m.file, m.line, m.text);
+  const std::string where = (dir / m.file).string() + ":" + std::to_string(m.line) + ":";
+  try {
+    std::ostringstream log;
+    generate_report(dir.string(), "", log);
+    FAIL() << "no error for " << m.file;
+  } catch (const ReportError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(where, 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find(m.expect), std::string::npos) << e.what();
+  }
+  std::ostringstream out;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(rh::write_report(dir.string(), out), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find(where), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "report.md"));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Files, MalformedCsv,
+    ::testing::Values(
+        Malformed{"summary_number", "summary.csv", 3,
+                  "\"states/exp_avg=bf16,policy=fp32\",exact,1,identical,PASS,,zero,0,0,,0,0,,2400,24,100,fp32,none,"
+                  "bf16,bf16,fp32,1.5",
+                  "column max_abs_dloss: expected a number, got 'zero'"},
+        Malformed{"summary_columns", "summary.csv", 4, "states/x,exact,1", "malformed CSV"},
+        Malformed{"summary_header", "summary.csv", 1, "scenario,expectation", "Missing column"},
+        Malformed{"disk_bytes", "scenarios/states__exp_avg=bf16+policy=per_key/disk.csv", 3,
+                  "optim_rank_00000.safetensors,w/master_param,master_param,F32,100,4x0", "column bytes"},
+        Malformed{"disk_kind", "scenarios/states__exp_avg=bf16+policy=per_key/disk.csv", 2,
+                  "model.safetensors,w,weights,BF16,100,200", "column kind"},
+        Malformed{"state_phase", "scenarios/faults__skip=exp_avg/state_compare.csv", 2,
+                  "loaded,model/w,model,BF16,BF16,100,1,0,0", "column phase"},
+        Malformed{"metrics_compare", "scenarios/faults__skip=exp_avg/metrics_compare.csv", 3, "5,lm_loss,3.375",
+                  "malformed CSV"},
+        Malformed{"baseline_metrics", "scenarios/states__exp_avg=fp32+policy=fp32/baseline/metrics.csv", 4,
+                  "3,48,3.625,0xnothex,0,0x0p+0,3.625,0x1.dp+1,1.5,0x1.8p+0,0.01,0x1.47ae147ae147bp-7,0",
+                  "lm_loss_hex"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(NoPlots, MissingRunDirOrSummaryIsAnError) {
+  const auto dir = report_fixture::temp_dir("empty");
+  std::ostringstream log;
+  EXPECT_THROW(generate_report(dir.string(), "", log), ReportError);
+  EXPECT_THROW(generate_report((dir / "nope").string(), "", log), ReportError);
+  fs::remove_all(dir);
+}
+
+TEST_F(NoPlots, MalformedModelsFileNamesLine) {
+  const auto dir = report_fixture::temp_dir("models");
+  report_fixture::write_run(dir);
+  report_fixture::write(dir / "m.toml", "[[model]]\nname = \"x\"\nparams = \"many\"\n");
+  std::ostringstream log;
+  try {
+    generate_report(dir.string(), (dir / "m.toml").string(), log);
+    FAIL();
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.toml:3: key 'params': expected a number"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+class NoMatplotlib : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(NoMatplotlib, TablesAreStillWritten) {
+  const auto dir = report_fixture::temp_dir("nompl");
+  report_fixture::write_run(dir);
+  setenv("RH_PYTHON", GetParam(), 1);
+  std::ostringstream log;
+  const auto files = generate_report(dir.string(), "", log);
+  unsetenv("RH_PYTHON");
+  EXPECT_FALSE(files.plots.ok);
+  EXPECT_NE(files.plots.message.find(GetParam()), std::string::npos) << files.plots.message;
+  EXPECT_NE(log.str().find("plots not drawn"), std::string::npos);
+  const std::string md = slurp(dir / "report.md"), html = slurp(dir / "report.html");
+  EXPECT_NE(md.find("Plots not drawn: "), std::string::npos);
+  EXPECT_NE(md.find("| states/exp_avg=bf16,policy=per_key |"), std::string::npos);
+  EXPECT_NE(md.find("| DeepSeek-V2-Lite |"), std::string::npos);
+  EXPECT_EQ(md.find(".png)"), std::string::npos);
+  EXPECT_EQ(html.find("data:image/png"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "plots" / kLossPlot));
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Interpreters, NoMatplotlib, ::testing::Values("/bin/false", "/nonexistent/python3"),
+                         [](const auto& info) { return info.index == 0 ? std::string("bin_false") : std::string("nonexistent"); });
+
+TEST_F(NoPlots, ErroredScenarioIsNotedNotFatal) {
+  const auto dir = report_fixture::temp_dir("errored");
+  report_fixture::write_run(dir);
+  // A scenario that got as far as result.json only.
+  fs::remove(dir / "scenarios/faults__skip=exp_avg/disk.csv");
+  fs::remove_all(dir / "scenarios/faults__skip=exp_avg/resumed");
+  std::ostringstream log;
+  generate_report(dir.string(), "", log);
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("- faults/crash: the check errored: baseline process exited with 134, core dumped. missing in "
+                    "scenarios/faults__crash: result.json disk.csv state_compare.csv metrics_compare.csv "
+                    "baseline/metrics.csv resumed/metrics.csv"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("- faults/skip=exp_avg: missing in scenarios/faults__skip=exp_avg: disk.csv resumed/metrics.csv"),
+            std::string::npos);
+  // Without its disk.csv the native storage is not measured: only fp32 and per_key rows remain.
+  EXPECT_EQ(md.find("| native: "), std::string::npos);
+  EXPECT_NE(md.find("| per_key: "), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// Two runs that differ in one verdict (and that scenario's first divergence and bytes).
+struct TwoRuns {
+  fs::path a, b;
+  TwoRuns() {
+    a = report_fixture::temp_dir("cmp_a");
+    b = report_fixture::temp_dir("cmp_b");
+    report_fixture::write_run(a);
+    report_fixture::write_run(b);
+    replace_line(b / "summary.csv", 4,
+                 "\"states/exp_avg=bf16,policy=per_key\",exact,0,diverged,\"FAIL: expected bit-exact resume; first "
+                 "divergence: iteration 5: metric lm_loss\",iteration 5: metric lm_loss,0.25,0,0,,0,0,,1900,19,100,"
+                 "per_key,none,bf16,bf16,fp32,1.75");
+  }
+  ~TwoRuns() {
+    fs::remove_all(a);
+    fs::remove_all(b);
+  }
+};
+
+TEST(ReportCompare, OneVerdictRegressed) {
+  TwoRuns r;
+  std::ostringstream out;
+  EXPECT_EQ(compare_runs(r.a.string(), r.b.string(), out), 1);
+  const std::string md = out.str();
+  EXPECT_NE(md.find("- 1 regression(s) (passed in A, fail in B), 0 fixed"), std::string::npos) << md;
+  EXPECT_NE(md.find("| states/exp_avg=bf16,policy=per_key | PASS (identical) | FAIL (diverged) | regression |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| states/exp_avg=bf16,policy=per_key | none | iteration 5: metric lm_loss |"), std::string::npos);
+  EXPECT_NE(md.find("| states/exp_avg=bf16,policy=per_key | 1800 | 1900 | +5.56 % |"), std::string::npos);
+  // Nothing else changed.
+  EXPECT_EQ(md.find("states/exp_avg=fp32,policy=fp32"), std::string::npos);
+  EXPECT_EQ(md.find("faults/"), std::string::npos);
+}
+
+TEST(ReportCompare, FixedIsNotARegressionAndSameRunHasNoChanges) {
+  TwoRuns r;
+  std::ostringstream back, same;
+  EXPECT_EQ(compare_runs(r.b.string(), r.a.string(), back), 0);
+  EXPECT_NE(back.str().find("| FAIL (diverged) | PASS (identical) | fixed |"), std::string::npos) << back.str();
+  EXPECT_EQ(compare_runs(r.a.string(), r.a.string(), same), 0);
+  EXPECT_NE(same.str().find("No differences in verdicts, first divergences or checkpoint bytes."), std::string::npos);
+}
+
+TEST(ReportCompare, AddedAndRemovedScenariosAreListed) {
+  TwoRuns r;
+  replace_line(r.b / "summary.csv", 6, "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
+                                       "native,none,bf16,bf16,fp32,1");
+  std::ostringstream out;
+  compare_runs(r.a.string(), r.b.string(), out);
+  EXPECT_NE(out.str().find("### Only in A (removed)\n\n- faults/crash: FAIL (error)"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("### Only in B (added)\n\n- faults/new: PASS (identical)"), std::string::npos);
+}
+
+// The command line: report RUN_DIR, report --compare A B, and exit codes 0 / 1 / 2.
+TEST(ReportCli, ExitCodes) {
+  TwoRuns r;
+  auto run = [](const std::string& args) {
+    const int st = std::system(("RH_PYTHON=/bin/false " RH_TOOL " report " + args + " >/dev/null 2>&1").c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  EXPECT_EQ(run(r.a.string()), 0);
+  EXPECT_TRUE(fs::exists(r.a / "report.html"));
+  EXPECT_EQ(run("--compare " + r.a.string() + " " + r.b.string()), 1);
+  EXPECT_EQ(run("--compare " + r.a.string() + " " + r.a.string()), 0);
+  EXPECT_EQ(run((r.a / "missing").string()), 2);
+  EXPECT_EQ(run(""), 2);
+}
+
+}  // namespace
