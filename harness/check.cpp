@@ -61,8 +61,9 @@ uint64_t dir_bytes(const fs::path& p, int64_t* num_params) {
   for (const auto& e : fs::directory_iterator(p))
     if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) iter = e.path();
   if (iter.empty()) return 0;
+  // The checkpoint's files; disk.csv is an accounting report beside them, not checkpoint data.
   for (const auto& e : fs::directory_iterator(iter))
-    if (e.is_regular_file()) total += e.file_size();
+    if (e.is_regular_file() && e.path().filename() != "disk.csv") total += e.file_size();
   if (num_params) {
     *num_params = 0;
     auto f = ckpt::SafetensorsFile::open((iter / "model.safetensors").string());

@@ -47,6 +47,9 @@ std::string resolve_executable(const std::string& name) {
   return name;
 }
 
+// "28.57 %" -> "28.57": the plot shows the table's number.
+std::string pct_number(const std::string& text) { return text.substr(0, text.find(' ')); }
+
 std::string one_line(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   const auto nl = s.rfind('\n');
@@ -75,7 +78,7 @@ void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
       if (!c.bytes.count(k)) continue;
       st += csv_field(c.label) + "," + csv_field(c.policy) + "," + k + "," + std::to_string(c.bytes.at(k)) + "," +
             std::to_string(c.total_bytes) + "," + (is_ref ? "1" : "0") + "," +
-            (c.has_reduction ? fmt("%.2f", c.reduction_pct) : "") + "\n";
+            (c.has_reduction ? pct_number(reduction_text(c.reduction_pct)) : "") + "\n";
     }
   }
   write_text(dir / "storage.csv", st);

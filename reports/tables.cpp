@@ -46,7 +46,11 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-std::string reduction_text(double pct) { return fmt("%.2f %%", pct); }
+std::string reduction_text(double pct) {
+  // A checkpoint a few metadata bytes larger than its reference would print as "-0.00 %".
+  const std::string s = fmt("%.2f %%", pct);
+  return s == "-0.00 %" ? "0.00 %" : s;
+}
 
 std::string html_escape(const std::string& s) {
   std::string o;

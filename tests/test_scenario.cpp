@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "harness/matrix.h"
+#include "harness/metrics.h"
 #include "harness/scenario.h"
 
 namespace fs = std::filesystem;
@@ -32,8 +33,8 @@ const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::strin
 
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
-  // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 4; faults 7; 2 named.
-  EXPECT_EQ(all.size(), 9u + 4u + 7u + 2u);
+  // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 7; 2 named.
+  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u);
   const auto& s = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
   EXPECT_EQ(s.policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(s.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
