@@ -92,7 +92,8 @@ class PrecisionAdam {
   // --- the update ---
   // Advances every group's step counter (even for params without a grad, which are skipped),
   // updates the master and moments in fp32 with the FusedAdam op order, re-applies storage, and
-  // writes the new model param (bf16 or fp32) in place.
+  // writes the new model param (bf16 or fp32) in place. Main grads are left as they are (the
+  // caller zero_grads() before the next accumulation).
   void step(double lr);
 
   // --- state access ---
@@ -113,6 +114,8 @@ class PrecisionAdam {
   // The raw stored representation, for lossless checkpoints. In remainder mode master_param is
   // the int16 remainder (the bf16 half lives in the model param). set_stored checks dtype and
   // shape against what this optimizer holds and throws std::invalid_argument otherwise.
+  // set_stored never writes the model param: a restore puts the model's bf16/fp32 weights back
+  // bit for bit itself (in remainder mode they are the master's high half).
   const StoredState& stored(const std::string& param, StateKey key) const;
   void set_stored(const std::string& param, StateKey key, const StoredState& s);
 
