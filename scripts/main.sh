@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The README's main command: set-up (packages + build), then the main job.
+# The README's main command: set-up (packages + build), then the default scenario matrix, which
+# writes reports/runs/default/ (summary.csv, summary.json, junit.xml, report.md, report.html).
+# Extra arguments go to `resume-harness matrix` (e.g. --keep-checkpoints, --filter states/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
 "$here/scripts/setup.sh" "$build"
 cd "$here"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-"$build/resume-harness" train --out reports/runs/default-train "$@"
+exec "$build/resume-harness" matrix scenarios/default.toml -j "$(nproc)" "$@"
