@@ -6,10 +6,19 @@
 #pragma once
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 
 namespace report_fixture {
+
+// The whole file as a string.
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 namespace fs = std::filesystem;
 

@@ -20,12 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace rh::report;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using report_fixture::slurp;
 
 // Splits one CSV line honouring double quotes (the test's own reader, independent of fccp).
 std::vector<std::string> split_csv(const std::string& line) {

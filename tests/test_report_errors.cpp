@@ -19,12 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace rh::report;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using report_fixture::slurp;
 
 // Replaces line `line` (1-based) of a file.
 void replace_line(const fs::path& p, int line, const std::string& text) {
