@@ -176,14 +176,23 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     write_text(cfg, to_json(s.cfg).dump(2) + "\n");
     const int64_t K = s.save_at, N = s.cfg.train.iterations;
 
-    auto base = train_args(o, cfg, dir / "baseline");
-    base.insert(base.end(), {"--save", ckroot.string(), "--save-at", std::to_string(K), "--save-policy",
-                             ckpt::to_string(s.policy.kind)});
-    for (const auto& [k, d] : s.policy.overrides) base.insert(base.end(), {"--save-override", k + "=" + optim::to_string(d)});
-    auto pb = run_process(base, (dir / "baseline.log").string(), o.timeout_s);
-    if (pb.exit_code != 0)
-      throw std::runtime_error("baseline process exited with " + std::to_string(pb.exit_code) +
-                               (pb.timed_out ? " (timed out)" : "") + ": " + tail_of_file((dir / "baseline.log").string(), 600));
+    // The baseline runs in this process (it needs no isolation: it is the reference), which
+    // saves one LibTorch start-up per check; the resumed run is always a new process.
+    {
+      TrainJob bj;
+      bj.cfg = s.cfg;
+      bj.out_dir = (dir / "baseline").string();
+      bj.save_root = ckroot.string();
+      bj.save_at = K;
+      bj.policy = s.policy;
+      bj.dump_states = true;
+      bj.quiet = true;
+      try {
+        run_train(bj);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("baseline run failed: ") + e.what());
+      }
+    }
 
     auto res = train_args(o, cfg, dir / "resumed");
     res.insert(res.end(), {"--load", ckroot.string(), "--fault", to_string(s.fault)});

@@ -1,6 +1,6 @@
-// The resume check of one scenario: a baseline process trains 0..N uninterrupted, saving the
-// scenario's checkpoint at K on the way (a save only reads state, and the fingerprints before and
-// after it prove that); a new process loads that checkpoint and trains K+1..N. Then every state
+// The resume check of one scenario: the baseline trains 0..N uninterrupted in this process,
+// saving the scenario's checkpoint at K on the way (a save only reads state, and the fingerprints
+// before and after it prove that); a new process loads that checkpoint and trains K+1..N. Then every state
 // right after load is compared with what was saved, every metric of K+1..N bit for bit, the final
 // states key by key, negative controls are checked, and the first divergence is named.
 #pragma once
