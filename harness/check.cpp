@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 
+#include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/metrics.h"
 #include "harness/process.h"
@@ -24,11 +25,6 @@ void write_text(const fs::path& p, const std::string& s) {
   if (!f) throw std::runtime_error("cannot write " + p.string());
 }
 
-std::string g17(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 std::vector<std::string> train_args(const CheckOptions& o, const fs::path& cfg,
                                      const fs::path& out) {
@@ -57,10 +53,7 @@ bool is_optimizer_key(const std::string& k) {
 
 uint64_t dir_bytes(const fs::path& p, int64_t* num_params) {
   uint64_t total = 0;
-  fs::path iter;
-  for (const auto& e : fs::directory_iterator(p))
-    if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) iter = e.path();
-  if (iter.empty()) return 0;
+  const fs::path iter = ckpt::detail::resolve_checkpoint_dir(p.string());
   // The checkpoint's files; disk.csv is an accounting report beside them, not checkpoint data.
   for (const auto& e : fs::directory_iterator(iter))
     if (e.is_regular_file() && e.path().filename() != "disk.csv") total += e.file_size();
@@ -72,24 +65,18 @@ uint64_t dir_bytes(const fs::path& p, int64_t* num_params) {
   return total;
 }
 
-fs::path find_iter_dir(const fs::path& root) {
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) return e.path();
-  return {};
-}
-
 void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r) {
   std::string mc = "iteration,metric,baseline,baseline_hex,resumed,resumed_hex,abs_diff,rel_diff,ulp,bit_equal\n";
   for (const auto& m : r.metric_diffs)
-    mc += std::to_string(m.iteration) + "," + m.metric + "," + g17(m.baseline) + "," + hex_float(m.baseline) +
-          "," + g17(m.resumed) + "," + hex_float(m.resumed) + "," + g17(m.abs_diff) + "," +
-          g17(m.rel_diff) + "," + std::to_string(m.ulp) + "," + (m.bit_equal ? "1" : "0") + "\n";
+    mc += std::to_string(m.iteration) + "," + m.metric + "," + exact_decimal(m.baseline) + "," + hex_float(m.baseline) +
+          "," + exact_decimal(m.resumed) + "," + hex_float(m.resumed) + "," + exact_decimal(m.abs_diff) + "," +
+          exact_decimal(m.rel_diff) + "," + std::to_string(m.ulp) + "," + (m.bit_equal ? "1" : "0") + "\n";
   write_text(dir / "metrics_compare.csv", mc);
   std::string sc = "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n";
   auto rows = [&](const char* phase, const std::vector<TensorDiff>& v) {
     for (const auto& d : v)
       sc += std::string(phase) + "," + d.key + "," + d.kind + "," + d.dtype_a + "," + d.dtype_b + "," +
-            std::to_string(d.numel) + "," + g17(d.bit_equal_fraction) + "," + g17(d.max_abs_diff) + "," +
+            std::to_string(d.numel) + "," + exact_decimal(d.bit_equal_fraction) + "," + exact_decimal(d.max_abs_diff) + "," +
             std::to_string(d.max_ulp) + "\n";
   };
   rows("after_load", r.after_load);
@@ -155,7 +142,7 @@ void judge(const Scenario& s, CheckResult& r) {
         const double bound = it->second.atol + it->second.rtol * std::fabs(m.baseline);
         if (!(m.abs_diff <= bound))
           return set(false, "metric " + m.metric + " at iteration " + std::to_string(m.iteration) + " differs by " +
-                                g17(m.abs_diff) + " > atol + rtol*|baseline| = " + g17(bound));
+                                exact_decimal(m.abs_diff) + " > atol + rtol*|baseline| = " + exact_decimal(bound));
       }
       return set(true, identical ? "bit-exact (within any tolerance)"
                                  : "within declared tolerance; first divergence: " + r.first_divergence);
@@ -201,8 +188,8 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
 
     r.checkpoint_bytes = dir_bytes(ckroot, &r.num_params);
     r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
-    const fs::path iter = find_iter_dir(ckroot);
-    if (!iter.empty() && fs::exists(iter / "disk.csv")) fs::copy_file(iter / "disk.csv", dir / "disk.csv");
+    const fs::path iter = ckpt::detail::resolve_checkpoint_dir(ckroot.string());
+    if (fs::exists(iter / "disk.csv")) fs::copy_file(iter / "disk.csv", dir / "disk.csv");
 
     const auto fb = read_fingerprints((dir / "baseline" / "fingerprints.csv").string());
     // Negative control 2: the state at K differs from the state at K-1.

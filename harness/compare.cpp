@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/optim/storage_codecs.h"
 
@@ -20,19 +21,6 @@ namespace fs = std::filesystem;
 namespace rh {
 namespace {
 
-// The single iter_ directory of a dump root (or the dir itself).
-fs::path iter_dir(const std::string& p) {
-  fs::path path(p);
-  if (path.filename().string().rfind("iter_", 0) == 0) return path;
-  std::vector<fs::path> found;
-  for (const auto& e : fs::directory_iterator(path))
-    if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) found.push_back(e.path());
-  if (found.size() != 1)
-    throw std::runtime_error("state dump " + p + ": expected exactly one iter_ directory, found " +
-                             std::to_string(found.size()));
-  return found[0];
-}
-
 struct Loaded {
   std::map<std::string, std::pair<ckpt::StDtype, torch::Tensor>> tensors;
   std::vector<ckpt::SafetensorsFile> files;   // keep the mappings alive
@@ -40,7 +28,7 @@ struct Loaded {
 
 Loaded load_dump(const std::string& root) {
   Loaded out;
-  for (const auto& e : fs::directory_iterator(iter_dir(root))) {
+  for (const auto& e : fs::directory_iterator(ckpt::detail::resolve_checkpoint_dir(root))) {
     if (e.path().extension() != ".safetensors") continue;
     auto f = ckpt::SafetensorsFile::open(e.path().string());
     const bool model = e.path().filename() == "model.safetensors";

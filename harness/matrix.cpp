@@ -47,11 +47,6 @@ std::string fmt_seconds(double s) {
   return buf;
 }
 
-std::string g17(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 }  // namespace
 
@@ -79,10 +74,10 @@ void write_junit(const std::string& path, const std::string& suite, const std::v
   std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   x += "<testsuites tests=\"" + std::to_string(results.size()) + "\" failures=\"" + std::to_string(failures) + "\">\n";
   x += "  <testsuite name=\"" + xml_escape(suite) + "\" tests=\"" + std::to_string(results.size()) +
-       "\" failures=\"" + std::to_string(failures) + "\" errors=\"0\" time=\"" + g17(total) + "\">\n";
+       "\" failures=\"" + std::to_string(failures) + "\" errors=\"0\" time=\"" + exact_decimal(total) + "\">\n";
   for (const auto& r : results) {
     x += "    <testcase classname=\"" + xml_escape(suite) + "\" name=\"" + xml_escape(r.name) + "\" time=\"" +
-         g17(r.seconds) + "\"";
+         exact_decimal(r.seconds) + "\"";
     if (r.passed) {
       x += "/>\n";
     } else {
@@ -192,12 +187,12 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
     const auto mode = optim::effective_master_mode(
         s.cfg.optim, s.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
     csv += csv_field(r.name) + "," + r.expectation + "," + (r.passed ? "1" : "0") + "," + r.outcome + "," +
-           csv_field(r.verdict) + "," + csv_field(r.first_divergence) + "," + g17(r.max_abs_dloss) + "," +
+           csv_field(r.verdict) + "," + csv_field(r.first_divergence) + "," + exact_decimal(r.max_abs_dloss) + "," +
            ulp("model") + "," + ulp("master_param") + "," + ulp("remainder") + "," + ulp("exp_avg") + "," +
            ulp("exp_avg_sq") + "," + ulp("scale") + "," + std::to_string(r.checkpoint_bytes) + "," +
-           g17(r.bytes_per_param) + "," + std::to_string(r.num_params) + "," + ckpt::to_string(s.policy.kind) + "," +
+           exact_decimal(r.bytes_per_param) + "," + std::to_string(r.num_params) + "," + ckpt::to_string(s.policy.kind) + "," +
            to_string(s.fault) + "," + optim::to_string(s.cfg.optim.exp_avg_dtype) + "," +
-           optim::to_string(s.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," + g17(r.seconds) + "\n";
+           optim::to_string(s.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," + exact_decimal(r.seconds) + "\n";
     nlohmann::json one = nlohmann::json::parse(
         std::ifstream(run_dir / "scenarios" / safe_name(r.name) / "result.json"), nullptr, false);
     if (one.is_discarded()) one = {{"name", r.name}};

@@ -30,6 +30,12 @@ double metric_value(const IterMetrics& m, const std::string& name) {
   throw std::invalid_argument("unknown metric '" + name + "'");
 }
 
+std::string exact_decimal(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 std::string hex_float(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", v);
@@ -40,11 +46,6 @@ namespace {
 std::string g9(float v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
-  return buf;
-}
-std::string g17(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
 }
 void write_file(const std::string& path, const std::string& body) {
@@ -72,7 +73,7 @@ void write_metrics_csv(const std::string& path, const std::vector<IterMetrics>& 
     out += std::to_string(m.iteration) + "," + std::to_string(m.consumed_samples) + "," +
            g9(m.lm_loss) + "," + hex_float(m.lm_loss) + "," + g9(m.aux_loss) + "," +
            hex_float(m.aux_loss) + "," + g9(m.total_loss) + "," + hex_float(m.total_loss) + "," +
-           g17(m.grad_norm) + "," + hex_float(m.grad_norm) + "," + g17(m.lr) + "," +
+           exact_decimal(m.grad_norm) + "," + hex_float(m.grad_norm) + "," + exact_decimal(m.lr) + "," +
            hex_float(m.lr) + "," + std::to_string(m.num_zeros) + "\n";
   }
   write_file(path, out);
@@ -81,7 +82,7 @@ void write_metrics_csv(const std::string& path, const std::vector<IterMetrics>& 
 void write_timing_csv(const std::string& path, const std::vector<IterMetrics>& rows) {
   std::string out = "iteration,seconds,tokens_per_s\n";
   for (const auto& m : rows)
-    out += std::to_string(m.iteration) + "," + g17(m.seconds) + "," + g17(m.tokens_per_s) + "\n";
+    out += std::to_string(m.iteration) + "," + exact_decimal(m.seconds) + "," + exact_decimal(m.tokens_per_s) + "\n";
   write_file(path, out);
 }
 

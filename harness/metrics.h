@@ -33,6 +33,7 @@ void write_timing_csv(const std::string& path, const std::vector<IterMetrics>& r
 // std::runtime_error naming the file and line on malformed input.
 std::vector<IterMetrics> read_metrics_csv(const std::string& path);
 
-std::string hex_float(double v);   // "%a"
+std::string hex_float(double v);       // "%a"
+std::string exact_decimal(double v);   // "%.17g": round-trips a double
 
 }  // namespace rh

@@ -50,16 +50,21 @@ std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std:
   return out;
 }
 
-// A lossless dump of the in-memory state (native policy), for the state comparisons.
-void dump_state(const Trainer& tr, const fs::path& root) {
+// Saves the trainer's state under `root` with `policy`.
+ckpt::SaveResult save_state(const Trainer& tr, const fs::path& root, const ckpt::SavePolicy& policy) {
   ckpt::SaveInput in;
   in.model = &tr.model();
   in.optimizer = &tr.optimizer();
   auto st = tr.state();
   in.state = &st;
   in.run_config = to_json(tr.config());
-  in.policy = {ckpt::SavePolicyKind::native, {}};
-  ckpt::save_checkpoint(root.string(), in);
+  in.policy = policy;
+  return ckpt::save_checkpoint(root.string(), in);
+}
+
+// A lossless dump of the in-memory state (native policy), for the state comparisons.
+void dump_state(const Trainer& tr, const fs::path& root) {
+  save_state(tr, root, {ckpt::SavePolicyKind::native, {}});
 }
 
 }  // namespace
@@ -116,14 +121,7 @@ int run_train(const TrainJob& job) {
 
   auto save = [&](const char* dump_name) {
     if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / dump_name);
-    ckpt::SaveInput in;
-    in.model = &tr.model();
-    in.optimizer = &tr.optimizer();
-    auto st = tr.state();
-    in.state = &st;
-    in.run_config = to_json(cfg);
-    in.policy = job.policy;
-    auto res = ckpt::save_checkpoint(job.save_root, in);
+    const auto res = save_state(tr, job.save_root, job.policy);
     if (!job.quiet)
       std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
                   static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
