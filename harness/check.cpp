@@ -31,6 +31,19 @@ std::vector<std::string> train_args(const CheckOptions& o, const fs::path& cfg,
   return {o.tool, "train", "--config", cfg.string(), "--out", out.string(), "--dump-states", "--quiet"};
 }
 
+std::vector<std::string> nproc_args(int64_t n) {
+  if (n <= 1) return {};
+  return {"--nproc", std::to_string(n)};
+}
+
+// Runs one child training process; throws naming `what` and the log's tail when it fails.
+void run_child(const std::vector<std::string>& argv, const fs::path& log, double timeout_s, const char* what) {
+  auto pr = run_process(argv, log.string(), timeout_s);
+  if (pr.exit_code != 0)
+    throw std::runtime_error(std::string(what) + " run exited with " + std::to_string(pr.exit_code) +
+                             (pr.timed_out ? " (timed out)" : "") + ": " + tail_of_file(log.string(), 600));
+}
+
 // Keys whose fingerprints differ between two fingerprint lists (by key), in a's order.
 std::vector<std::string> differing_keys(const std::vector<std::pair<std::string, std::string>>& a,
                                         const std::vector<std::pair<std::string, std::string>>& b) {
@@ -101,6 +114,9 @@ void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r)
                       {"num_params", r.num_params},
                       {"seconds", r.seconds},
                       {"save_at", s.save_at},
+                      {"dp_size", s.dp_size},
+                      {"resume_dp_size", s.resume_dp()},
+                      {"after_load_differs", r.after_load_differs},
                       {"iterations", s.cfg.train.iterations},
                       {"save_policy", ckpt::to_string(s.policy.kind)},
                       {"fault", to_string(s.fault)},
@@ -121,6 +137,10 @@ void judge(const Scenario& s, CheckResult& r) {
     return set(false, std::string("negative control failed: ") +
                           (!r.control_fresh_differs ? "a fresh optimizer equals the saved state"
                                                     : "the state at K equals the state at K-1"));
+  if (s.resharded() && !r.after_load_differs.empty() && r.outcome != "load-refused" &&
+      s.expect.kind != Expectation::Kind::diverge)
+    return set(false, "resharded load (" + std::to_string(s.dp_size) + " -> " + std::to_string(s.resume_dp()) +
+                          " ranks) is not exact: " + r.after_load_differs + " differs from the saved state");
   const bool identical = r.first_divergence.empty() && r.outcome != "load-refused";
   switch (s.expect.kind) {
     case Expectation::Kind::exact:
@@ -164,8 +184,16 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     const int64_t K = s.save_at, N = s.cfg.train.iterations;
 
     // The baseline runs in this process (it needs no isolation: it is the reference), which
-    // saves one LibTorch start-up per check; the resumed run is always a new process.
-    {
+    // saves one LibTorch start-up per check; the resumed run is always a new process. A
+    // data-parallel baseline is a launcher process with its ranks.
+    if (s.dp_size > 1) {
+      auto ba = train_args(o, cfg, dir / "baseline");
+      ba.insert(ba.end(), {"--save", ckroot.string(), "--save-at", std::to_string(K), "--save-policy",
+                           ckpt::to_string(s.policy.kind)});
+      for (const auto& [k, d] : s.policy.overrides) ba.insert(ba.end(), {"--save-override", k + "=" + optim::to_string(d)});
+      for (const auto& a : nproc_args(s.dp_size)) ba.push_back(a);
+      run_child(ba, dir / "baseline.log", o.timeout_s, "baseline");
+    } else {
       TrainJob bj;
       bj.cfg = s.cfg;
       bj.out_dir = (dir / "baseline").string();
@@ -184,7 +212,15 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     auto res = train_args(o, cfg, dir / "resumed");
     res.insert(res.end(), {"--load", ckroot.string(), "--fault", to_string(s.fault)});
     if (s.allow_lossy) res.push_back("--allow-lossy");
+    for (const auto& a : nproc_args(s.resume_dp())) res.push_back(a);
     auto pr = run_process(res, (dir / "resumed.log").string(), o.timeout_s);
+    // Resharded: what the resumed run is compared with is an uninterrupted run at its size.
+    const fs::path ref_dir = s.resharded() ? dir / "reference" : dir / "baseline";
+    if (s.resharded()) {
+      auto ra = train_args(o, cfg, ref_dir);
+      for (const auto& a : nproc_args(s.resume_dp())) ra.push_back(a);
+      run_child(ra, dir / "reference.log", o.timeout_s, "reference");
+    }
 
     r.checkpoint_bytes = dir_bytes(ckroot, &r.num_params);
     r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
@@ -192,6 +228,7 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     if (fs::exists(iter / "disk.csv")) fs::copy_file(iter / "disk.csv", dir / "disk.csv");
 
     const auto fb = read_fingerprints((dir / "baseline" / "fingerprints.csv").string());
+    const auto fc = s.resharded() ? read_fingerprints((ref_dir / "fingerprints.csv").string()) : fb;
     // Negative control 2: the state at K differs from the state at K-1.
     for (const auto& k : differing_keys(fb.at(K), fb.at(K - 1)))
       r.control_k_differs = r.control_k_differs || is_optimizer_key(k);
@@ -210,13 +247,18 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     } else {
       const auto fr = read_fingerprints((dir / "resumed" / "fingerprints.csv").string());
       // Negative control 1: a fresh optimizer (before loading) differs from the saved state.
-      for (const auto& k : differing_keys(fr.at(-1), fb.at(K)))
+      for (const auto& k : differing_keys(fr.at(-1), fc.at(K)))
         r.control_fresh_differs = r.control_fresh_differs || is_optimizer_key(k);
-      // Right after load.
-      auto after = differing_keys(fb.at(K), fr.at(K));
-      if (!after.empty()) r.first_divergence = "after load: " + after.front();
+      // Right after load: the fingerprints (same layout only), and the dumps joined across shards.
+      if (!s.resharded()) {
+        auto after = differing_keys(fb.at(K), fr.at(K));
+        if (!after.empty()) r.first_divergence = "after load: " + after.front();
+      }
       r.after_load = compare_state_dumps((dir / "baseline" / "state_at_save").string(),
                                          (dir / "resumed" / "state_after_load").string());
+      for (const auto& d : r.after_load)
+        if (!d.identical() && r.after_load_differs.empty()) r.after_load_differs = d.key;
+      if (s.resharded() && !r.after_load_differs.empty()) r.first_divergence = "after load: " + r.after_load_differs;
       for (const auto& d : r.after_load) {
         auto& u = r.max_ulp_after_load[d.kind];
         u = std::max(u, d.max_ulp);
@@ -225,7 +267,7 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
           r.bit_equal_after_load[d.kind] = d.bit_equal_fraction;
       }
       // Every metric of K+1..N.
-      const auto mb = read_metrics_csv((dir / "baseline" / "metrics.csv").string());
+      const auto mb = read_metrics_csv((ref_dir / "metrics.csv").string());
       const auto mr = read_metrics_csv((dir / "resumed" / "metrics.csv").string());
       if (mr.size() != static_cast<size_t>(N - K))
         throw std::runtime_error("resumed run wrote " + std::to_string(mr.size()) + " metric rows, expected " +
@@ -253,11 +295,11 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
           r.metric_diffs.push_back(d);
         }
         if (r.first_divergence.empty()) {
-          auto keys = differing_keys(fb.at(i), fr.at(i));
+          auto keys = differing_keys(fc.at(i), fr.at(i));
           if (!keys.empty()) r.first_divergence = "iteration " + std::to_string(i) + ": " + keys.front();
         }
       }
-      r.final_state = compare_state_dumps((dir / "baseline" / "state_final").string(),
+      r.final_state = compare_state_dumps((ref_dir / "state_final").string(),
                                           (dir / "resumed" / "state_final").string());
       for (const auto& d : r.final_state)
         if (!d.identical() && r.first_divergence.empty()) r.first_divergence = "final state: " + d.key;
@@ -265,7 +307,7 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     }
     if (!o.keep_checkpoints) {
       fs::remove_all(ckroot);
-      for (const char* run : {"baseline", "resumed"})
+      for (const char* run : {"baseline", "resumed", "reference"})
         for (const char* d : {"state_at_save", "state_after_load", "state_final"}) fs::remove_all(dir / run / d);
     }
   } catch (const std::exception& e) {

@@ -1,8 +1,13 @@
-// The resume check of one scenario: the baseline trains 0..N uninterrupted in this process,
+// The resume check of one scenario: the baseline trains 0..N uninterrupted (in this process when
+// it has one rank, else as `train --nproc M`),
 // saving the scenario's checkpoint at K on the way (a save only reads state, and the fingerprints
 // before and after it prove that); a new process loads that checkpoint and trains K+1..N. Then every state
 // right after load is compared with what was saved, every metric of K+1..N bit for bit, the final
 // states key by key, negative controls are checked, and the first divergence is named.
+// Resharded scenarios (resume_dp_size != dp_size) also run a reference: 0..N uninterrupted at the
+// resumed size. The resumed run's metrics and states are compared with the reference (reduction
+// order differs between sizes), and its state right after load with the saved state, joined
+// across shards, which must be bit for bit equal whatever the expectation.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -42,6 +47,7 @@ struct CheckResult {
   double seconds = 0;
   std::vector<MetricDiff> metric_diffs;
   std::vector<TensorDiff> after_load, final_state;
+  std::string after_load_differs;      // first key whose state after load differs from the saved one
 };
 
 struct CheckOptions {

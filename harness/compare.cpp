@@ -26,16 +26,36 @@ struct Loaded {
   std::vector<ckpt::SafetensorsFile> files;   // keep the mappings alive
 };
 
+// Every tensor of a dump, verified, with data-parallel shards joined into whole tensors (so
+// dumps written at different group sizes compare key by key).
 Loaded load_dump(const std::string& root) {
   Loaded out;
-  for (const auto& e : fs::directory_iterator(ckpt::detail::resolve_checkpoint_dir(root))) {
-    if (e.path().extension() != ".safetensors") continue;
-    auto f = ckpt::SafetensorsFile::open(e.path().string());
-    const bool model = e.path().filename() == "model.safetensors";
-    for (const auto& t : f.tensors())
-      out.tensors[(model ? "model/" : "") + t.key] = {t.dtype, f.tensor(t.key)};
-    out.files.push_back(std::move(f));
+  const auto v = ckpt::detail::verify_checkpoint_dir(ckpt::detail::resolve_checkpoint_dir(root));
+  const auto ix = ckpt::detail::shard_index(v);
+  for (const auto& [name, f] : v.files) {
+    const bool model = name == ckpt::detail::kModelFile;
+    for (const auto& t : f.tensors()) {
+      if (model) {
+        out.tensors["model/" + t.key] = {t.dtype, f.tensor(t.key)};
+        continue;
+      }
+      if (out.tensors.count(t.key)) continue;   // joined already from another shard
+      const auto slash = t.key.rfind('/');
+      const std::string param = t.key.substr(0, slash);
+      if (!ix.pieces.count(param)) throw std::runtime_error(f.path() + ": tensor '" + t.key + "' of no known param");
+      torch::Tensor whole;
+      if (t.key.size() > 6 && t.key.compare(t.key.size() - 6, 6, ".scale") == 0) {
+        whole = ckpt::detail::gather_scale(v, ix, param, t.key);
+      } else {
+        int64_t n = 1;
+        for (int64_t d : ix.shape.at(param)) n *= d;
+        whole = ckpt::detail::gather_state(v, ix, param, t.key, 0, n).reshape(ix.shape.at(param));
+      }
+      out.tensors[t.key] = {t.dtype, whole};
+    }
   }
+  out.files.reserve(v.files.size());
+  for (const auto& [name, f] : v.files) out.files.push_back(f);
   return out;
 }
 

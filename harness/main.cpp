@@ -1,13 +1,15 @@
 // resume-harness: the command-line tool. Subcommands parse flags into library structs and call
 // rh_core; all logic lives in the library so the tests exercise the same code.
 // Exit codes: 0 success, 1 a check/scenario missed its expectation or a checkpoint is damaged,
-// 2 bad input (flags, scenario files, checkpoints that cannot be loaded).
+// 2 bad input (flags, scenario files, checkpoints that cannot be loaded), 3 a data-parallel peer
+// failed or timed out (the launcher reports which rank failed first).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/commands.h"
+#include "harness/dist.h"
 #include "harness/run.h"
 
 namespace {
@@ -45,6 +47,14 @@ int main(int argc, char** argv) {
   train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
   train->add_flag("--quiet", job.quiet, "print nothing but errors");
+  int nproc = 1;
+  train->add_option("--nproc", nproc,
+                    "data parallel: start N local worker processes (ranks) of this command; under "
+                    "torchrun or srun leave it out, the ranks come from the environment")
+      ->check(CLI::Range(1, 256));
+  train->add_option("--dist-timeout", job.dist_timeout_s,
+                    "seconds a data-parallel rendezvous or collective waits before failing")
+      ->check(CLI::PositiveNumber);
   add_save_options(*train, job, policy, overrides);
   rh::add_run_options(*train, job.cfg);
 
@@ -63,10 +73,26 @@ int main(int argc, char** argv) {
     if (*train) {
       job.fault = rh::parse_fault(fault);
       job.policy = rh::parse_policy(policy, overrides);
+      if (nproc > 1) {
+        if (rh::dist::launched_by_environment())
+          throw std::invalid_argument("--nproc " + std::to_string(nproc) +
+                                      ": WORLD_SIZE (or SLURM_NTASKS) is set, so a launcher already started the ranks");
+        std::vector<std::string> args;   // the same command for every rank, without --nproc
+        for (int i = 1; i < argc; ++i) {
+          const std::string a = argv[i];
+          if (a == "--nproc") { ++i; continue; }
+          if (a.rfind("--nproc=", 0) == 0) continue;
+          args.push_back(a);
+        }
+        return rh::dist::launch_local(nproc, args, std::min(30.0, job.dist_timeout_s));
+      }
       return rh::run_train(job);
     }
     if (*inspect) return rh::ckpt::inspect_checkpoint(inspect_dir, std::cout);
     return rh::run_commands(app);
+  } catch (const rh::dist::DistError& e) {   // a peer failed: not this rank's input
+    std::cerr << "error: " << e.what() << "\n";
+    return 3;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

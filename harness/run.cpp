@@ -5,8 +5,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <sstream>
 #include <stdexcept>
 
+#include "harness/dist.h"
 #include "harness/env.h"
 #include "harness/trainer.h"
 
@@ -51,8 +54,10 @@ std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std:
 }
 
 // Saves the trainer's state under `root` with `policy`.
-ckpt::SaveResult save_state(const Trainer& tr, const fs::path& root, const ckpt::SavePolicy& policy) {
+ckpt::SaveResult save_state(const Trainer& tr, const fs::path& root, const ckpt::SavePolicy& policy,
+                            dist::Group* group) {
   ckpt::SaveInput in;
+  in.group = group;
   in.model = &tr.model();
   in.optimizer = &tr.optimizer();
   auto st = tr.state();
@@ -63,8 +68,29 @@ ckpt::SaveResult save_state(const Trainer& tr, const fs::path& root, const ckpt:
 }
 
 // A lossless dump of the in-memory state (native policy), for the state comparisons.
-void dump_state(const Trainer& tr, const fs::path& root) {
-  save_state(tr, root, {ckpt::SavePolicyKind::native, {}});
+void dump_state(const Trainer& tr, const fs::path& root, dist::Group* group) {
+  save_state(tr, root, {ckpt::SavePolicyKind::native, {}}, group);
+}
+
+// This rank's fingerprints; data parallel, rank 0 returns every rank's: the keys that differ by
+// rank (optimizer parts, generators) of rank r > 0 get the suffix "@rank<r>".
+std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr, dist::Group* group) {
+  auto fp = tr.fingerprints();
+  if (!group) return fp;
+  std::string mine;
+  for (const auto& [k, h] : fp) mine += k + "," + std::to_string(h) + "\n";
+  const auto all = group->all_gather_strings(mine);
+  for (size_t r = 1; r < all.size(); ++r) {
+    std::istringstream in(all[r]);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto comma = line.rfind(',');
+      const std::string key = line.substr(0, comma);
+      if (key.rfind("model/", 0) == 0 || (key.rfind("state/", 0) == 0 && key.rfind("state/rng.", 0) != 0)) continue;
+      fp.emplace_back(key + "@rank" + std::to_string(r), std::stoull(line.substr(comma + 1)));
+    }
+  }
+  return fp;
 }
 
 }  // namespace
@@ -77,52 +103,77 @@ int run_train(const TrainJob& job) {
   if (stop > cfg.train.iterations || stop < 0)
     throw std::invalid_argument("--stop-at " + std::to_string(stop) + " is outside [0, " +
                                 std::to_string(cfg.train.iterations) + "]");
+  std::unique_ptr<dist::Group> group;
+  const dist::Placement place = dist::placement_from_environment();
+  if (place.world_size > 1)
+    group = std::make_unique<dist::Group>(place, std::chrono::milliseconds(static_cast<int64_t>(job.dist_timeout_s * 1000)));
+  const bool lead = place.rank == 0;
+  const bool quiet = job.quiet || !lead;
   const fs::path out(job.out_dir);
-  if (!job.out_dir.empty()) fs::create_directories(out);
+  const bool write_out = lead && !job.out_dir.empty();
+  if (write_out) fs::create_directories(out);
   const auto info = runtime_info();
-  if (!job.quiet) {
+  if (!quiet) {
     std::cout << describe(info) << "\n";
     if (!info.blas_is_openblas)
       std::cout << "WARNING: OpenBLAS is not the BLAS in use; runs are about 12x slower\n";
     std::cout << describe(cfg);
   }
 
-  Trainer tr(cfg);
-  if (!job.quiet) {
+  Trainer tr(cfg, group.get());
+  if (!quiet) {
+    if (group) std::cout << "data parallel: " << place.world_size << " ranks (" << place.source << ")\n";
     std::cout << tr.model().describe() << "\n" << tr.optimizer().describe() << "\n";
   }
-  if (!job.out_dir.empty()) write_text(out / "config.json", to_json(cfg).dump(2) + "\n");
+  if (write_out) write_text(out / "config.json", to_json(cfg).dump(2) + "\n");
+  auto fingerprint_now = [&](int64_t iteration) {
+    const auto fp = all_fingerprints(tr, group.get());
+    return lead ? fingerprint_rows(iteration, fp) : std::string();
+  };
 
   std::string fingerprints = "iteration,key,xxh3\n";
   if (!job.load.empty()) {
     // Negative control material: the fresh state, before anything is loaded.
-    fingerprints += fingerprint_rows(-1, tr.fingerprints());
+    fingerprints += fingerprint_now(-1);
     ckpt::LoadOptions opts;
     opts.allow_lossy = job.allow_lossy;
     if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
     if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
     ckpt::TrainState st = tr.state();
-    auto report = ckpt::load_checkpoint(job.load, tr.model(), tr.optimizer(), st, to_json(cfg), opts);
+    ckpt::LoadReport report;
+    std::string err;
+    try {
+      report = ckpt::load_checkpoint(job.load, tr.model(), tr.optimizer(), st, to_json(cfg), opts);
+    } catch (const std::exception& e) {
+      if (!group) throw;
+      err = e.what();
+    }
+    if (group) {   // every rank refuses if one does, with the first refusal's reason
+      const auto all = group->all_gather_strings(err);
+      for (size_t r = 0; r < all.size(); ++r)
+        if (!all[r].empty()) throw ckpt::CheckpointError("rank " + std::to_string(r) + ": " + all[r]);
+      tr.optimizer().sync_params();   // a conversion may have written only the owned parts
+    }
     if (job.fault == Fault::skip_data_position_restore) st.consumed_samples = 0;
     if (job.fault == Fault::reset_lr_schedule) st.lr.num_steps = 0;
     if (job.fault == Fault::reset_step_counter)
       for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
     tr.set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);
-    if (!job.quiet) {
+    if (!quiet) {
       std::cout << "loaded " << report.dir << " (iteration " << report.iteration << ")\n";
       for (const auto& c : report.conversions) std::cout << "  conversion: " << c << "\n";
       if (job.fault != Fault::none) std::cout << "  fault injected: " << to_string(job.fault) << "\n";
     }
-    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_after_load");
-    fingerprints += fingerprint_rows(tr.iteration(), tr.fingerprints());
+    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_after_load", group.get());
+    fingerprints += fingerprint_now(tr.iteration());
   } else {
-    fingerprints += fingerprint_rows(0, tr.fingerprints());
+    fingerprints += fingerprint_now(0);
   }
 
   auto save = [&](const char* dump_name) {
-    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / dump_name);
-    const auto res = save_state(tr, job.save_root, job.policy);
-    if (!job.quiet)
+    if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / dump_name, group.get());
+    const auto res = save_state(tr, job.save_root, job.policy, group.get());
+    if (!quiet)
       std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
                   static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
   };
@@ -136,8 +187,8 @@ int run_train(const TrainJob& job) {
   while (tr.iteration() < stop) {
     auto m = tr.train_iteration();
     rows.push_back(m);
-    fingerprints += fingerprint_rows(m.iteration, tr.fingerprints());
-    if (!job.quiet) {
+    fingerprints += fingerprint_now(m.iteration);
+    if (!quiet) {
       std::printf("iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
                   "num zeros %lld | %.0f tokens/s\n",
                   static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss),
@@ -148,8 +199,8 @@ int run_train(const TrainJob& job) {
     if (m.iteration == job.save_at) save("state_at_save");
   }
   if (!job.save_root.empty() && job.save_at < 0) save("state_at_save");
-  if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_final");
-  if (!job.out_dir.empty()) {
+  if (job.dump_states && !job.out_dir.empty()) dump_state(tr, out / "state_final", group.get());
+  if (write_out) {
     write_metrics_csv((out / "metrics.csv").string(), rows);
     write_timing_csv((out / "timing.csv").string(), rows);
     write_text(out / "fingerprints.csv", fingerprints);

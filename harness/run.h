@@ -38,9 +38,14 @@ struct TrainJob {
   bool allow_lossy = false;       // accept lossy conversions on load
   bool dump_states = false;       // write state dumps (at save / right after load) for comparison
   bool quiet = false;
+  // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
+  // `--nproc` launcher, see dist.h); rendezvous and every collective time out after this.
+  double dist_timeout_s = 120;
 };
 
-// Runs the job; returns the process exit code (0 ok). Throws on bad input.
+// Runs the job; returns the process exit code (0 ok). Throws on bad input. Data parallel: every
+// rank runs this; rank 0 writes the outputs (fingerprints of the other ranks' optimizer parts
+// gathered under "<key>@rank<r>"), every rank writes its checkpoint shard.
 int run_train(const TrainJob& job);
 
 }  // namespace rh

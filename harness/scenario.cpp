@@ -89,6 +89,8 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       s.fault = parse_fault(need_string(file, v, key));
     } else if (key == "dp_size") {
       s.dp_size = need_int(file, v, key);
+    } else if (key == "resume_dp_size") {
+      s.resume_dp_size = need_int(file, v, key);
     } else if (key == "allow_lossy") {
       if (!v.is_boolean()) fail(file, v, key, "expected true or false");
       s.allow_lossy = v.as_boolean()->get();
@@ -117,7 +119,7 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       }
     } else {
       fail(file, v, key, "unknown key (expected model, optimizer, train, description, save_at, "
-                         "save_policy, save_overrides, fault, dp_size, allow_lossy, expect, reason, tolerance)");
+                         "save_policy, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance)");
     }
   } catch (const ScenarioError&) {
     throw;
@@ -161,7 +163,14 @@ void check_complete(const Scenario& s, const toml::node& at) {
   if (s.save_at < 1 || s.save_at >= s.cfg.train.iterations)
     fail(s.file, at, s.name, "save_at (" + std::to_string(s.save_at) + ") must be in [1, iterations - 1 = " +
                                  std::to_string(s.cfg.train.iterations - 1) + "]");
-  if (s.dp_size < 1) fail(s.file, at, s.name, "dp_size must be >= 1");
+  if (s.dp_size < 1 || s.dp_size > 64) fail(s.file, at, s.name, "dp_size must be in [1, 64]");
+  if (s.resume_dp_size < 0 || s.resume_dp_size > 64)
+    fail(s.file, at, s.name, "resume_dp_size must be in [0, 64] (0: the same as dp_size)");
+  const int64_t n_micro = s.cfg.train.micro_batch > 0 ? s.cfg.train.global_batch / s.cfg.train.micro_batch : 0;
+  for (int64_t dp : {s.dp_size, s.resume_dp()})
+    if (n_micro > 0 && n_micro % dp != 0)
+      fail(s.file, at, s.name, std::to_string(dp) + " data-parallel ranks do not divide the " + std::to_string(n_micro) +
+                                   " micro-batches of an iteration (train.global_batch / train.micro_batch)");
   try {
     validate(s.cfg);
   } catch (const std::invalid_argument& e) {

@@ -41,7 +41,10 @@ struct Scenario {
   int64_t save_at = 10;      // K
   ckpt::SavePolicy policy;
   Fault fault = Fault::none;
-  int64_t dp_size = 1;
+  int64_t dp_size = 1;         // data-parallel ranks of the run that saves
+  int64_t resume_dp_size = 0;  // ranks of the resumed run (0: dp_size); differing = resharding
+  int64_t resume_dp() const { return resume_dp_size > 0 ? resume_dp_size : dp_size; }
+  bool resharded() const { return resume_dp() != dp_size; }
   bool allow_lossy = false;  // the load accepts lossy conversions (policies that lose bits)
   Expectation expect;
 };

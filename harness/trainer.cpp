@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #ifdef RH_WITH_CUDA
@@ -50,6 +51,13 @@ torch::Device parse_device(const std::string& d) {
   return torch::Device(torch::kCPU);
 }
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // Megatron's default grouping: matrices decay, 1-D parameters (norm weights) do not.
 std::vector<optim::ParamGroup> param_groups(models::CausalLM& model, double wd) {
   optim::ParamGroup decay{"decay", {}, wd}, no_decay{"no_decay", {}, 0.0};
@@ -63,16 +71,27 @@ std::vector<optim::ParamGroup> param_groups(models::CausalLM& model, double wd) 
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg)
+Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
     : cfg_(cfg),
+      group_(group && group->size() > 1 ? group : nullptr),
+      rank_(group_ ? group_->rank() : 0),
+      dp_size_(group_ ? group_->size() : 1),
       device_(parse_device(cfg.train.device)),
       corpus_(cfg.train.data_seed, cfg.model.vocab_size, cfg.model.seq_len),
       dropout_gen_(make_generator(device_, cfg.train.seed ^ 0xD7D7D7D7ull)) {
   validate(cfg_);
+  const int64_t n_micro = cfg_.train.global_batch / cfg_.train.micro_batch;
+  if (n_micro % dp_size_ != 0)
+    throw std::invalid_argument("data-parallel size " + std::to_string(dp_size_) + " does not divide the " +
+                                std::to_string(n_micro) + " micro-batches of an iteration (train.global_batch " +
+                                std::to_string(cfg_.train.global_batch) + " / train.micro_batch " +
+                                std::to_string(cfg_.train.micro_batch) + ")");
+  if (group_ && device_.is_cuda())
+    throw std::invalid_argument("data parallel on --device cuda needs ProcessGroupNCCL, which this build does not have");
   model_ = models::make_moe_transformer(cfg_.model, cfg_.train.seed, device_);
   model_->train();
   optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay),
-                                                      cfg_.optim);
+                                                      cfg_.optim, group_);
   state_.lr = {cfg_.train.lr, cfg_.train.min_lr, cfg_.train.lr_warmup_iters,
                cfg_.train.lr_decay_iters, 0};
 }
@@ -84,16 +103,33 @@ IterMetrics Trainer::train_iteration() {
   optimizer_->zero_grads();
   auto lm_sum = torch::zeros({}, torch::kFloat), aux_sum = torch::zeros({}, torch::kFloat);
   std::vector<int64_t> tokens(static_cast<size_t>(mb * T)), targets(tokens.size());
-  for (int64_t micro = 0; micro < n_micro; ++micro) {
+  const int64_t first = rank_ * n_micro / dp_size_, last = (rank_ + 1) * n_micro / dp_size_;
+  // Dropout: one draw from the run's generator per iteration (every rank holds the same one),
+  // then a stream per micro-batch seeded from that draw and the micro-batch's index. A sample
+  // sees the same mask whichever rank runs it, so runs at different data-parallel sizes differ
+  // only by the order of their reductions; the generator's state is still training state.
+  const uint64_t draw = static_cast<uint64_t>(
+      torch::randint(std::numeric_limits<int64_t>::max(), {1}, dropout_gen_,
+                     torch::TensorOptions().dtype(torch::kLong).device(device_))
+          .item<int64_t>());
+  for (int64_t micro = first; micro < last; ++micro) {
+    torch::Generator micro_gen = make_generator(device_, splitmix64(draw ^ static_cast<uint64_t>(micro)));
     corpus_.fill(state_.consumed_samples + micro * mb, mb, tokens.data(), targets.data());
     auto x = torch::from_blob(tokens.data(), {mb, T}, torch::kLong).to(device_);
     auto y = torch::from_blob(targets.data(), {mb, T}, torch::kLong).to(device_);
-    auto out = model_->loss(x, y, &dropout_gen_);
+    auto out = model_->loss(x, y, &micro_gen);
     auto loss = (out.lm_loss + out.aux_loss) / static_cast<float>(n_micro);
     loss.backward();
     optimizer_->accumulate_grads();
     lm_sum += out.lm_loss.detach().to(torch::kCPU, torch::kFloat);
     aux_sum += out.aux_loss.detach().to(torch::kCPU, torch::kFloat);
+  }
+  optimizer_->reduce_grads();
+  if (group_) {   // the loss sums over the group (in rank order, see PrecisionAdam::reduce_grads)
+    auto sums = torch::stack({lm_sum, aux_sum});
+    group_->all_reduce_sum(sums);
+    lm_sum = sums[0];
+    aux_sum = sums[1];
   }
   IterMetrics m;
   m.lm_loss = (lm_sum / static_cast<float>(n_micro)).item<float>();
@@ -160,6 +196,8 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
   const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
                                   optim::StateKey::exp_avg_sq};
   for (const auto& name : optimizer_->param_names()) {
+    const auto range = optimizer_->shard_range(name);
+    if (range.first == range.second) continue;   // another rank's part of the state
     for (auto k : keys) {
       const auto& st = optimizer_->stored(name, k);
       std::string key = name + "/" +

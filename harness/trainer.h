@@ -26,7 +26,10 @@ double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps);
 
 class Trainer {
  public:
-  explicit Trainer(const RunConfig& cfg);
+  // With a data-parallel group (size > 1; it must outlive the trainer) the optimizer is the
+  // distributed one, and rank r runs micro-batches [r * n / size, (r + 1) * n / size) of the n
+  // of each iteration: the samples of an iteration do not depend on the group size.
+  explicit Trainer(const RunConfig& cfg, optim::Collectives* group = nullptr);
 
   IterMetrics train_iteration();                 // one iteration; advances the state
 
@@ -43,11 +46,14 @@ class Trainer {
   void set_state(const ckpt::TrainState& s, bool restore_rng = true);
 
   // XXH3-64 of every model parameter and every optimizer-state tensor (and scale), keyed like
-  // the checkpoint: "model/<param>", "<param>/exp_avg", "<param>/exp_avg.scale", ...
+  // the checkpoint: "model/<param>", "<param>/exp_avg", "<param>/exp_avg.scale", ... (this
+  // rank's part of the optimizer state when data parallel)
   std::vector<std::pair<std::string, uint64_t>> fingerprints() const;
 
  private:
   RunConfig cfg_;
+  optim::Collectives* group_ = nullptr;
+  int rank_ = 0, dp_size_ = 1;
   torch::Device device_;
   std::shared_ptr<models::CausalLM> model_;
   std::unique_ptr<optim::PrecisionAdam> optimizer_;

@@ -19,7 +19,7 @@
 
 namespace rh::ckpt {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;   // 2: data-parallel shards (param_ranges within params, rank_states)
 
 // CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
 
@@ -34,13 +34,27 @@ struct SavePolicy {
   std::map<std::string, optim::Dtype> overrides;
 };
 
+// How the data-parallel ranks of one save agree (harness/dist.h implements it over c10d). Every
+// rank calls save_checkpoint with the same root and iteration; each writes and verifies its own
+// optimizer shard, rank 0 also the model, and only when every rank reports success does rank 0
+// publish the manifest and the pointer. Null: a single process.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank passes its string and receives every rank's, in rank order; throws when a peer
+  // fails or times out.
+  virtual std::vector<std::string> all_gather_strings(const std::string& mine) = 0;
+};
+
 struct SaveInput {
   const torch::nn::Module* model = nullptr;       // weights written once, in their own dtype
   const optim::PrecisionAdam* optimizer = nullptr;
   const TrainState* state = nullptr;
   nlohmann::json run_config;                      // full run config, stored in the manifest
   SavePolicy policy;
-  int dp_rank = 0, dp_size = 1;                   // one optimizer shard file per rank
+  RankGroup* group = nullptr;                     // data parallel: one shard file per rank
 };
 
 struct SaveResult {

@@ -34,8 +34,9 @@ struct Action {
   std::string param, file, tkey;
   StateKey key;
   bool use_stored = true;
-  optim::StoredState stored;   // use_stored
-  torch::Tensor value;         // !use_stored: fp32 value for set_scaled_state
+  optim::StoredState stored;   // use_stored: the owned part
+  torch::Tensor value;         // !use_stored: the whole param's fp32 value for set_scaled_state
+  torch::Tensor value_owned;   // its owned part (what the optimizer must then hold)
 };
 
 std::string where(const detail::Verified& v, const std::string& file, const std::string& key) {
@@ -88,8 +89,6 @@ void check_optimizer(const detail::Verified& v, const optim::PrecisionAdam& opt)
     if (groups[g].at("name").get<std::string>() != opt.group_name(g))
       throw CheckpointError("config mismatch: " + mpath + " group " + std::to_string(g) + " is '" +
                             groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) + "'");
-  if (v.manifest.at("dp_size").get<int>() != 1)
-    throw CheckpointError(mpath + ": dp_size " + v.manifest["dp_size"].dump() + " checkpoints are not loadable yet");
 }
 
 TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) {
@@ -143,10 +142,37 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   check_model(v, model, run_config);
   check_optimizer(v, opt);
   TrainState loaded = parse_train_state(m.at("train_state"), mpath);
+  const detail::ShardIndex ix = detail::shard_index(v);
+  // Generators are per rank: train_state holds rank 0's, rank_states every rank's. A rank the
+  // checkpoint had no counterpart for (resharding to more ranks) gets rank 0's.
+  const int my_rank = opt.layout().rank;
+  if (my_rank != 0) {
+    const nlohmann::json* mine = nullptr;
+    if (m.contains("rank_states"))
+      for (const auto& rs : m["rank_states"])
+        if (rs.value("dp_rank", -1) == my_rank) mine = &rs;
+    if (mine) {
+      TrainState tmp = parse_train_state({{"iteration", 0}, {"consumed_samples", 0}, {"lr_schedule", m["train_state"]["lr_schedule"]},
+                                          {"rng_states", mine->at("rng_states")}}, mpath);
+      loaded.rng_states = tmp.rng_states;
+    } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
+      rep.conversions.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
+                                m.value("dp_size", nlohmann::json(1)).dump() + ") has no generator state for it; rank 0's is used");
+    }
+  }
 
   std::map<std::string, const nlohmann::json*> entries;   // tensor key -> manifest entry
   for (const auto& t : m["tensors"]) {
-    entries[t["key"].get<std::string>()] = &t;
+    const std::string key = t["key"].get<std::string>();
+    if (entries.count(key)) {   // the same state in several shards: one description
+      const nlohmann::json& o = *entries[key];
+      for (const char* f : {"kind", "dtype", "policy", "conversion", "exact"})
+        if (o[f] != t[f])
+          throw CheckpointError(mpath + ": shards disagree on '" + key + "': " + f + " " + o[f].dump() + " in " +
+                                o["file"].get<std::string>() + ", " + t[f].dump() + " in " + t["file"].get<std::string>());
+      continue;
+    }
+    entries[key] = &t;
     if (!t["exact"].get<bool>()) {
       const std::string w = where(v, t["file"], t["key"]);
       if (!opts.allow_lossy)
@@ -171,18 +197,29 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
         throw CheckpointError("checkpoint " + rep.dir + ": no saved state for '" + p + "/" + kname + "'");
       const nlohmann::json& e = *entries[skey];
       const std::string file = e["file"], conv = e["conversion"], kind = e["kind"], policy = e["policy"];
-      const SafetensorsFile& sf = v.files.at(file);
-      const StDtype dt = sf.info(skey).dtype;
+      const StDtype dt = v.files.at(file).info(skey).dtype;
       const std::string w = where(v, file, skey);
-      torch::Tensor data = sf.tensor(skey);
-      if (data.sizes() != opt.param(p).sizes())
-        throw CheckpointError(w + ": shape " + c10::str(data.sizes()) + ", the parameter has " + c10::str(opt.param(p).sizes()));
+      if (ix.shape.at(p) != opt.param(p).sizes().vec())
+        throw CheckpointError(w + ": the parameter was saved with shape " + c10::str(c10::IntArrayRef(ix.shape.at(p))) +
+                              ", the parameter has " + c10::str(opt.param(p).sizes()));
+      // This rank's part (stored bit for bit), or the whole tensor (conversions: a value is
+      // re-stored as a whole, so scales come from the whole tensor as in one process).
+      const auto range = opt.shard_range(p);
+      const int64_t ob = range.first, oe = range.second;
+      if (ob == oe) continue;   // another rank holds this param's state
+      const auto owned_shape = opt.stored(p, k).data.sizes();
+      torch::Tensor data = detail::gather_state(v, ix, p, skey, ob, oe).reshape(owned_shape);
+      auto full = [&, skey = skey] {
+        return detail::gather_state(v, ix, p, skey, 0, opt.param(p).numel()).reshape(opt.param(p).sizes());
+      };
+      auto owned = [&](const torch::Tensor& t) { return t.reshape({-1}).narrow(0, ob, oe - ob).reshape(owned_shape); };
       std::optional<float> scale;
       if (conv == "stored" && k != StateKey::master_param && (dt == StDtype::F16 || dt == StDtype::F8_E4M3)) {
         const std::string sk = skey + ".scale";
-        if (!sf.find(sk) || sf.info(sk).dtype != StDtype::F32 || sf.info(sk).numel() != 1)
+        torch::Tensor st = detail::gather_scale(v, ix, p, sk);
+        if (!st.defined() || st.scalar_type() != torch::kFloat || st.numel() != 1)
           throw CheckpointError(where(v, file, sk) + ": missing or not a single F32 value");
-        scale = sf.tensor(sk).reshape({}).item<float>();
+        scale = st.reshape({}).item<float>();
         if (!(std::isfinite(*scale) && *scale > 0.0f))
           throw CheckpointError(where(v, file, sk) + ": scale " + std::to_string(*scale) + ", expected finite and > 0");
       }
@@ -194,6 +231,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       const optim::StoredState& cur = opt.stored(p, k);
       auto set_value = [&](torch::Tensor val, const std::string& note) {
         a.use_stored = false;
+        a.value_owned = owned(val);
         a.value = std::move(val);
         if (!note.empty()) rep.conversions.push_back(skey + ": " + note);
       };
@@ -207,19 +245,23 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
           if (!opts.allow_lossy) throw CheckpointError(why + "; refusing without allow_lossy");
           rep.conversions.push_back(skey + ": reproducing the PR misfire (" + why + ")");
           // What upstream does: convert by the flag, then hand the result over as master_param.
-          torch::Tensor f = data.to(torch::kFloat);
+          torch::Tensor f = full().to(torch::kFloat);
           torch::Tensor r = pr_int16 ? f.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
-          if (pr_int16 && tgt_rem) a.stored = {r, optim::Dtype::int16, std::nullopt};
+          if (pr_int16 && tgt_rem) a.stored = {owned(r).contiguous(), optim::Dtype::int16, std::nullopt};
           else set_value(pr_int16 ? r.to(torch::kFloat) : f, "");
           plan.push_back(std::move(a));
           continue;
         }
         if (saved_rem) {
-          torch::Tensor rem = conv == "remainder_widened_f32" ? container_to_int16(data, w) : data;
-          if (rem.scalar_type() != torch::kShort) throw CheckpointError(w + ": remainder is " + st_name(dt) + ", expected I16");
+          auto as_int16 = [&](const torch::Tensor& t) {
+            torch::Tensor rem = conv == "remainder_widened_f32" ? container_to_int16(t, w) : t;
+            if (rem.scalar_type() != torch::kShort) throw CheckpointError(w + ": remainder is " + st_name(dt) + ", expected I16");
+            return rem;
+          };
           if (tgt_rem) {
-            a.stored = {rem, optim::Dtype::int16, std::nullopt};
+            a.stored = {as_int16(data), optim::Dtype::int16, std::nullopt};
           } else {
+            const torch::Tensor rem = as_int16(full());
             const TensorInfo& wi = mf.info(p);
             if (wi.dtype != StDtype::BF16)
               throw CheckpointError(w + ": a remainder needs the bf16 weight, but " + mf.path() + " holds '" + p + "' as " + st_name(wi.dtype));
@@ -236,7 +278,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
         std::string note;
         if (k == StateKey::master_param && tgt_rem) note = st_name(dt) + " master -> bf16 weight + int16 remainder";
         else if (dt != detail::st_of(cur.dtype)) note = st_name(dt) + " (" + conv + ") -> " + optim::to_string(cur.dtype) + " storage";
-        set_value(detail::decode_value(data, dt, conv, scale), note);
+        set_value(detail::decode_value(full(), dt, conv, scale), note);
       }
       plan.push_back(std::move(a));
     }
@@ -281,8 +323,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       if (a.key == StateKey::master_param && tgt_rem) weight_from_split.insert(a.param);
       opt.set_scaled_state(a.param, a.key, a.value);
       torch::Tensor got = detail::unscaled(opt, a.param, a.key);
-      if (!detail::bits_equal(got, a.value)) {
-        const int64_t n = detail::count_bits_differ(got, a.value);
+      if (!detail::bits_equal(got, a.value_owned)) {
+        const int64_t n = detail::count_bits_differ(got, a.value_owned);
         inexact.push_back(where(v, a.file, a.tkey) + ": " + std::to_string(n) + " of " + std::to_string(got.numel()) +
                           " values change when the optimizer re-applies " + optim::to_string(opt.stored(a.param, a.key).dtype) +
                           " storage");

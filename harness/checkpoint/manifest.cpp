@@ -4,7 +4,9 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <future>
@@ -170,6 +172,86 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     for (const auto& ti : sf.tensors())
       if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest");
   return v;
+}
+
+ShardIndex shard_index(const Verified& v) {
+  const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
+  auto mit = v.files.find(kModelFile);
+  if (mit == v.files.end()) fail(mpath, std::string("lists no ") + kModelFile);
+  ShardIndex ix;
+  for (const auto& t : mit->second.tensors()) ix.shape[t.key] = t.shape;
+  const nlohmann::json& shards = need(v.manifest, "shards", mpath);
+  if (!shards.is_array()) fail(mpath, "'shards' is not a list");
+  for (const auto& sh : shards) {
+    const std::string file = need(sh, "file", mpath).get<std::string>();
+    if (!v.files.count(file)) fail(mpath, "shard file '" + file + "' is not listed in 'files'");
+    for (const auto& r : need(sh, "param_ranges", mpath)) {
+      const std::string p = need(r, "param", mpath).get<std::string>();
+      const int64_t b = need(r, "begin", mpath).get<int64_t>(), e = need(r, "end", mpath).get<int64_t>();
+      if (!ix.shape.count(p)) fail(mpath, "shard " + file + " holds state of '" + p + "', which the model does not have");
+      ix.pieces[p].push_back({file, b, e});
+    }
+  }
+  for (const auto& [p, shape] : ix.shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto& pcs = ix.pieces[p];
+    std::sort(pcs.begin(), pcs.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    int64_t at = 0;
+    for (const auto& pc : pcs) {
+      if (pc.begin != at || pc.end <= pc.begin || pc.end > n)
+        fail(mpath, "the shards' ranges of '" + p + "' do not cover [0, " + std::to_string(n) + ") exactly once (" +
+                        pc.file + " holds [" + std::to_string(pc.begin) + ", " + std::to_string(pc.end) +
+                        "), expected a range starting at " + std::to_string(at) + ")");
+      at = pc.end;
+    }
+    if (at != n)
+      fail(mpath, "the shards hold elements [0, " + std::to_string(at) + ") of '" + p + "', which has " + std::to_string(n));
+  }
+  return ix;
+}
+
+torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param,
+                           const std::string& key, int64_t begin, int64_t end) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& pc : ix.pieces.at(param)) {
+    const int64_t s = std::max(begin, pc.begin), e = std::min(end, pc.end);
+    if (s >= e) continue;
+    const SafetensorsFile& f = v.files.at(pc.file);
+    const TensorInfo* ti = f.find(key);
+    if (!ti) fail(f.path(), "has no tensor '" + key + "' (its shard holds part of '" + param + "')");
+    if (static_cast<int64_t>(ti->numel()) != pc.end - pc.begin)
+      fail(f.path(), "tensor '" + key + "' has " + std::to_string(ti->numel()) + " elements, its range [" +
+                         std::to_string(pc.begin) + ", " + std::to_string(pc.end) + ") of '" + param + "' needs " +
+                         std::to_string(pc.end - pc.begin));
+    parts.push_back(f.tensor(key).reshape({-1}).narrow(0, s - pc.begin, e - s));
+  }
+  if (parts.empty()) {
+    // An empty range: a 0-element tensor of the stored dtype.
+    const auto& pc = ix.pieces.at(param).front();
+    const SafetensorsFile& f = v.files.at(pc.file);
+    if (!f.find(key)) fail(f.path(), "has no tensor '" + key + "'");
+    return f.tensor(key).reshape({-1}).narrow(0, 0, 0);
+  }
+  return parts.size() == 1 ? parts[0] : torch::cat(parts);
+}
+
+torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key) {
+  torch::Tensor first;
+  std::string first_file;
+  for (const auto& pc : ix.pieces.at(param)) {
+    const SafetensorsFile& f = v.files.at(pc.file);
+    if (!f.find(key)) continue;
+    torch::Tensor t = f.tensor(key);
+    if (!first.defined()) {
+      first = t;
+      first_file = f.path();
+    } else if (t.numel() != first.numel() || std::memcmp(t.data_ptr(), first.data_ptr(), t.numel() * t.element_size()) != 0) {
+      fail(f.path(), "tensor '" + key + "' differs from the one in " + first_file +
+                         " (the shards of one moment must share its scale)");
+    }
+  }
+  return first;
 }
 
 nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,

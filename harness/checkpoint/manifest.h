@@ -48,6 +48,29 @@ struct Verified {
 // the same set with the same dtype, shape and bytes. Throws CheckpointError naming the file.
 Verified verify_checkpoint_dir(const std::string& dir);
 
+// Where the optimizer state of each param lives: the shard files holding a part of it, by begin.
+// Built from the manifest's "shards" param_ranges and checked to cover every element of every
+// param exactly once (sizes from model.safetensors). Throws CheckpointError naming the manifest.
+struct Piece {
+  std::string file;
+  int64_t begin = 0, end = 0;   // within the param, flat
+};
+struct ShardIndex {
+  std::map<std::string, std::vector<Piece>> pieces;   // by param name
+  std::map<std::string, std::vector<int64_t>> shape;  // the param's shape
+};
+ShardIndex shard_index(const Verified& v);
+
+// Elements [begin, end) (flat, within the param) of the state tensor `key` of `param`, joined
+// from the shards that hold them: a 1-D tensor aliasing the mapping when one shard holds them all.
+torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param,
+                           const std::string& key, int64_t begin, int64_t end);
+// The per-tensor scale `key` ("<param>/exp_avg.scale") of a moment split across shards: every
+// shard holding a part must store the same value (bit for bit), else CheckpointError. Null
+// tensor when no shard has the key.
+torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param,
+                           const std::string& key);
+
 // The manifest's "tensors" entry for one written tensor. kind: model | master_param | remainder
 // | exp_avg | exp_avg_sq | scale. policy: native | fp32 | per_key | override. conversion: how
 // the bytes were produced from the in-memory state (see checkpoint.cpp). exact: the bytes

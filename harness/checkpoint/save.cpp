@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <filesystem>
 
 #include "harness/checkpoint/checkpoint.h"
@@ -84,135 +86,239 @@ void clean_stale(const fs::path& root) {
 
 }  // namespace
 
+namespace {
+
+// Rank `rank`'s optimizer shard: writes the file into tmp, verifies it (read back, XXH3), and
+// returns its part of the manifest: {"tensors", "file", "shard", "rng_states"}.
+nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, bool verify) {
+  const optim::PrecisionAdam& opt = *in.optimizer;
+  const std::string shard = detail::shard_file_name(rank);
+  nlohmann::json part;
+  part["tensors"] = nlohmann::json::array();
+  std::vector<WriteTensor> opt_t;
+  // param_ranges: the part [begin, end) of each param this shard holds, and where that part
+  // starts in the flat concatenation of all params in optimizer order (Megatron's
+  // distributed-optimizer ranges); any data-parallel layout can be rebuilt from them.
+  nlohmann::json ranges = nlohmann::json::array();
+  const auto names = opt.param_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& p = names[i];
+    const auto [b, e] = opt.shard_range(p);
+    if (b == e) continue;
+    ranges.push_back({{"param", p}, {"begin", b}, {"end", e}, {"flat_begin", opt.layout().offsets[i] + b}});
+    for (StateKey k : kKeys)
+      for (detail::EncodedTensor& t : detail::encode_state(opt, p, k, in.policy)) {
+        part["tensors"].push_back(detail::tensor_entry(shard, t.key, p, t.kind, info_of(t.key, t.data, t.dtype),
+                                                       t.policy, t.conversion, t.exact));
+        opt_t.push_back({t.key, std::move(t.data), t.dtype});
+      }
+  }
+  const std::string path = (tmp / shard).string();
+  const int size = in.group ? in.group->size() : 1;
+  const WriteStats ws = write_safetensors(path, opt_t,
+                                          {{"format", "pt"}, {"dp_rank", std::to_string(rank)},
+                                           {"dp_size", std::to_string(size)}},
+                                          true);
+  if (verify) {   // what reached the file system, not what we meant to write
+    SafetensorsFile::open(path, [&](const uint8_t* data, uint64_t n) {
+      if (n != ws.file_bytes || XXH3_64bits(data, n) != ws.xxh3)
+        throw CheckpointError("checkpoint file " + path + ": read-back verification failed (size or XXH3-64 differ)");
+    });
+  }
+  part["file"] = {{"name", shard}, {"kind", "optimizer_shard"}, {"bytes", ws.file_bytes},
+                  {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}};
+  part["shard"] = {{"file", shard}, {"dp_rank", rank}, {"param_ranges", ranges}};
+  part["rng_states"] = train_state_json(*in.state)["rng_states"];
+  return part;
+}
+
+// Rank 0's model file and the manifest skeleton.
+nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& num_params) {
+  nlohmann::json m;
+  m["format"] = detail::kFormatName;
+  m["format_version"] = kFormatVersion;
+  m["harness_version"] = RH_VERSION;
+  m["git_commit"] = rh::git_commit();
+  m["iteration"] = in.state->iteration;
+  m["run_config"] = in.run_config;
+  m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()}};
+  for (const auto& [k, d] : in.policy.overrides) m["save_policy"]["overrides"][k] = optim::to_string(d);
+  m["train_state"] = train_state_json(*in.state);
+  m["tensors"] = nlohmann::json::array();
+  m["files"] = nlohmann::json::array();
+  std::vector<WriteTensor> model_t;
+  num_params = 0;
+  for (const auto& item : in.model->named_parameters(/*recurse=*/true)) {
+    const torch::Tensor& p = item.value();
+    StDtype d = st_from_scalar_type(p.scalar_type(), "model parameter " + item.key());
+    model_t.push_back({item.key(), p.detach(), d});
+    num_params += static_cast<uint64_t>(p.numel());
+    m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
+                                                info_of(item.key(), p, d), "native", "stored", true));
+  }
+  WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
+  m["files"].push_back({{"name", detail::kModelFile}, {"kind", "model"}, {"bytes", ws.file_bytes},
+                        {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
+  m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
+  const optim::PrecisionAdam& opt = *in.optimizer;
+  nlohmann::json groups = nlohmann::json::array();
+  for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
+  nlohmann::json params = nlohmann::json::array();
+  for (const std::string& p : opt.param_names())
+    params.push_back({{"name", p}, {"group", opt.group_name(opt.group_of(p))}, {"numel", opt.param(p).numel()}});
+  torch::ScalarType pdt = opt.param_names().empty() ? torch::kFloat : opt.param(opt.param_names()[0]).scalar_type();
+  m["optimizer"] = {{"master_mode", optim::to_string(opt.master_mode())},
+                    {"param_dtype", c10::toString(pdt)},
+                    {"describe", opt.describe()},
+                    {"config", optimizer_json(opt)},
+                    {"groups", groups},
+                    {"params", params}};
+  return m;
+}
+
+// Every rank's outcome of one phase: "" (ok) or its error, gathered so that all ranks agree.
+// Returns the first failure as "rank R: message", or "" when all succeeded.
+std::string agree(RankGroup* group, const std::string& my_error, std::vector<std::string>* payloads = nullptr,
+                  const std::string& my_payload = "") {
+  if (!group) {
+    if (payloads) *payloads = {my_payload};
+    return my_error.empty() ? "" : "rank 0: " + my_error;
+  }
+  const auto all = group->all_gather_strings(my_error.empty() ? "ok:" + my_payload : "err:" + my_error);
+  std::string first;
+  if (payloads) payloads->clear();
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].rfind("ok:", 0) == 0) {
+      if (payloads) payloads->push_back(all[r].substr(3));
+    } else if (first.empty()) {
+      first = "rank " + std::to_string(r) + ": " + all[r].substr(4);
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
 SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   if (!in.model || !in.optimizer || !in.state)
     throw CheckpointError("save_checkpoint(" + root_str + "): model, optimizer and state are required");
-  if (in.dp_size != 1 || in.dp_rank != 0)
-    throw CheckpointError("save_checkpoint(" + root_str + "): dp_size " + std::to_string(in.dp_size) +
-                          " requested; only dp_size 1 is implemented (the format carries rank and offsets)");
   for (const auto& [k, d] : in.policy.overrides)
     if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
       throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
-  const optim::PrecisionAdam& opt = *in.optimizer;
+  const int rank = in.group ? in.group->rank() : 0, size = in.group ? in.group->size() : 1;
+  if (in.optimizer->layout().size != size || in.optimizer->layout().rank != rank)
+    throw CheckpointError("save_checkpoint(" + root_str + "): the optimizer is sharded as " +
+                          in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(rank) +
+                          " of " + std::to_string(size));
   const fs::path root(root_str);
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw CheckpointError("cannot create checkpoint root " + root_str + ": " + ec.message());
-  clean_stale(root);
-
   const std::string name = detail::iter_dir_name(in.state->iteration);
-  const fs::path tmp = root / (".tmp." + name + "." + std::to_string(::getpid()));
   const fs::path final_dir = root / name;
-  remove_tree(tmp.string());
-  fs::create_directory(tmp, ec);
-  if (ec) throw CheckpointError("cannot create " + tmp.string() + ": " + ec.message());
 
-  try {
-    nlohmann::json m;
-    m["format"] = detail::kFormatName;
-    m["format_version"] = kFormatVersion;
-    m["harness_version"] = RH_VERSION;
-    m["git_commit"] = rh::git_commit();
-    m["iteration"] = in.state->iteration;
-    m["run_config"] = in.run_config;
-    m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()}};
-    for (const auto& [k, d] : in.policy.overrides) m["save_policy"]["overrides"][k] = optim::to_string(d);
-    m["train_state"] = train_state_json(*in.state);
-    m["tensors"] = nlohmann::json::array();
-    m["files"] = nlohmann::json::array();
-
-    // Model weights, in their own dtype.
-    std::vector<WriteTensor> model_t;
-    uint64_t num_params = 0;
-    nlohmann::json model_params = nlohmann::json::array();
-    for (const auto& item : in.model->named_parameters(/*recurse=*/true)) {
-      const torch::Tensor& p = item.value();
-      StDtype d = st_from_scalar_type(p.scalar_type(), "model parameter " + item.key());
-      model_t.push_back({item.key(), p.detach(), d});
-      num_params += static_cast<uint64_t>(p.numel());
-      m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
-                                                  info_of(item.key(), p, d), "native", "stored", true));
+  // Phase 1: rank 0 prepares the temp directory; every rank learns its name.
+  std::string err, tmp_name;
+  if (rank == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      if (ec) throw CheckpointError("cannot create checkpoint root " + root_str + ": " + ec.message());
+      clean_stale(root);
+      tmp_name = ".tmp." + name + "." + std::to_string(::getpid());
+      remove_tree((root / tmp_name).string());
+      fs::create_directory(root / tmp_name, ec);
+      if (ec) throw CheckpointError("cannot create " + (root / tmp_name).string() + ": " + ec.message());
+    } catch (const std::exception& e) {
+      err = e.what();
     }
-    WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
-    m["files"].push_back({{"name", detail::kModelFile}, {"kind", "model"}, {"bytes", ws.file_bytes},
-                          {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
-    m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
-
-    // Optimizer state of this rank; param_ranges are offsets into the flat concatenation of all
-    // params in optimizer order (Megatron's distributed-optimizer ranges), for later sharding.
-    const std::string shard = detail::shard_file_name(in.dp_rank);
-    std::vector<WriteTensor> opt_t;
-    nlohmann::json ranges = nlohmann::json::array();
-    uint64_t flat = 0;
-    for (const std::string& p : opt.param_names()) {
-      const uint64_t n = static_cast<uint64_t>(opt.param(p).numel());
-      ranges.push_back({{"param", p}, {"begin", flat}, {"end", flat + n}});
-      flat += n;
-      for (StateKey k : kKeys)
-        for (detail::EncodedTensor& e : detail::encode_state(opt, p, k, in.policy)) {
-          m["tensors"].push_back(detail::tensor_entry(shard, e.key, p, e.kind, info_of(e.key, e.data, e.dtype),
-                                                      e.policy, e.conversion, e.exact));
-          opt_t.push_back({e.key, std::move(e.data), e.dtype});
-        }
-    }
-    ws = write_safetensors((tmp / shard).string(), opt_t,
-                           {{"format", "pt"}, {"dp_rank", std::to_string(in.dp_rank)},
-                            {"dp_size", std::to_string(in.dp_size)}},
-                           true);
-    m["files"].push_back({{"name", shard}, {"kind", "optimizer_shard"}, {"bytes", ws.file_bytes},
-                          {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
-    m["dp_size"] = in.dp_size;
-    m["shards"] = {{{"file", shard}, {"dp_rank", in.dp_rank}, {"param_ranges", ranges}}};
-
-    nlohmann::json groups = nlohmann::json::array();
-    for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
-    nlohmann::json params = nlohmann::json::array();
-    for (const std::string& p : opt.param_names())
-      params.push_back({{"name", p}, {"group", opt.group_name(opt.group_of(p))}});
-    torch::ScalarType pdt = opt.param_names().empty() ? torch::kFloat : opt.param(opt.param_names()[0]).scalar_type();
-    m["optimizer"] = {{"master_mode", optim::to_string(opt.master_mode())},
-                      {"param_dtype", c10::toString(pdt)},
-                      {"describe", opt.describe()},
-                      {"config", optimizer_json(opt)},
-                      {"groups", groups},
-                      {"params", params}};
-
-    const std::string text = detail::finalize_disk_accounting(m, num_params);
-    // Within the temp directory order does not matter: the directory rename publishes.
-    write_file_durable((tmp / detail::kManifestFile).string(), text);
-    write_file_durable((tmp / detail::kDiskCsvFile).string(), detail::disk_csv(m));
-    fsync_dir(tmp.string());
-
-    if (path_exists(final_dir.string())) {
-      if (exchange_dirs(tmp.string(), final_dir.string())) {
-        fsync_dir(root.string());
-      } else {
-        const fs::path aside = root / (".old." + name + "." + std::to_string(::getpid()));
-        remove_tree(aside.string());
-        rename_path(final_dir.string(), aside.string());
-        fsync_dir(root.string());
-        rename_path(tmp.string(), final_dir.string());
-        fsync_dir(root.string());
-        remove_tree(aside.string());
-      }
-      remove_tree(tmp.string());   // after an exchange: the replaced checkpoint
-    } else {
-      rename_path(tmp.string(), final_dir.string());
-      fsync_dir(root.string());
-    }
-    write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
-
-    SaveResult r;
-    r.dir = final_dir.string();
-    r.total_bytes = m["disk"]["total_bytes"].get<uint64_t>();
-    r.bytes_per_key = m["disk"]["bytes_per_key"].get<std::map<std::string, uint64_t>>();
-    r.bytes_per_param = m["disk"]["bytes_per_param"].get<double>();
-    return r;
-  } catch (...) {
+  }
+  std::vector<std::string> got;
+  std::string fail = agree(in.group, err, &got, tmp_name);
+  if (!fail.empty()) throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+  tmp_name = got.at(0);
+  const fs::path tmp = root / tmp_name;
+  auto abandon = [&] {   // rank 0 owns the temp directory: never a published one
+    if (rank != 0) return;
     std::error_code ignore;
-    fs::remove_all(tmp, ignore);   // never a published directory: only our own temp
+    fs::remove_all(tmp, ignore);
+  };
+
+  // Phase 2: every rank writes and verifies its shard; rank 0 also the model.
+  nlohmann::json m, part;
+  uint64_t num_params = 0;
+  err.clear();
+  try {
+    if (rank == 0) m = write_model(tmp, in, num_params);
+    part = write_shard(tmp, in, rank, size > 1);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  try {
+    fail = agree(in.group, err, &got, err.empty() ? part.dump() : "");
+  } catch (...) {
+    abandon();
     throw;
   }
+  if (!fail.empty()) {
+    abandon();
+    throw CheckpointError("save of " + final_dir.string() + " failed on " + fail +
+                          "; nothing was published, the previous checkpoint stays the newest");
+  }
+
+  // Phase 3: rank 0 writes the manifest and publishes; the others wait for the outcome.
+  SaveResult r;
+  r.dir = final_dir.string();
+  err.clear();
+  std::string summary;
+  if (rank == 0) {
+    try {
+      nlohmann::json shards = nlohmann::json::array(), rank_states = nlohmann::json::array();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const nlohmann::json pj = nlohmann::json::parse(got[i]);
+        for (const auto& t : pj["tensors"]) m["tensors"].push_back(t);
+        m["files"].push_back(pj["file"]);
+        shards.push_back(pj["shard"]);
+        rank_states.push_back({{"dp_rank", i}, {"rng_states", pj["rng_states"]}});
+      }
+      m["dp_size"] = size;
+      m["shards"] = shards;
+      m["rank_states"] = rank_states;   // per-rank generators; train_state holds rank 0's
+      const std::string text = detail::finalize_disk_accounting(m, num_params);
+      // Within the temp directory order does not matter: the directory rename publishes.
+      write_file_durable((tmp / detail::kManifestFile).string(), text);
+      write_file_durable((tmp / detail::kDiskCsvFile).string(), detail::disk_csv(m));
+      fsync_dir(tmp.string());
+      if (path_exists(final_dir.string())) {
+        if (exchange_dirs(tmp.string(), final_dir.string())) {
+          fsync_dir(root.string());
+        } else {
+          const fs::path aside = root / (".old." + name + "." + std::to_string(::getpid()));
+          remove_tree(aside.string());
+          rename_path(final_dir.string(), aside.string());
+          fsync_dir(root.string());
+          rename_path(tmp.string(), final_dir.string());
+          fsync_dir(root.string());
+          remove_tree(aside.string());
+        }
+        remove_tree(tmp.string());   // after an exchange: the replaced checkpoint
+      } else {
+        rename_path(tmp.string(), final_dir.string());
+        fsync_dir(root.string());
+      }
+      write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
+      summary = nlohmann::json{{"total_bytes", m["disk"]["total_bytes"]},
+                               {"bytes_per_key", m["disk"]["bytes_per_key"]},
+                               {"bytes_per_param", m["disk"]["bytes_per_param"]}}.dump();
+    } catch (const std::exception& e) {
+      err = e.what();
+      abandon();
+    }
+  }
+  fail = agree(in.group, err, &got, summary);
+  if (!fail.empty()) throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+  const nlohmann::json sj = nlohmann::json::parse(got.at(0));
+  r.total_bytes = sj["total_bytes"].get<uint64_t>();
+  r.bytes_per_key = sj["bytes_per_key"].get<std::map<std::string, uint64_t>>();
+  r.bytes_per_param = sj["bytes_per_param"].get<double>();
+  return r;
 }
 
 }  // namespace rh::ckpt

@@ -63,6 +63,8 @@ void track_amax(float& acc, const torch::Tensor& x) {
   else acc = std::max(acc, a);
 }
 
+}  // namespace
+
 // Scale from the whole tensor's amax, then encode chunk by chunk.
 void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Workspace& ws) {
   const bool fp8 = st.dtype == Dtype::fp8;
@@ -79,8 +81,6 @@ void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Worksp
     else dst.narrow(0, s, len).copy_(q);   // RNE to fp16
   }
 }
-
-}  // namespace
 
 StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr,
                               int64_t step) {
@@ -113,17 +113,23 @@ void Workspace::ensure(int64_t chunk_elems, int64_t full_elems) {
   }
 }
 
-void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws) {
-  const int64_t n = ps.param.numel();
+void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws, Deferred* defer) {
+  const int64_t n = ps.end - ps.begin;
   const bool m_scaled = is_scaled(ps.exp_avg.dtype), v_scaled = is_scaled(ps.exp_avg_sq.dtype);
-  ws.ensure(kChunk, (m_scaled || v_scaled) ? n : 0);
+  ws.ensure(kChunk, (m_scaled || v_scaled) && !defer ? n : 0);
+  torch::Tensor m_full = ws.m_full, v_full = ws.v_full;
+  if (defer) {
+    if (m_scaled) m_full = defer->m_full = torch::empty({n}, torch::kFloat);
+    if (v_scaled) v_full = defer->v_full = torch::empty({n}, torch::kFloat);
+  }
   // fp32 scalars as 0-dim fp32 tensors: exactly the fp32 values, and LibTorch 1.13's out= ops
   // are several times faster with a tensor operand than with a Scalar.
   auto f0 = [](float v) { return torch::scalar_tensor(v, torch::kFloat); };
   const auto b1 = f0(k.beta1), omb1 = f0(k.one_minus_beta1), b2 = f0(k.beta2),
              omb2 = f0(k.one_minus_beta2), bc1 = f0(k.bc1), bc2 = f0(k.bc2), eps = f0(k.eps),
              wd = f0(k.weight_decay), lr = f0(k.lr);
-  auto P = flat(ps.master.data), W = flat(ps.param), G = flat(ps.main_grad);
+  auto P = flat(ps.master.data), W = flat(ps.param).narrow(0, ps.begin, n),
+       G = flat(ps.main_grad).narrow(0, ps.begin, n);
   float m_amax = 0.0f, v_amax = 0.0f;
 
   for (int64_t s = 0; s < n; s += ws.chunk) {
@@ -157,11 +163,11 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     auto m = load_moment(ps.exp_avg, s, len, ws.m, ws.idx);
     auto v = load_moment(ps.exp_avg_sq, s, len, ws.v, ws.idx);
 
-    auto m_new = moment_dest(ps.exp_avg, s, len, ws.m, ws.m_full);
+    auto m_new = moment_dest(ps.exp_avg, s, len, ws.m, m_full);
     at::mul_out(t1, m, b1);
     at::mul_out(t2, g, omb1);
     at::add_out(m_new, t1, t2);
-    auto v_new = moment_dest(ps.exp_avg_sq, s, len, ws.v, ws.v_full);
+    auto v_new = moment_dest(ps.exp_avg_sq, s, len, ws.v, v_full);
     at::mul_out(t1, v, b2);
     at::mul_out(t2, g, omb2);
     at::mul_out(t2, t2, g);
@@ -194,6 +200,11 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     if (ps.exp_avg_sq.dtype == Dtype::bf16) flat(ps.exp_avg_sq.data).narrow(0, s, len).copy_(v_new);
     if (m_scaled) track_amax(m_amax, m_new);
     if (v_scaled) track_amax(v_amax, v_new);
+  }
+  if (defer) {
+    defer->m_amax = m_amax;
+    defer->v_amax = v_amax;
+    return;
   }
   if (m_scaled) store_scaled(ps.exp_avg, ws.m_full.narrow(0, 0, n), m_amax, ws);
   if (v_scaled) store_scaled(ps.exp_avg_sq, ws.v_full.narrow(0, 0, n), v_amax, ws);

@@ -14,10 +14,13 @@ struct ParamState {
   std::string name;
   size_t group = 0;
   torch::Tensor param;       // the model parameter (shares storage with the model), (N...)
+  int64_t begin = 0, end = 0;   // the part of the param this rank owns (ShardLayout::piece); the
+                                // states below hold only that part: param-shaped when it is the
+                                // whole param, else 1-D of end - begin elements
   StoredState master;        // fp32 / fp16 master, or the int16 remainder
   StoredState exp_avg;       // fp32 | bf16 | fp16+scale | fp8 bytes+scale
   StoredState exp_avg_sq;
-  torch::Tensor main_grad;   // fp32 or bf16, shape of param
+  torch::Tensor main_grad;   // fp32 or bf16, shape of param (the whole param on every rank)
   bool has_grad = false;
 };
 
@@ -44,8 +47,20 @@ struct Workspace {
   void ensure(int64_t chunk_elems, int64_t full_elems);
 };
 
-// One Adam update of one parameter in place (master, moments, model param), in fp32 with the op
-// order documented in adam_step.cpp.
-void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws);
+// A split parameter's fp16/fp8 moments cannot be stored until the amax over every rank's piece is
+// known: adam_update leaves the new fp32 moments here with this piece's amax, and store_scaled
+// encodes them once the group has agreed on the amax (all-reduce max).
+struct Deferred {
+  torch::Tensor m_full, v_full;   // (end - begin,) kFloat, owned by this struct
+  float m_amax = 0.0f, v_amax = 0.0f;
+};
+
+// One Adam update of the owned part of one parameter in place (master, moments, model param), in
+// fp32 with the op order documented in adam_step.cpp. With `defer`, scaled moments are left in it
+// instead of being stored.
+void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws,
+                 Deferred* defer = nullptr);
+// Scale from `amax`, then encode `full` (kFloat, st's numel) into st chunk by chunk.
+void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Workspace& ws);
 
 }  // namespace rh::optim::detail

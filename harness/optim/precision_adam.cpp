@@ -3,8 +3,10 @@
 #include "harness/optim/precision_adam.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_map>
 
 #include "harness/optim/adam_step.h"
@@ -24,6 +26,12 @@ struct PrecisionAdam::Impl {
   std::vector<ParamState> params;                 // group order, then param order
   std::unordered_map<std::string, size_t> index;
   detail::Workspace ws;
+  Collectives* comm = nullptr;                     // null: a group of one
+  ShardLayout layout;
+  std::vector<size_t> split;                       // params split across ranks
+  std::vector<int> split_slot;                     // param index -> slot in `split`, or -1
+
+  int dp_size() const { return layout.size; }
 
   ParamState& at(const std::string& name) {
     auto it = index.find(name);
@@ -62,13 +70,31 @@ std::string where(const std::string& param, StateKey key) {
   return "param '" + param + "' state '" + key_name(key) + "'";
 }
 
+// The part of `p` a rank owns: p itself when whole, else a 1-D view of [begin, end).
+torch::Tensor owned_part(const torch::Tensor& p, int64_t begin, int64_t end) {
+  if (begin == 0 && end == p.numel()) return p;
+  return p.view({-1}).narrow(0, begin, end - begin);
+}
+torch::Tensor owned_part(const ParamState& ps, const torch::Tensor& full) {
+  return owned_part(full, ps.begin, ps.end);
+}
+
+// Per-4096-element block sums of squares of g (flat, fp32), one row reduction per block, padded
+// with zeros: the same values whichever whole blocks of a tensor it is given.
+constexpr int64_t kNormBlock = 4096;
+torch::Tensor block_square_sums(const torch::Tensor& g) {
+  const int64_t n = g.numel(), pad = (kNormBlock - n % kNormBlock) % kNormBlock;
+  return torch::constant_pad_nd(g * g, {0, pad}).view({-1, kNormBlock}).sum(1).contiguous();
+}
+
 }  // namespace
 
-PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg)
+PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm)
     : impl_(std::make_unique<Impl>()) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   I.cfg = cfg;
+  I.comm = comm;
   bool have_dtype = false;
   for (const auto& g : groups)
     for (const auto& [name, p] : g.params) {
@@ -85,6 +111,13 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
     }
   validate(cfg, I.param_dtype);
   I.mode = effective_master_mode(cfg, I.param_dtype);
+  std::vector<int64_t> numels;
+  for (const auto& g : groups)
+    for (const auto& np : g.params) numels.push_back(np.second.numel());
+  I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1);
+  I.split = I.layout.split_params();
+  I.split_slot.assign(numels.size(), -1);
+  for (size_t s = 0; s < I.split.size(); ++s) I.split_slot[I.split[s]] = static_cast<int>(s);
   const Dtype master_dtype = I.mode == MasterMode::fp32   ? Dtype::fp32
                              : I.mode == MasterMode::fp16 ? Dtype::fp16
                                                           : Dtype::int16;
@@ -99,14 +132,16 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
       ps.name = name;
       ps.group = gi;
       ps.param = p;
+      std::tie(ps.begin, ps.end) = I.layout.piece(I.params.size());
+      const torch::Tensor owned = owned_part(ps, p.detach());
       ps.master.dtype = master_dtype;
       if (I.mode == MasterMode::remainders) {
-        ps.master.data = torch::zeros(p.sizes(), torch::kShort);   // master == bf16 weight
+        ps.master.data = torch::zeros(owned.sizes(), torch::kShort);   // master == bf16 weight
       } else {
-        ps.master.data = p.detach().to(storage_scalar_type(master_dtype)).clone();
+        ps.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
       }
-      ps.exp_avg = zeros_state(p, cfg.exp_avg_dtype);
-      ps.exp_avg_sq = zeros_state(p, cfg.exp_avg_sq_dtype);
+      ps.exp_avg = zeros_state(owned, cfg.exp_avg_dtype);
+      ps.exp_avg_sq = zeros_state(owned, cfg.exp_avg_sq_dtype);
       ps.main_grad = torch::zeros(p.sizes(), storage_scalar_type(cfg.main_grads_dtype));
       I.index[name] = I.params.size();
       I.params.push_back(std::move(ps));
@@ -131,6 +166,7 @@ std::string PrecisionAdam::describe() const {
   os << " exp_avg=" << to_string(c.exp_avg_dtype) << " exp_avg_sq=" << to_string(c.exp_avg_sq_dtype)
      << " main_grads=" << to_string(c.main_grads_dtype) << " params=" << c10::toString(I.param_dtype)
      << " beta1=" << c.beta1 << " beta2=" << c.beta2 << " eps=" << c.eps;
+  if (I.dp_size() > 1) os << " distributed(" << I.layout.describe() << ")";
   if (c.store_param_remainders && I.mode != MasterMode::remainders) {
     os << " store_param_remainders=true NOT in effect ("
        << (!c.use_precision_aware_optimizer ? "needs --use-precision-aware-optimizer"
@@ -165,19 +201,62 @@ void PrecisionAdam::zero_grads() {
   }
 }
 
-double PrecisionAdam::grad_norm() const {
-  // Sum of squares in fp32 with an order that does not depend on the thread count: each
-  // 4096-element block is reduced by one thread (a row reduction), the block sums are added on
-  // the host in a fixed order.
-  constexpr int64_t kBlock = 4096;
-  float total = 0.0f;
-  for (const auto& ps : impl_->params) {
-    auto g = ps.main_grad.reshape({-1}).to(torch::kFloat);
-    const int64_t n = g.numel(), pad = (kBlock - n % kBlock) % kBlock;
-    auto sq = torch::constant_pad_nd(g * g, {0, pad}).view({-1, kBlock}).sum(1).contiguous();
-    const float* b = sq.data_ptr<float>();
-    for (int64_t i = 0; i < sq.numel(); ++i) total += b[i];
+void PrecisionAdam::reduce_grads() {
+  Impl& I = *impl_;
+  if (I.dp_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  const int64_t total = I.layout.total, np = static_cast<int64_t>(I.params.size());
+  auto buf = torch::empty({total + np}, torch::kFloat);   // grads, then one "has grad" mark each
+  float* marks = buf.data_ptr<float>() + total;
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    const auto& ps = I.params[i];
+    buf.narrow(0, I.layout.offsets[i], ps.main_grad.numel()).copy_(ps.main_grad.view({-1}));
+    marks[i] = ps.has_grad ? 1.0f : 0.0f;
   }
+  I.comm->all_reduce_sum(buf);
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    auto& ps = I.params[i];
+    ps.main_grad.view({-1}).copy_(buf.narrow(0, I.layout.offsets[i], ps.main_grad.numel()));
+    ps.has_grad = marks[i] > 0.0f;
+  }
+}
+
+double PrecisionAdam::grad_norm() const {
+  // Sum of squares in fp32 with an order that depends on neither the thread count nor the group
+  // size: each 4096-element block is reduced by one thread (a row reduction), the block sums are
+  // added on the host in a fixed order.
+  const Impl& I = *impl_;
+  float total = 0.0f;
+  if (I.dp_size() == 1) {
+    for (const auto& ps : I.params) {
+      auto sq = block_square_sums(ps.main_grad.reshape({-1}).to(torch::kFloat));
+      const float* b = sq.data_ptr<float>();
+      for (int64_t i = 0; i < sq.numel(); ++i) total += b[i];
+    }
+    return static_cast<double>(std::sqrt(total));
+  }
+  // A block belongs to the rank owning its first element; the owned blocks of a param are
+  // consecutive. Every slot of the all-reduced vector has exactly one non-zero term.
+  std::vector<int64_t> first(I.params.size() + 1, 0);
+  for (size_t i = 0; i < I.params.size(); ++i)
+    first[i + 1] = first[i] + (I.layout.numels[i] + kNormBlock - 1) / kNormBlock;
+  auto sums = torch::zeros({first.back()}, torch::kFloat);
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    const int64_t n = I.layout.numels[i], off = I.layout.offsets[i];
+    int64_t j0 = -1, j1 = -1;
+    for (int64_t j = 0; j * kNormBlock < n; ++j)
+      if (I.layout.owner(off + j * kNormBlock) == I.layout.rank) {
+        if (j0 < 0) j0 = j;
+        j1 = j + 1;
+      }
+    if (j0 < 0) continue;
+    const int64_t s = j0 * kNormBlock, e = std::min(n, j1 * kNormBlock);
+    auto g = I.params[i].main_grad.reshape({-1}).narrow(0, s, e - s).to(torch::kFloat);
+    sums.narrow(0, first[i] + j0, j1 - j0).copy_(block_square_sums(g));
+  }
+  I.comm->all_reduce_sum(sums);
+  const float* b = sums.data_ptr<float>();
+  for (int64_t i = 0; i < sums.numel(); ++i) total += b[i];
   return static_cast<double>(std::sqrt(total));
 }
 
@@ -199,10 +278,70 @@ void PrecisionAdam::step(double lr) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   for (auto& s : I.steps) ++s;   // every group advances, whether or not its params have grads
-  for (auto& ps : I.params) {
-    if (!ps.has_grad) continue;
+  const bool m_scaled = I.cfg.exp_avg_dtype == Dtype::fp16 || I.cfg.exp_avg_dtype == Dtype::fp8;
+  const bool v_scaled = I.cfg.exp_avg_sq_dtype == Dtype::fp16 || I.cfg.exp_avg_sq_dtype == Dtype::fp8;
+  const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled) && !I.split.empty();
+  std::vector<detail::Deferred> deferred(I.split.size());
+  std::vector<bool> did(I.split.size(), false);
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    auto& ps = I.params[i];
+    if (!ps.has_grad || ps.begin == ps.end) continue;
     const auto k = detail::make_step_scalars(I.cfg, I.group_wd[ps.group], lr, I.steps[ps.group]);
-    detail::adam_update(ps, I.mode, k, I.ws);
+    const int slot = I.split_slot[i];
+    detail::Deferred* d = defer_scales && slot >= 0 ? &deferred[static_cast<size_t>(slot)] : nullptr;
+    detail::adam_update(ps, I.mode, k, I.ws, d);
+    if (d) did[static_cast<size_t>(slot)] = true;
+  }
+  if (I.dp_size() == 1) return;
+  if (defer_scales) {
+    // Per split param: m amax, m has-NaN, v amax, v has-NaN; max over ranks (non-owners add 0).
+    const int64_t ns = static_cast<int64_t>(I.split.size());
+    auto a = torch::zeros({4 * ns}, torch::kFloat);
+    float* A = a.data_ptr<float>();
+    auto put = [](float* dst, float amax) {
+      if (std::isnan(amax)) dst[1] = 1.0f;
+      else dst[0] = amax;
+    };
+    for (int64_t s = 0; s < ns; ++s)
+      if (did[static_cast<size_t>(s)]) {
+        put(A + 4 * s, deferred[static_cast<size_t>(s)].m_amax);
+        put(A + 4 * s + 2, deferred[static_cast<size_t>(s)].v_amax);
+      }
+    I.comm->all_reduce_max(a);
+    auto global = [](const float* src) { return src[1] > 0.0f ? std::nanf("") : src[0]; };
+    for (int64_t s = 0; s < ns; ++s) {
+      if (!did[static_cast<size_t>(s)]) continue;
+      auto& ps = I.params[I.split[static_cast<size_t>(s)]];
+      auto& d = deferred[static_cast<size_t>(s)];
+      if (m_scaled) detail::store_scaled(ps.exp_avg, d.m_full, global(A + 4 * s), I.ws);
+      if (v_scaled) detail::store_scaled(ps.exp_avg_sq, d.v_full, global(A + 4 * s + 2), I.ws);
+    }
+  }
+  sync_params();
+}
+
+void PrecisionAdam::sync_params() {
+  // All-gather the params: rank r's bytes are the params' flat range [lo(r), hi(r)).
+  Impl& I = *impl_;
+  if (I.dp_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  const int64_t es = I.params.empty() ? 1 : I.params[0].param.element_size();
+  const int64_t shard_bytes = I.layout.shard * es, lo = I.layout.lo(I.layout.rank);
+  auto send = torch::zeros({shard_bytes}, torch::kByte);
+  auto recv = torch::empty({shard_bytes * I.dp_size()}, torch::kByte);
+  auto* sp = static_cast<char*>(send.data_ptr());
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    const auto& ps = I.params[i];
+    if (ps.begin == ps.end) continue;
+    std::memcpy(sp + (I.layout.offsets[i] + ps.begin - lo) * es,
+                static_cast<const char*>(ps.param.data_ptr()) + ps.begin * es,
+                static_cast<size_t>((ps.end - ps.begin) * es));
+  }
+  I.comm->all_gather_bytes(send, recv);
+  const auto* rp = static_cast<const char*>(recv.data_ptr());
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    auto& ps = I.params[i];
+    std::memcpy(ps.param.data_ptr(), rp + I.layout.offsets[i] * es, static_cast<size_t>(ps.param.numel() * es));
   }
 }
 
@@ -210,6 +349,11 @@ std::vector<std::string> PrecisionAdam::param_names() const {
   std::vector<std::string> out;
   for (const auto& ps : impl_->params) out.push_back(ps.name);
   return out;
+}
+const ShardLayout& PrecisionAdam::layout() const { return impl_->layout; }
+std::pair<int64_t, int64_t> PrecisionAdam::shard_range(const std::string& param) const {
+  const auto& ps = impl_->at(param);
+  return {ps.begin, ps.end};
 }
 const torch::Tensor& PrecisionAdam::param(const std::string& name) const {
   return impl_->at(name).param;
@@ -235,7 +379,7 @@ torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateK
   ParamState& ps = I.at(param);
   const StoredState& st = I.state(ps, key);
   if (key == StateKey::master_param && I.mode == MasterMode::remainders)
-    return codec::remainder_join(ps.param.detach(), st.data);
+    return codec::remainder_join(owned_part(ps, ps.param.detach()).contiguous(), st.data);
   if (scaled_moment(key, st.dtype))
     return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, *st.scale);
   return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -247,25 +391,33 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
   Impl& I = *impl_;
   ParamState& ps = I.at(param);
   StoredState& st = I.state(ps, key);
-  if (!value.defined() || value.sizes() != ps.param.sizes() || !value.is_floating_point())
+  const bool whole = value.defined() && value.sizes() == ps.param.sizes();
+  if (!value.defined() || !(whole || value.sizes() == st.data.sizes()) || !value.is_floating_point())
     throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects a floating "
-                                "tensor of shape " + c10::str(ps.param.sizes()) + ", got " +
+                                "tensor of shape " + c10::str(ps.param.sizes()) +
+                                (st.data.sizes() != ps.param.sizes() ? " or " + c10::str(st.data.sizes()) : "") +
+                                ", got " +
                                 (value.defined() ? c10::str(value.scalar_type(), value.sizes())
                                                  : std::string("undefined")));
-  auto v = value.detach().to(torch::kFloat).contiguous();
+  auto full = value.detach().to(torch::kFloat).contiguous();
+  // The owned part, shaped like the state (a no-op unless the param is split).
+  auto part = [&](const torch::Tensor& t) { return whole ? owned_part(ps, t).reshape(st.data.sizes()) : t; };
+  auto v = part(full);
+  auto w_owned = owned_part(ps, ps.param.detach());
   if (key == StateKey::master_param) {
     if (I.mode == MasterMode::remainders) {
       torch::Tensor w, r;
-      codec::remainder_split(v, w, r);
+      codec::remainder_split(v.contiguous(), w, r);
       st.data.copy_(r);
-      ps.param.copy_(w);
+      w_owned.copy_(w.reshape(w_owned.sizes()));
     } else {
       st.data.copy_(v);          // fp16 master: RNE
-      ps.param.copy_(st.data);   // the model param follows its master
+      w_owned.copy_(st.data.reshape(w_owned.sizes()));   // the model param follows its master
     }
   } else if (scaled_moment(key, st.dtype)) {
+    // Encoded with the scale of the value given: the whole tensor's when the whole is given.
     float scale = 1.0f;
-    st.data.copy_(codec::scaled_encode(v, st.dtype == Dtype::fp8, scale));
+    st.data.copy_(part(codec::scaled_encode(full, st.dtype == Dtype::fp8, scale)));
     st.scale = scale;
   } else {
     st.data.copy_(v);            // fp32 copy or bf16 RNE

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "harness/optim/collectives.h"
+#include "harness/optim/shard_layout.h"
+
 namespace rh::optim {
 
 // Storage dtypes. int16 appears only as the remainder of a master weight.
@@ -52,8 +55,9 @@ const char* key_name(StateKey k);   // "master_param", "exp_avg", "exp_avg_sq"
 
 // One state exactly as held in memory.
 struct StoredState {
-  torch::Tensor data;          // shape of the param; kFloat, kBFloat16, kHalf, kByte (fp8 E4M3
-                               // bytes) or kShort (remainder)
+  torch::Tensor data;          // shape of the param (1-D of the owned part when the param is
+                               // split across data-parallel ranks, see shard_range); kFloat,
+                               // kBFloat16, kHalf, kByte (fp8 E4M3 bytes) or kShort (remainder)
   Dtype dtype = Dtype::fp32;
   std::optional<float> scale;  // fp16 / fp8 moments only: value = decode(data) * scale
 };
@@ -69,7 +73,14 @@ class PrecisionAdam {
  public:
   // Validates cfg against the params' dtype (all params share one dtype). Master weights are
   // initialized from the params (remainders start at 0), moments at 0, step counters at 0.
-  PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg);
+  //
+  // With a data-parallel group `comm` of size > 1 (it must outlive the optimizer) this is
+  // Megatron's distributed optimizer (ZeRO stage 1): every rank holds the whole model and whole
+  // main grads; the optimizer state is the rank's contiguous range of the flat concatenation of
+  // all params (ShardLayout), and step() updates only that range, then all-gathers the params.
+  // A split param's fp16/fp8 moments share one scale across ranks (amax all-reduced with max),
+  // so the gathered state is what a single process holds, and any layout can load it.
+  PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm = nullptr);
   ~PrecisionAdam();
   PrecisionAdam(PrecisionAdam&&) noexcept;
   PrecisionAdam& operator=(PrecisionAdam&&) noexcept;
@@ -84,7 +95,14 @@ class PrecisionAdam {
   void accumulate_grads();               // main_grad += param.grad for params with a grad; then
                                          // param.grad is reset; marks the param as having a grad
   void zero_grads();                     // main_grad = 0 and "has grad" cleared for every param
-  double grad_norm() const;              // global L2 norm of all main grads, accumulated in fp32
+  // Data parallel: sums the main grads (in fp32: Gloo rejects bf16; bf16 grads are rounded back
+  // once) and the "has grad" marks over the group. A no-op for a group of one.
+  void reduce_grads();
+  // Global L2 norm of all main grads, accumulated in fp32: per-4096-element block sums added in a
+  // fixed order. Data parallel: each block is summed by the rank owning its first element, the
+  // block sums are all-reduced (each slot has one non-zero term: exact), so every rank and every
+  // group size gets the single-process value bit for bit, given the same grads.
+  double grad_norm() const;
   void scale_grads(float coef);          // main_grad *= coef (clipping)
   int64_t count_zeros() const;           // number of zero elements in the main grads
   const torch::Tensor& main_grad(const std::string& param) const;
@@ -95,6 +113,15 @@ class PrecisionAdam {
   // writes the new model param (bf16 or fp32) in place. Main grads are left as they are (the
   // caller zero_grads() before the next accumulation).
   void step(double lr);
+
+  // Data parallel: every rank receives the params of the ranges the others own (step() ends with
+  // this; a restore that wrote only the owned parts calls it). A no-op for a group of one.
+  void sync_params();
+
+  // --- data-parallel layout ---
+  const ShardLayout& layout() const;
+  // The part [begin, end) of the param (flat, within the param) this rank holds state for.
+  std::pair<int64_t, int64_t> shard_range(const std::string& param) const;
 
   // --- state access ---
   std::vector<std::string> param_names() const;   // deterministic: group order, then param order
@@ -107,7 +134,10 @@ class PrecisionAdam {
 
   // Upstream get_unscaled_state / set_scaled_state: fp32 values. For master_param in remainder
   // mode the value is the joined fp32 master (bf16 weight + remainder); setting it splits it
-  // back into the weight (written into the model param) and the remainder.
+  // back into the weight (written into the model param) and the remainder. Values are of the
+  // owned part's shape; set_scaled_state also takes the whole param's value (any rank can read
+  // it from a checkpoint), stores the owned part, and then scales fp16/fp8 moments by the whole
+  // tensor's amax, as a single process would.
   torch::Tensor get_unscaled_state(const std::string& param, StateKey key) const;
   void set_scaled_state(const std::string& param, StateKey key, const torch::Tensor& value);
 

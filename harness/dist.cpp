@@ -1,0 +1,271 @@
+// c10d process group, placement from the environment, local launcher; see dist.h.
+#define USE_C10D_GLOO 1  // ProcessGroupGloo.hpp is compiled only with it (Debian builds LibTorch with Gloo)
+#include "harness/dist.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "harness/process.h"
+
+namespace rh::dist {
+
+namespace {
+
+const char* getenv_s(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = getenv_s(name);
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    throw std::invalid_argument(std::string("environment variable ") + name + "='" + v + "': expected an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+bool launched_by_environment() { return getenv_s("WORLD_SIZE") || getenv_s("SLURM_NTASKS"); }
+
+Placement placement_from_environment() {
+  Placement p;
+  if (getenv_s("WORLD_SIZE")) {
+    p.source = "torchrun environment";
+    p.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
+    if (!getenv_s("RANK")) throw std::invalid_argument("environment variable WORLD_SIZE is set but RANK is not");
+    p.rank = env_int("RANK", 0, p.world_size - 1);
+    p.local_rank = getenv_s("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, 1 << 20) : p.rank;
+  } else if (getenv_s("SLURM_NTASKS")) {
+    p.source = "SLURM environment";
+    p.world_size = env_int("SLURM_NTASKS", 1, 1 << 20);
+    if (!getenv_s("SLURM_PROCID")) throw std::invalid_argument("environment variable SLURM_NTASKS is set but SLURM_PROCID is not");
+    p.rank = env_int("SLURM_PROCID", 0, p.world_size - 1);
+    p.local_rank = getenv_s("SLURM_LOCALID") ? env_int("SLURM_LOCALID", 0, 1 << 20) : 0;
+  } else {
+    return p;
+  }
+  if (p.world_size > 1) {
+    if (!getenv_s("MASTER_ADDR") || !getenv_s("MASTER_PORT"))
+      throw std::invalid_argument(p.source + " with " + std::to_string(p.world_size) +
+                                  " ranks needs MASTER_ADDR and MASTER_PORT (rank 0's address and a free port)");
+    p.master_addr = getenv_s("MASTER_ADDR");
+    p.master_port = env_int("MASTER_PORT", 1, 65535);
+  }
+  return p;
+}
+
+struct Group::Impl {
+  Placement place;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+
+  void run(const c10::intrusive_ptr<c10d::Work>& w, const char* what) {
+    try {
+      w->wait();
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      const auto nl = msg.find('\n');
+      if (nl != std::string::npos) msg.resize(nl);
+      throw DistError(std::string("data-parallel ") + what + " failed on rank " + std::to_string(place.rank) + " of " +
+                      std::to_string(place.world_size) + " (a peer died, hung past the timeout, or failed): " + msg);
+    }
+  }
+};
+
+Group::Group(const Placement& p, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  impl_->place = p;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(p.master_port);
+    o.isServer = p.rank == 0;
+    o.numWorkers = p.world_size;
+    o.waitWorkers = true;
+    o.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(p.master_addr, o);
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // Bind where the peers can reach us: loopback for a local launch, else the host's name.
+    const bool local = p.master_addr == "127.0.0.1" || p.master_addr == "localhost";
+    opts->devices.push_back(local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                  : c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, p.rank, p.world_size, opts);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    const auto nl = msg.find('\n');
+    if (nl != std::string::npos) msg.resize(nl);
+    throw DistError("rank " + std::to_string(p.rank) + " of " + std::to_string(p.world_size) + ": rendezvous at " +
+                    p.master_addr + ":" + std::to_string(p.master_port) + " failed within " +
+                    std::to_string(timeout.count() / 1000) + " s: " + msg);
+  }
+}
+
+Group::~Group() = default;
+int Group::rank() const { return impl_->place.rank; }
+int Group::size() const { return impl_->place.world_size; }
+
+void Group::all_reduce_sum(torch::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  impl_->run(impl_->pg->allreduce(v), "all-reduce (sum)");
+}
+
+void Group::all_reduce_max(torch::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  impl_->run(impl_->pg->allreduce(v, o), "all-reduce (max)");
+}
+
+void Group::all_gather_bytes(const torch::Tensor& in, torch::Tensor& out) {
+  const int64_t n = in.numel();
+  std::vector<std::vector<at::Tensor>> outs(1);
+  for (int r = 0; r < size(); ++r) outs[0].push_back(out.narrow(0, r * n, n));
+  std::vector<at::Tensor> ins{in};
+  impl_->run(impl_->pg->allgather(outs, ins), "all-gather");
+  // Gloo gathers into the tensors it was given when they are contiguous views; copy defensively
+  // in case it allocated.
+  for (int r = 0; r < size(); ++r)
+    if (outs[0][static_cast<size_t>(r)].data_ptr() != out.narrow(0, r * n, n).data_ptr())
+      out.narrow(0, r * n, n).copy_(outs[0][static_cast<size_t>(r)]);
+}
+
+std::vector<std::string> Group::all_gather_strings(const std::string& mine) {
+  auto len = torch::full({1}, static_cast<int64_t>(mine.size()), torch::kLong);
+  auto lens = torch::empty({size()}, torch::kLong);
+  {
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < size(); ++r) outs[0].push_back(lens.narrow(0, r, 1));
+    std::vector<at::Tensor> ins{len};
+    impl_->run(impl_->pg->allgather(outs, ins), "all-gather (lengths)");
+    for (int r = 0; r < size(); ++r) lens.narrow(0, r, 1).copy_(outs[0][static_cast<size_t>(r)]);
+  }
+  int64_t max_len = 1;
+  for (int r = 0; r < size(); ++r) max_len = std::max(max_len, lens[r].item<int64_t>());
+  auto in = torch::zeros({max_len}, torch::kByte);
+  std::memcpy(in.data_ptr(), mine.data(), mine.size());
+  auto out = torch::empty({max_len * size()}, torch::kByte);
+  all_gather_bytes(in, out);
+  std::vector<std::string> res;
+  const char* p = static_cast<const char*>(out.data_ptr());
+  for (int r = 0; r < size(); ++r) res.emplace_back(p + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
+  return res;
+}
+
+void Group::barrier() {
+  auto t = torch::zeros({1}, torch::kFloat);
+  all_reduce_sum(t);
+}
+
+namespace {
+
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("cannot find a free local port: ") + std::strerror(errno));
+  }
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "stopped";
+}
+
+}  // namespace
+
+int launch_local(int nproc, const std::vector<std::string>& args, double grace_s) {
+  if (nproc < 1) throw std::invalid_argument("--nproc " + std::to_string(nproc) + ": expected >= 1");
+  const std::string exe = self_executable();
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  const pid_t launcher = ::getpid();
+  for (int r = 0; r < nproc; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t p : pids) kill(p, SIGKILL);
+      throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(137);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(exe.c_str())};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(exe.c_str(), argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int first_rank = -1, first_status = 0, remaining = nproc;
+  std::vector<bool> done(static_cast<size_t>(nproc), false);
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t w = waitpid(-1, &status, WNOHANG);
+    if (w > 0) {
+      for (int r = 0; r < nproc; ++r)
+        if (pids[static_cast<size_t>(r)] == w && !done[static_cast<size_t>(r)]) {
+          done[static_cast<size_t>(r)] = true;
+          --remaining;
+          const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          if (!ok && first_rank < 0) {
+            first_rank = r;
+            first_status = status;
+            std::cerr << "launcher: rank " << r << " of " << nproc << " " << describe_status(status)
+                      << "; stopping the other ranks\n";
+            deadline = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+          }
+        }
+      continue;
+    }
+    if (w < 0 && errno != EINTR) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < nproc; ++r)
+        if (!done[static_cast<size_t>(r)]) {
+          std::cerr << "launcher: rank " << r << " still running " << grace_s << " s after rank " << first_rank
+                    << " failed; killing it\n";
+          kill(pids[static_cast<size_t>(r)], SIGKILL);
+        }
+      deadline = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (first_rank < 0) return 0;
+  if (WIFEXITED(first_status)) return WEXITSTATUS(first_status);
+  return 1;
+}
+
+}  // namespace rh::dist

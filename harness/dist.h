@@ -1,0 +1,67 @@
+// Data parallelism over torch.distributed's own engine (c10d): the process group the distributed
+// optimizer and the sharded checkpoints use, how a rank learns its place (torchrun's or SLURM's
+// environment), and the local launcher behind `train --nproc N`.
+//
+// Backend: ProcessGroupGloo on CPU (LibTorch 1.13's Gloo has no bf16 collectives, so reductions
+// are fp32 and gathers move bytes). Every collective and every rendezvous has a timeout: a rank
+// that dies or hangs makes the others throw DistError within it, never hang.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/optim/collectives.h"
+
+namespace rh::dist {
+
+struct DistError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Where this process sits. torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+// MASTER_PORT; under SLURM (srun) SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID stand in for the
+// first three when RANK is unset, and MASTER_ADDR / MASTER_PORT must still be exported.
+struct Placement {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single process";   // "torchrun environment" | "SLURM environment" | ...
+};
+// Throws std::invalid_argument naming the variable when one is malformed or inconsistent.
+Placement placement_from_environment();
+bool launched_by_environment();   // WORLD_SIZE (or SLURM_NTASKS) is set
+
+class Group final : public optim::Collectives, public ckpt::RankGroup {
+ public:
+  // Rendezvous through a c10d TCPStore served by rank 0 at master_addr:master_port, then a
+  // ProcessGroupGloo. `timeout` bounds the rendezvous and every collective.
+  Group(const Placement& p, std::chrono::milliseconds timeout);
+  ~Group() override;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  void all_reduce_sum(torch::Tensor& t) override;
+  void all_reduce_max(torch::Tensor& t) override;
+  void all_gather_bytes(const torch::Tensor& in, torch::Tensor& out) override;
+  std::vector<std::string> all_gather_strings(const std::string& mine) override;
+  void barrier();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `train --nproc N`: starts N worker processes of this executable with `args` (argv without the
+// executable and without --nproc) and the torchrun variables set (MASTER_PORT a free local port),
+// waits for all of them, and returns 0 when every rank succeeded. When a rank fails the others
+// get `grace_s` seconds to notice (their collectives fail) and are then killed; the launcher
+// prints which rank failed first and how, and returns that rank's exit code (2 stays 2: bad input
+// or a refused load). Workers die with the launcher (PR_SET_PDEATHSIG).
+int launch_local(int nproc, const std::vector<std::string>& args, double grace_s);
+
+}  // namespace rh::dist
