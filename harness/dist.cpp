@@ -172,8 +172,6 @@ void Group::barrier() {
   all_reduce_sum(t);
 }
 
-namespace {
-
 int free_local_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
@@ -191,6 +189,8 @@ int free_local_port() {
   ::close(fd);
   return port;
 }
+
+namespace {
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));

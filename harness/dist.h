@@ -56,6 +56,9 @@ class Group final : public optim::Collectives, public ckpt::RankGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+int free_local_port();
+
 // `train --nproc N`: starts N worker processes of this executable with `args` (argv without the
 // executable and without --nproc) and the torchrun variables set (MASTER_PORT a free local port),
 // waits for all of them, and returns 0 when every rank succeeded. When a rank fails the others

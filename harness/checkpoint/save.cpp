@@ -200,24 +200,25 @@ std::string agree(RankGroup* group, const std::string& my_error, std::vector<std
 }  // namespace
 
 SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
-  if (!in.model || !in.optimizer || !in.state)
-    throw CheckpointError("save_checkpoint(" + root_str + "): model, optimizer and state are required");
-  for (const auto& [k, d] : in.policy.overrides)
-    if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
-      throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
   const int rank = in.group ? in.group->rank() : 0, size = in.group ? in.group->size() : 1;
-  if (in.optimizer->layout().size != size || in.optimizer->layout().rank != rank)
-    throw CheckpointError("save_checkpoint(" + root_str + "): the optimizer is sharded as " +
-                          in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(rank) +
-                          " of " + std::to_string(size));
   const fs::path root(root_str);
-  const std::string name = detail::iter_dir_name(in.state->iteration);
+  const std::string name = detail::iter_dir_name(in.state ? in.state->iteration : 0);
   const fs::path final_dir = root / name;
 
-  // Phase 1: rank 0 prepares the temp directory; every rank learns its name.
+  // Phase 1: every rank checks its input and rank 0 prepares the temp directory; all learn the
+  // outcome (a rank's bad input fails the save on every rank instead of leaving them waiting).
   std::string err, tmp_name;
-  if (rank == 0) {
-    try {
+  try {
+    if (!in.model || !in.optimizer || !in.state)
+      throw CheckpointError("save_checkpoint(" + root_str + "): model, optimizer and state are required");
+    for (const auto& [k, d] : in.policy.overrides)
+      if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
+        throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
+    if (in.optimizer->layout().size != size || in.optimizer->layout().rank != rank)
+      throw CheckpointError("save_checkpoint(" + root_str + "): the optimizer is sharded as " +
+                            in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(rank) +
+                            " of " + std::to_string(size));
+    if (rank == 0) {
       std::error_code ec;
       fs::create_directories(root, ec);
       if (ec) throw CheckpointError("cannot create checkpoint root " + root_str + ": " + ec.message());
@@ -226,13 +227,17 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
       remove_tree((root / tmp_name).string());
       fs::create_directory(root / tmp_name, ec);
       if (ec) throw CheckpointError("cannot create " + (root / tmp_name).string() + ": " + ec.message());
-    } catch (const std::exception& e) {
-      err = e.what();
     }
+  } catch (const std::exception& e) {
+    err = e.what();
   }
   std::vector<std::string> got;
   std::string fail = agree(in.group, err, &got, tmp_name);
-  if (!fail.empty()) throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+  if (!fail.empty()) {
+    if (rank == 0 && !tmp_name.empty()) remove_tree((root / tmp_name).string());
+    if (!in.group) throw CheckpointError(err);   // a single process: its own error, as it was
+    throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+  }
   tmp_name = got.at(0);
   const fs::path tmp = root / tmp_name;
   auto abandon = [&] {   // rank 0 owns the temp directory: never a published one

@@ -1,0 +1,192 @@
+// The data-parallel save protocol, in one process: two threads are the two ranks of a save,
+// agreeing through an in-memory RankGroup. A save publishes only after every rank wrote and
+// verified its shard; a rank that fails (bad input, or a write that fails half way) fails the
+// save on every rank, leaves no temp directory, and the previous checkpoint stays the newest.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/manifest.h"
+
+namespace fs = std::filesystem;
+namespace ck = rh::ckpt;
+
+namespace {
+
+// All-gather of strings between threads; `after_round(r)` runs once when round r completes.
+struct Hub {
+  explicit Hub(int n) : n(n), slots(static_cast<size_t>(n)) {}
+  int n;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::string> slots, result;
+  int arrived = 0;
+  long round = 0;
+  std::function<void(long)> after_round;
+
+  std::vector<std::string> gather(int rank, const std::string& s) {
+    std::unique_lock<std::mutex> l(m);
+    const long mine = round;
+    slots[static_cast<size_t>(rank)] = s;
+    if (++arrived == n) {
+      result = slots;
+      arrived = 0;
+      if (after_round) after_round(round);
+      ++round;
+      cv.notify_all();
+    } else {
+      cv.wait(l, [&] { return round != mine; });
+    }
+    return result;
+  }
+};
+
+struct ThreadRank final : ck::RankGroup, rh::optim::Collectives {
+  ThreadRank(Hub& h, int r) : hub(h), r(r) {}
+  Hub& hub;
+  int r;
+  int rank() const override { return r; }
+  int size() const override { return hub.n; }
+  std::vector<std::string> all_gather_strings(const std::string& s) override { return hub.gather(r, s); }
+  // The save protocol uses none of these; a call would be a bug in the test's premise.
+  void all_reduce_sum(torch::Tensor&) override { throw std::logic_error("unused"); }
+  void all_reduce_max(torch::Tensor&) override { throw std::logic_error("unused"); }
+  void all_gather_bytes(const torch::Tensor&, torch::Tensor&) override { throw std::logic_error("unused"); }
+};
+
+struct Net : torch::nn::Module {
+  Net() {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    register_parameter("w", torch::randn({33, 7}, gen).to(torch::kBFloat16));
+    register_parameter("b", torch::randn({5}, gen).to(torch::kBFloat16));
+  }
+};
+
+struct Rank {
+  Rank(Hub& hub, int r) : group(hub, r) {
+    std::vector<rh::optim::ParamGroup> g{{"decay", {}, 0.1}};
+    for (const auto& p : net.named_parameters()) g[0].params.emplace_back(p.key(), p.value());
+    rh::optim::OptimizerConfig cfg;
+    cfg.use_precision_aware_optimizer = true;
+    cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = rh::optim::Dtype::fp8;
+    opt = std::make_unique<rh::optim::PrecisionAdam>(g, cfg, &group);
+    state.rng_states["dropout"] = {1, 2, 3, static_cast<uint8_t>(r)};
+  }
+  ThreadRank group;
+  Net net;
+  std::unique_ptr<rh::optim::PrecisionAdam> opt;
+  ck::TrainState state;
+};
+
+// Both ranks save `iteration`; returns each rank's error ("" on success).
+std::vector<std::string> save_both(const fs::path& root, int64_t iteration, bool rank1_bad_input = false) {
+  Hub hub(2);
+  return [&] {
+    Rank r0(hub, 0), r1(hub, 1);
+    std::vector<std::string> err(2);
+    auto go = [&](Rank& r, int i) {
+      r.state.iteration = iteration;
+      ck::SaveInput in;
+      in.model = &r.net;
+      in.optimizer = r.opt.get();
+      in.state = (i == 1 && rank1_bad_input) ? nullptr : &r.state;
+      in.group = &r.group;
+      try {
+        ck::save_checkpoint(root.string(), in);
+      } catch (const std::exception& e) {
+        err[static_cast<size_t>(i)] = e.what();
+      }
+    };
+    std::thread t([&] { go(r1, 1); });
+    go(r0, 0);
+    t.join();
+    return err;
+  }();
+}
+
+fs::path fresh_root(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("rh_ckpt_dist_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d;
+}
+
+bool has_temp_dirs(const fs::path& root) {
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(".tmp.", 0) == 0) return true;
+  return false;
+}
+
+TEST(DataParallelSave, PublishesOneShardPerRankWithRanges) {
+  const fs::path root = fresh_root("ok");
+  const auto err = save_both(root, 3);
+  ASSERT_EQ(err[0], "");
+  ASSERT_EQ(err[1], "");
+  const auto v = ck::detail::verify_checkpoint_dir(ck::detail::resolve_checkpoint_dir(root.string()));
+  EXPECT_EQ(v.manifest["dp_size"], 2);
+  EXPECT_EQ(v.manifest["rank_states"].size(), 2u);
+  EXPECT_TRUE(v.files.count("optim_rank_00000.safetensors"));
+  EXPECT_TRUE(v.files.count("optim_rank_00001.safetensors"));
+  // 231 + 5 elements over 2 ranks: shard 118; "w" is split, "b" is rank 1's.
+  const auto ix = ck::detail::shard_index(v);
+  ASSERT_EQ(ix.pieces.at("w").size(), 2u);
+  EXPECT_EQ(ix.pieces.at("w")[0].end, 118);
+  EXPECT_EQ(ix.pieces.at("b").size(), 1u);
+  EXPECT_EQ(ix.pieces.at("b")[0].file, "optim_rank_00001.safetensors");
+  EXPECT_FALSE(has_temp_dirs(root));
+  fs::remove_all(root);
+}
+
+TEST(DataParallelSave, AFailedShardWriteFailsEveryRankAndKeepsThePreviousCheckpoint) {
+  const fs::path root = fresh_root("write_fails");
+  ASSERT_EQ(save_both(root, 3), (std::vector<std::string>{"", ""}));
+  // Make rank 1's shard file of the next save impossible to create: once rank 0 has prepared
+  // the temp directory (round 0), put a directory where the file must go.
+  Hub hub(2);
+  Rank r0(hub, 0), r1(hub, 1);
+  hub.after_round = [&](long round) {
+    if (round == 0)
+      fs::create_directories(root / (".tmp.iter_0000005." + std::to_string(::getpid())) / "optim_rank_00001.safetensors");
+  };
+  std::vector<std::string> err(2);
+  auto go = [&](Rank& r, int i) {
+    r.state.iteration = 5;
+    ck::SaveInput in{&r.net, r.opt.get(), &r.state, {}, {}, &r.group};
+    try {
+      ck::save_checkpoint(root.string(), in);
+    } catch (const ck::CheckpointError& e) {
+      err[static_cast<size_t>(i)] = e.what();
+    }
+  };
+  std::thread t([&] { go(r1, 1); });
+  go(r0, 0);
+  t.join();
+  for (const auto& e : err) {
+    EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
+    EXPECT_NE(e.find("optim_rank_00001.safetensors"), std::string::npos) << e;
+    EXPECT_NE(e.find("the previous checkpoint stays the newest"), std::string::npos) << e;
+  }
+  EXPECT_EQ(ck::read_small_file((root / ck::detail::kPointerFile).string()), "3\n");
+  EXPECT_FALSE(fs::exists(root / "iter_0000005"));
+  EXPECT_FALSE(has_temp_dirs(root));
+  EXPECT_NO_THROW(ck::detail::verify_checkpoint_dir(ck::detail::resolve_checkpoint_dir(root.string())));
+  fs::remove_all(root);
+}
+
+TEST(DataParallelSave, OneRanksBadInputFailsEveryRankBeforeAnythingIsWritten) {
+  const fs::path root = fresh_root("bad_input");
+  const auto err = save_both(root, 4, /*rank1_bad_input=*/true);
+  for (const auto& e : err) EXPECT_NE(e.find("failed on rank 1: save_checkpoint"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(root / ck::detail::kPointerFile));
+  EXPECT_FALSE(has_temp_dirs(root));
+  fs::remove_all(root);
+}
+
+}  // namespace

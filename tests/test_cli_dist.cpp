@@ -1,0 +1,166 @@
+// Data parallel end to end through the tool: `train --nproc N` runs, sharded checkpoints that
+// reshard on load (2->1, 1->2, 2->4, 4->2) with the joined state after load equal to the saved one
+// bit for bit, and a rank that dies or hangs is reported by the launcher instead of hanging.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "harness/checkpoint/manifest.h"
+#include "harness/compare.h"
+#include "harness/process.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> kSmall = {"--train-iters", "4",  "--micro-batch-size", "4", "--use-precision-aware-optimizer",
+                                         "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16", "--quiet"};
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("rh_cli_dist_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+rh::ProcessResult train(const fs::path& dir, std::vector<std::string> extra, int nproc, const std::string& log) {
+  std::vector<std::string> argv{RH_TOOL, "train"};
+  argv.insert(argv.end(), kSmall.begin(), kSmall.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  if (nproc > 1) argv.insert(argv.end(), {"--nproc", std::to_string(nproc)});
+  return rh::run_process(argv, (dir / log).string(), 120);
+}
+
+struct Sizes {
+  int from, to;
+};
+
+class Reshard : public ::testing::TestWithParam<Sizes> {};
+
+TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
+  const auto [from, to] = GetParam();
+  const fs::path d = fresh_dir("reshard_" + std::to_string(from) + "_" + std::to_string(to));
+  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, from, "a.log");
+  ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
+  // One optimizer shard file per saving rank, each listed with its ranges.
+  const auto v = rh::ckpt::detail::verify_checkpoint_dir(rh::ckpt::detail::resolve_checkpoint_dir((d / "ck").string()));
+  EXPECT_EQ(v.manifest["dp_size"].get<int>(), from);
+  EXPECT_EQ(v.manifest["shards"].size(), static_cast<size_t>(from));
+  EXPECT_EQ(v.files.size(), static_cast<size_t>(from) + 1);   // + model.safetensors
+  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string(), "--dump-states"}, to, "b.log");
+  ASSERT_EQ(b.exit_code, 0) << rh::tail_of_file((d / "b.log").string());
+  const auto diffs = rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "b" / "state_after_load").string());
+  ASSERT_FALSE(diffs.empty());
+  for (const auto& t : diffs) EXPECT_TRUE(t.identical()) << t.key << " differs after " << from << " -> " << to;
+  fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, Reshard, ::testing::Values(Sizes{2, 1}, Sizes{1, 2}, Sizes{2, 4}, Sizes{4, 2}),
+                         [](const auto& i) { return std::to_string(i.param.from) + "to" + std::to_string(i.param.to); });
+
+// The worker of the launcher `launcher` whose RANK is `rank` (read from /proc), or -1.
+pid_t worker_pid(pid_t launcher, int rank) {
+  std::ifstream f("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+  pid_t child;
+  while (f >> child) {
+    std::ifstream env("/proc/" + std::to_string(child) + "/environ", std::ios::binary);
+    std::string e((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    const std::string var = "RANK=" + std::to_string(rank) + std::string(1, '\0');
+    if (e.rfind(var, 0) == 0 || e.find(std::string(1, '\0') + var) != std::string::npos) return child;
+  }
+  return -1;
+}
+
+// Starts a long `train --nproc 2`, does `act` to rank 1 once rank 0 has trained a few
+// iterations, and returns (exit code, seconds from the act to the launcher's exit, log).
+struct Outcome {
+  int code = -1;
+  double seconds = 0;
+  std::string log;
+};
+Outcome disturb_rank1(const fs::path& d, int sig, const std::string& timeout) {
+  const std::string log = (d / "run.log").string();
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    std::freopen(log.c_str(), "w", stdout);
+    dup2(fileno(stdout), 2);
+    execl(RH_TOOL, RH_TOOL, "train", "--train-iters", "100000", "--lr-decay-iters", "100000", "--micro-batch-size", "4",
+          "--out", (d / "out").string().c_str(), "--nproc", "2", "--dist-timeout", timeout.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  Outcome o;
+  // Wait (bounded) for training to run, then act on rank 1.
+  for (int i = 0; i < 600 && rh::tail_of_file(log).find("iter    3") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t victim = worker_pid(launcher, 1);
+  EXPECT_GT(victim, 0) << "no rank 1 worker found";
+  if (victim > 0) kill(victim, sig);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(launcher, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(90)) {   // a hang: fail, clean up
+      kill(launcher, SIGKILL);
+      waitpid(launcher, &status, 0);
+      if (victim > 0) kill(victim, SIGKILL);
+      ADD_FAILURE() << "the launcher did not exit within 90 s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (victim > 0 && sig == SIGSTOP) kill(victim, SIGKILL);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.log = rh::tail_of_file(log, 4000);
+  return o;
+}
+
+TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
+  const fs::path d = fresh_dir("killed");
+  const Outcome o = disturb_rank1(d, SIGKILL, "60");
+  EXPECT_NE(o.code, 0) << o.log;
+  EXPECT_NE(o.log.find("launcher: rank 1 of 2 was killed by signal 9"), std::string::npos) << o.log;
+  EXPECT_LT(o.seconds, 45) << o.log;   // a dead peer breaks the connection: no waiting on a timeout
+  fs::remove_all(d);
+}
+
+TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
+  const fs::path d = fresh_dir("hung");
+  const Outcome o = disturb_rank1(d, SIGSTOP, "4");   // rank 1 stops answering
+  EXPECT_NE(o.code, 0) << o.log;
+  EXPECT_NE(o.log.find("data-parallel"), std::string::npos) << o.log;           // rank 0's collective error
+  EXPECT_NE(o.log.find("launcher: rank 0 of 2 exited with code 3"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("killing it"), std::string::npos) << o.log;             // the hung rank is killed
+  EXPECT_LT(o.seconds, 40) << o.log;
+  fs::remove_all(d);
+}
+
+TEST(LaunchErrors, NprocUnderAnExternalLauncherIsRefused) {
+  const fs::path d = fresh_dir("env");
+  setenv("WORLD_SIZE", "2", 1);
+  auto r = train(d, {"--out", (d / "o").string()}, 2, "log");
+  unsetenv("WORLD_SIZE");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(rh::tail_of_file((d / "log").string()).find("a launcher already started the ranks"), std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST(LaunchErrors, GroupSizeMustDivideTheMicroBatches) {
+  const fs::path d = fresh_dir("div");
+  auto r = train(d, {"--out", (d / "o").string(), "--global-batch-size", "8"}, 4, "log");   // 2 micro-batches, 4 ranks
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(rh::tail_of_file((d / "log").string()).find("does not divide the 2 micro-batches"), std::string::npos)
+      << rh::tail_of_file((d / "log").string());
+  fs::remove_all(d);
+}
+
+}  // namespace

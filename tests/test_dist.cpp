@@ -1,0 +1,263 @@
+// The distributed optimizer (ZeRO-1 over c10d Gloo) against a single process, with real processes:
+// this binary re-executes itself as the ranks of a group (RH_DIST_WORKER set; see main() below).
+// Each rank takes the same steps on the same gradients (rank 0 contributes them, the others
+// zeros, so the all-reduced sum is exactly the single-process gradient), writes its part of the
+// state, and the test joins the parts and compares them with one process, bit for bit.
+//
+// Where bit-equality holds and where it does not: given the same gradients, everything here is
+// elementwise or order-fixed (grad norm block sums, shared fp16/fp8 scales from an all-reduced
+// amax), so it is exact. The trainer's gradients themselves are summed in another order at a
+// different group size (rank-local sums, then the all-reduce); that is not covered by this test
+// and is why resharded resumes in the scenarios carry a tolerance.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "harness/dist.h"
+#include "harness/optim/precision_adam.h"
+#include "harness/process.h"
+
+namespace fs = std::filesystem;
+using rh::optim::Dtype;
+using rh::optim::PrecisionAdam;
+using rh::optim::StateKey;
+
+namespace {
+
+struct Case {
+  Dtype moments;
+  bool remainders;
+  int world;
+};
+
+std::string case_text(const Case& c) {
+  return rh::optim::to_string(c.moments) + (c.remainders ? "_remainders" : "_fp32master") + "_dp" + std::to_string(c.world);
+}
+
+Case parse_case(const std::string& s) {
+  Case c{};
+  c.moments = rh::optim::parse_dtype(s.substr(0, s.find('_')), "case");
+  c.remainders = s.find("_remainders") != std::string::npos;
+  c.world = std::stoi(s.substr(s.rfind("_dp") + 3));
+  return c;
+}
+
+// Sizes chosen so that params cross rank boundaries at 2 and 4 ranks, including one of more than
+// one 4096-element norm block.
+const std::vector<std::vector<int64_t>> kShapes = {{64, 33}, {1000}, {17, 5}, {3001, 3}, {7}};
+
+struct OptRun {
+  std::vector<torch::Tensor> params;
+  std::unique_ptr<PrecisionAdam> opt;
+  std::vector<double> norms;
+};
+
+// Three steps of the same deterministic gradients; rank > 0 contributes zeros.
+OptRun run_steps(const Case& c, rh::optim::Collectives* comm) {
+  torch::NoGradGuard guard;
+  OptRun r;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}, {"no_decay", {}, 0.0}};
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    auto p = torch::randn(kShapes[i], gen).to(torch::kBFloat16);
+    p.set_requires_grad(true);
+    r.params.push_back(p);
+    groups[kShapes[i].size() >= 2 ? 0 : 1].params.emplace_back("p" + std::to_string(i), p);
+  }
+  rh::optim::OptimizerConfig cfg;
+  cfg.use_precision_aware_optimizer = true;
+  cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = c.moments;
+  cfg.store_param_remainders = c.remainders;
+  r.opt = std::make_unique<PrecisionAdam>(groups, cfg, comm);
+  const int rank = comm ? comm->rank() : 0;
+  for (int t = 1; t <= 3; ++t) {
+    auto ggen = at::make_generator<at::CPUGeneratorImpl>(100 + t);
+    for (auto& p : r.params) {
+      auto g = (torch::randn(p.sizes(), ggen) * 0.01).to(torch::kBFloat16);
+      p.mutable_grad() = rank == 0 ? g : torch::zeros_like(g);
+    }
+    r.opt->accumulate_grads();
+    r.opt->reduce_grads();
+    r.norms.push_back(r.opt->grad_norm());
+    r.opt->scale_grads(0.5f);
+    r.opt->step(1e-2 * t);
+    r.opt->zero_grads();
+  }
+  return r;
+}
+
+// What a rank writes: norms, every param, and per param and key its owned state (+ scale).
+std::vector<torch::Tensor> flatten(const OptRun& r) {
+  std::vector<torch::Tensor> out{torch::tensor(r.norms, torch::kDouble)};
+  for (const auto& p : r.params) out.push_back(p.detach().clone());
+  for (const auto& name : r.opt->param_names())
+    for (auto k : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
+      const auto& st = r.opt->stored(name, k);
+      out.push_back(st.data.reshape({-1}).clone());
+      out.push_back(torch::tensor({st.scale.value_or(-1.0f)}, torch::kFloat));
+    }
+  return out;
+}
+
+int worker_main() {
+  try {
+    const Case c = parse_case(std::getenv("RH_DIST_CASE"));
+    rh::dist::Group group(rh::dist::placement_from_environment(), std::chrono::seconds(60));
+    OptRun r = run_steps(c, &group);
+    auto t = flatten(r);
+    torch::save(t, std::string(std::getenv("RH_DIST_OUT")) + "." + std::to_string(group.rank()));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "worker: %s\n", e.what());
+    return 1;
+  }
+}
+
+// Starts `world` copies of this binary as ranks; returns their exit codes (-1 on a timeout).
+std::vector<int> spawn_ranks(const Case& c, const std::string& out) {
+  const int port = rh::dist::free_local_port();
+  const std::string exe = rh::self_executable();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < c.world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RH_DIST_WORKER", "1", 1);
+      setenv("RH_DIST_CASE", case_text(c).c_str(), 1);
+      setenv("RH_DIST_OUT", out.c_str(), 1);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(c.world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    codes.push_back(status == -1 ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
+  }
+  return codes;
+}
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) return false;
+  auto x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), static_cast<size_t>(x.numel() * x.element_size())) == 0;
+}
+
+class DistributedUpdate : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
+  const Case c = GetParam();
+  const fs::path dir = fs::temp_directory_path() / ("rh_test_dist_" + std::to_string(::getpid()) + "_" + case_text(c));
+  fs::create_directories(dir);
+  const std::string out = (dir / "state").string();
+  const auto codes = spawn_ranks(c, out);
+  for (int r = 0; r < c.world; ++r) ASSERT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r << " failed";
+
+  OptRun single = run_steps(c, nullptr);
+  const auto want = flatten(single);
+  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(c.world));
+  for (int r = 0; r < c.world; ++r) torch::load(got[static_cast<size_t>(r)], out + "." + std::to_string(r));
+  const size_t np = kShapes.size();
+  for (int r = 0; r < c.world; ++r) {
+    const auto& g = got[static_cast<size_t>(r)];
+    ASSERT_EQ(g.size(), want.size());
+    EXPECT_TRUE(same_bits(g[0], want[0])) << "grad norms of rank " << r;
+    for (size_t i = 0; i < np; ++i) EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param p" << i << " on rank " << r;
+  }
+  // Joined in rank order, the owned parts are the single process's state; shared scales agree.
+  // (States are written in optimizer order: group, then param.)
+  auto layout = rh::optim::ShardLayout::make([&] {
+    std::vector<int64_t> n;
+    for (const auto& name : single.opt->param_names()) n.push_back(single.opt->param(name).numel());   // optimizer order
+    return n;
+  }(), 0, c.world);
+  for (size_t i = 0; i < np; ++i)
+    for (size_t k = 0; k < 3; ++k) {
+      const size_t idx = 1 + np + 2 * (3 * i + k);
+      std::vector<torch::Tensor> parts;
+      for (int r = 0; r < c.world; ++r) {
+        const auto& g = got[static_cast<size_t>(r)];
+        if (g[idx].numel() > 0) {
+          parts.push_back(g[idx]);
+          EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+        }
+        const auto pc = layout.piece(i, r);
+        EXPECT_EQ(g[idx].numel(), pc.second - pc.first) << "p" << i << " on rank " << r;
+      }
+      EXPECT_TRUE(same_bits(torch::cat(parts), want[idx])) << "state of p" << i << " key " << k;
+    }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MomentsMastersSizes, DistributedUpdate,
+    ::testing::Values(Case{Dtype::fp32, false, 2}, Case{Dtype::bf16, true, 2}, Case{Dtype::fp16, false, 2},
+                      Case{Dtype::fp8, true, 2}, Case{Dtype::bf16, false, 4}, Case{Dtype::fp16, true, 4},
+                      Case{Dtype::fp8, false, 4}),
+    [](const auto& info) { return case_text(info.param); });
+
+TEST(Placement, ReadsTorchrunAndSlurmVariables) {
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+                        "SLURM_NTASKS", "SLURM_LOCALID"})
+    unsetenv(v);
+  EXPECT_EQ(rh::dist::placement_from_environment().world_size, 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("MASTER_ADDR", "node7", 1);
+  setenv("MASTER_PORT", "29555", 1);
+  auto p = rh::dist::placement_from_environment();
+  EXPECT_EQ(p.world_size, 4);
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.master_addr, "node7");
+  EXPECT_EQ(p.master_port, 29555);
+  setenv("WORLD_SIZE", "2", 1);   // torchrun's variables win over SLURM's
+  setenv("RANK", "1", 1);
+  p = rh::dist::placement_from_environment();
+  EXPECT_EQ(p.world_size, 2);
+  EXPECT_EQ(p.rank, 1);
+  setenv("RANK", "2", 1);   // outside [0, WORLD_SIZE)
+  try {
+    rh::dist::placement_from_environment();
+    ADD_FAILURE() << "RANK=2 with WORLD_SIZE=2 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='2'"), std::string::npos) << e.what();
+  }
+  unsetenv("MASTER_PORT");
+  setenv("RANK", "1", 1);
+  EXPECT_THROW(rh::dist::placement_from_environment(), std::invalid_argument);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}) unsetenv(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::getenv("RH_DIST_WORKER")) return worker_main();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
