@@ -7,7 +7,7 @@ build=${BUILD_DIR:-$here/build}
 "$here/scripts/setup.sh" "$build" >/dev/null
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 names=("$@")
-[ ${#names[@]} -eq 0 ] && names=(bench_train bench_optim bench_checkpoint bench_check)
+[ ${#names[@]} -eq 0 ] && names=(bench_train bench_optim bench_checkpoint bench_check bench_dist)
 for n in "${names[@]}"; do
   echo "== $n"
   "$build/bench/$n"

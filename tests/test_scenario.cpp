@@ -34,7 +34,7 @@ const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::strin
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 7; 2 named.
-  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u);
+  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault
   const auto& s = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
   EXPECT_EQ(s.policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(s.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
@@ -114,8 +114,30 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"bad_fault", "[[scenario]]\nname = \"a\"\nfault = \"skip_everything\"\n", "skip_everything", 3},
         BadFile{"megatron_rule",
                 "[[scenario]]\nname = \"a\"\n[scenario.optimizer]\nuse_precision_aware_optimizer = false\nexp_avg_dtype = \"bf16\"\n",
-                "precision", 1}),
+                "precision", 1},
+        BadFile{"dp_indivisible", "[[scenario]]\nname = \"a\"\ndp_size = 4\n", "do not divide the 2 micro-batches", 1},
+        BadFile{"resume_dp_range", "[[scenario]]\nname = \"a\"\nresume_dp_size = -1\n", "resume_dp_size", 1},
+        BadFile{"dp_type", "[[scenario]]\nname = \"a\"\ndp_size = \"two\"\n", "dp_size", 3}),
     [](const auto& info) { return std::string(info.param.label); });
+
+TEST(Scenarios, DataParallelKeysAndResharding) {
+  auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/default.toml");
+  const auto& same = by_name(all, "dp/dp=4,moments=fp8,master=remainders");
+  EXPECT_EQ(same.dp_size, 4);
+  EXPECT_EQ(same.resume_dp(), 4);
+  EXPECT_FALSE(same.resharded());
+  EXPECT_EQ(same.expect.kind, rh::Expectation::Kind::exact);
+  const auto& re = by_name(all, "reshard/sizes=2to4,moments=bf16");
+  EXPECT_EQ(re.dp_size, 2);
+  EXPECT_EQ(re.resume_dp(), 4);
+  EXPECT_TRUE(re.resharded());
+  EXPECT_EQ(re.expect.kind, rh::Expectation::Kind::tolerance);
+  EXPECT_EQ(re.expect.tolerances.at("lm_loss").atol, 1e-3);
+  std::set<std::pair<int64_t, int64_t>> sizes;
+  for (const auto& s : all)
+    if (s.resharded()) sizes.insert({s.dp_size, s.resume_dp()});
+  EXPECT_EQ(sizes, (std::set<std::pair<int64_t, int64_t>>{{2, 1}, {1, 2}, {2, 4}, {4, 2}}));
+}
 
 TEST(Junit, IsValidXmlWithOneTestcasePerScenario) {
   std::vector<rh::CheckResult> rs(2);
