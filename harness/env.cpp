@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <unistd.h>
+#include <utility>
 
 namespace rh {
 
@@ -31,17 +33,38 @@ RuntimeInfo runtime_info() {
                     "." + std::to_string(TORCH_VERSION_PATCH);
   using GetConfig = char* (*)();
   if (auto fn = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-    r.blas = std::string("OpenBLAS ") + fn();
+    r.blas = fn();   // "OpenBLAS 0.3.21 ..."
     r.blas_is_openblas = true;
-  } else {
-    r.blas = "reference BLAS (slow: install libopenblas0-pthread)";
+    if (auto core = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
+      r.blas += std::string(" core ") + core();
   }
+  {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    r.blas += std::string(", ATen CPU capability: ") + (cap && *cap ? cap : "auto");
+  }
+  if (!r.blas_is_openblas) r.blas = "reference BLAS (slow: install libopenblas0-pthread)" + r.blas;
 #ifdef RH_WITH_CUDA
   r.cuda_compiled = true;
 #endif
   r.cuda_available = torch::cuda::is_available();
   r.threads = torch::get_num_threads();
   return r;
+}
+
+void pin_cross_machine_numerics(char** argv) {
+  if (std::getenv("RH_NUMERICS_PINNED")) return;
+  setenv("RH_NUMERICS_PINNED", "1", 1);
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+  bool changed = false;
+  for (const auto& [name, value] : {std::pair<const char*, const char*>{"OPENBLAS_CORETYPE", "Haswell"},
+                                    {"ATEN_CPU_CAPABILITY", "avx2"}}) {
+    const char* cur = std::getenv(name);
+    if (cur && *cur) continue;
+    setenv(name, value, 1);
+    changed = true;
+  }
+  if (changed) execv("/proc/self/exe", argv);   // on failure: go on unpinned
 }
 
 std::string describe(const RuntimeInfo& r) {

@@ -10,6 +10,7 @@
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/commands.h"
 #include "harness/dist.h"
+#include "harness/env.h"
 #include "harness/run.h"
 
 namespace {
@@ -26,6 +27,7 @@ void add_save_options(CLI::App& app, rh::TrainJob& job, std::string& policy,
 }  // namespace
 
 int main(int argc, char** argv) {
+  rh::pin_cross_machine_numerics(argv);
   CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
   app.require_subcommand(1);
 
