@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "checkpoint_fixture.h"
+#include "harness/checkpoint/safetensors.h"
 
 using namespace ckfix;
 using namespace rh::ckpt;
@@ -34,8 +35,15 @@ void reseal(const fs::path& dir, const std::string& file, const std::string& byt
   nlohmann::json m = read_manifest(dir);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(bytes.data(), bytes.size()));
+  nlohmann::json blocks = nlohmann::json::array();   // the per-block checksums load verifies
+  for (size_t off = 0; off < bytes.size(); off += rh::ckpt::kHashBlock) {
+    char b[17];
+    const size_t len = std::min<size_t>(rh::ckpt::kHashBlock, bytes.size() - off);
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)XXH3_64bits(bytes.data() + off, len));
+    blocks.push_back(b);
+  }
   for (auto& f : m["files"])
-    if (f["name"] == file) f["bytes"] = bytes.size(), f["xxh3"] = hex;
+    if (f["name"] == file) f["bytes"] = bytes.size(), f["xxh3"] = hex, f["block_xxh3"] = blocks;
   write_manifest(dir, m);
 }
 
@@ -207,6 +215,43 @@ TEST(CheckpointConfig, IncompleteDirectoryIsNotACheckpoint) {
   }
   spit(root.p / "latest_checkpointed_iteration.txt", "five\n");
   EXPECT_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}), CheckpointError);
+}
+
+// A file of several checksum blocks: a flipped byte in a middle block is refused naming the file
+// and the byte range of that block, before anything is restored.
+TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
+  struct Big : torch::nn::Module {
+    Big() { register_parameter("w", torch::arange(int64_t(3 * rh::ckpt::kHashBlock / 4 / 2), torch::kFloat)); }
+  };
+  Big model;
+  std::vector<rh::optim::ParamGroup> g{{"decay", {{"w", model.named_parameters()["w"]}}, 0.0}};
+  rh::optim::PrecisionAdam opt(g, rh::optim::OptimizerConfig{});
+  rh::ckpt::TrainState st;
+  st.iteration = 1;
+  st.rng_states["dropout"] = {1};
+  const fs::path root = fs::temp_directory_path() / ("rh_blocks_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  rh::ckpt::save_checkpoint(root.string(), {&model, &opt, &st, {}, {}, nullptr});
+  const fs::path dir = root / "iter_0000001";
+  const auto m = read_manifest(dir);
+  for (const auto& f : m["files"]) EXPECT_GE(f["block_xxh3"].size(), 2u) << f["name"];
+  std::string bytes = slurp(dir / "optim_rank_00000.safetensors");   // 3 x 48 MiB of states
+  ASSERT_GT(bytes.size(), 2 * rh::ckpt::kHashBlock);
+  const size_t at = rh::ckpt::kHashBlock + 100;                       // inside block 1
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
+  spit(dir / "optim_rank_00000.safetensors", bytes);
+  const auto before = opt.stored("w", rh::optim::StateKey::exp_avg).data.clone();
+  try {
+    rh::ckpt::load_checkpoint(root.string(), model, opt, st, {}, {});
+    ADD_FAILURE() << "a damaged block was accepted";
+  } catch (const rh::ckpt::CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("optim_rank_00000.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[" + std::to_string(rh::ckpt::kHashBlock) + ", " + std::to_string(2 * rh::ckpt::kHashBlock) + ")"),
+              std::string::npos) << msg;
+  }
+  EXPECT_TRUE(torch::equal(before, opt.stored("w", rh::optim::StateKey::exp_avg).data));
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +128,25 @@ TEST(Safetensors, TensorOutlivesTheFileObject) {
   torch::Tensor t;
   { t = SafetensorsFile::open(path).tensor("w"); }   // the mapping must stay alive through t
   EXPECT_TRUE(torch::equal(t, src));
+}
+
+// The per-block checksums the loader verifies in parallel: one per kHashBlock bytes of the file,
+// the last one shorter, each the XXH3-64 of exactly those bytes (checked against the file).
+TEST(Safetensors, BlockChecksumsCoverTheFileInOrder) {
+  TmpDir dir;
+  const std::string path = dir.file("big.safetensors");
+  const int64_t n = static_cast<int64_t>(2 * kHashBlock / 4 + 12345);   // a bit over two blocks of fp32
+  torch::Tensor a = torch::arange(n, torch::kFloat), b = torch::ones({77}, torch::kFloat);
+  const WriteStats ws = write_safetensors(path, {{"a", a, StDtype::F32}, {"b", b, StDtype::F32}}, {}, false);
+  ASSERT_EQ(ws.block_xxh3.size(), 3u);
+  std::ifstream f(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(bytes.size(), ws.file_bytes);
+  for (size_t i = 0; i < 3; ++i) {
+    const size_t off = i * kHashBlock, len = std::min<size_t>(kHashBlock, bytes.size() - off);
+    EXPECT_EQ(ws.block_xxh3[i], XXH3_64bits(bytes.data() + off, len)) << "block " << i;
+  }
+  EXPECT_EQ(ws.xxh3, XXH3_64bits(bytes.data(), bytes.size()));
 }
 
 TEST(Safetensors, WriterRejectsBadInput) {

@@ -13,6 +13,9 @@
 //    not from what the optimizer holds. Where that disagrees with the checkpoint the PR misfires;
 //    load refuses, or with allow_lossy reproduces the misfire as upstream would.
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <thread>
 #include <set>
 
 #include "harness/checkpoint/checkpoint.h"
@@ -125,6 +128,41 @@ void put_stored(optim::PrecisionAdam& opt, const std::string& p, StateKey k, con
     opt.set_scaled_state(p, k, s.data.to(torch::kFloat));
   else
     opt.set_stored(p, k, s);
+}
+
+// Runs fn(i) for i in [0, n) on up to hardware_concurrency threads, in contiguous groups of about
+// equal bytes. Only for bitwise copies into distinct tensors, whose order does not matter.
+// Every group finishes before the first exception is rethrown.
+void parallel_copies(size_t n, const std::function<uint64_t(size_t)>& bytes, const std::function<void(size_t)>& fn) {
+  const size_t T = std::max<size_t>(1, std::min<size_t>(n, std::thread::hardware_concurrency()));
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bytes(i);
+  std::vector<size_t> cut{0};
+  uint64_t acc = 0;
+  for (size_t i = 0; i < n && cut.size() < T; ++i) {
+    acc += bytes(i);
+    if (acc * T >= total * cut.size() && i + 1 < n) cut.push_back(i + 1);
+  }
+  cut.push_back(n);
+  auto run = [&](size_t g) {
+    for (size_t i = cut[g]; i < cut[g + 1]; ++i) fn(i);
+  };
+  std::vector<std::future<void>> others;
+  for (size_t g = 1; g + 1 < cut.size(); ++g) others.push_back(std::async(std::launch::async, run, g));
+  std::exception_ptr first;
+  try {
+    run(0);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  for (auto& f : others) {
+    try {
+      f.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -315,11 +353,15 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     // split an fp32 master: that split produced the weight belonging to its remainder.
     std::set<std::string> weight_from_split;
     std::vector<std::string> inexact;
+    // Stored states: bitwise copies into distinct tensors, on all cores.
+    std::vector<const Action*> stored;
+    for (const Action& a : plan)
+      if (a.use_stored) stored.push_back(&a);
+    parallel_copies(
+        stored.size(), [&](size_t i) { return static_cast<uint64_t>(stored[i]->stored.data.nbytes()); },
+        [&](size_t i) { put_stored(opt, stored[i]->param, stored[i]->key, stored[i]->stored); });
     for (const Action& a : plan) {
-      if (a.use_stored) {
-        put_stored(opt, a.param, a.key, a.stored);
-        continue;
-      }
+      if (a.use_stored) continue;
       if (a.key == StateKey::master_param && tgt_rem) weight_from_split.insert(a.param);
       opt.set_scaled_state(a.param, a.key, a.value);
       torch::Tensor got = detail::unscaled(opt, a.param, a.key);
@@ -331,8 +373,12 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       }
     }
     if (!opts.skip_keys.count("model"))
-      for (const auto& p : params)
-        if (!weight_from_split.count(p.key())) p.value().detach().copy_(mf.tensor(p.key()));
+      parallel_copies(
+          params.size(), [&](size_t i) { return static_cast<uint64_t>(params[i].value().nbytes()); },
+          [&](size_t i) {
+            const auto& p = params[i];
+            if (!weight_from_split.count(p.key())) p.value().detach().copy_(mf.tensor(p.key()));
+          });
     if (!inexact.empty()) {
       if (!opts.allow_lossy) {
         std::string msg = "conversion is not exact, refusing without allow_lossy: " + inexact[0];

@@ -14,6 +14,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/errors.h"
@@ -108,6 +109,8 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   struct Want {
     std::string name, path, hash;
     uint64_t size;
+    uint64_t block_bytes = 0;            // > 0: verify block_hash (in parallel) instead of hash
+    std::vector<std::string> block_hash;
   };
   std::vector<Want> wants;
   std::set<std::string> names;
@@ -118,7 +121,15 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     if (!names.insert(name).second) fail(mpath, "file '" + name + "' listed twice");
     const std::string path = (fs::path(dir) / name).string();
     if (!path_exists(path)) fail(path, "missing (listed in " + mpath + ")");
-    wants.push_back({name, path, need(f, "xxh3", mpath).get<std::string>(), need(f, "bytes", mpath).get<uint64_t>()});
+    Want w{name, path, need(f, "xxh3", mpath).get<std::string>(), need(f, "bytes", mpath).get<uint64_t>(), 0, {}};
+    if (f.contains("block_xxh3")) {
+      w.block_bytes = need(f, "block_bytes", mpath).get<uint64_t>();
+      w.block_hash = f["block_xxh3"].get<std::vector<std::string>>();
+      if (w.block_bytes == 0 || w.block_hash.size() != (w.size + w.block_bytes - 1) / w.block_bytes)
+        fail(mpath, "file '" + name + "': " + std::to_string(w.block_hash.size()) + " block checksums of " +
+                        std::to_string(w.block_bytes) + " bytes do not cover its " + std::to_string(w.size) + " bytes");
+    }
+    wants.push_back(std::move(w));
   }
   // Size and checksum before the structure, so damage is reported as damage. Files are hashed
   // concurrently (hashing is most of a load's CPU time); the first failure in list order wins.
@@ -127,8 +138,31 @@ Verified verify_checkpoint_dir(const std::string& dir) {
       if (size != w.size)
         fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
                          (size < w.size ? " (truncated)" : ""));
-      const std::string got = hex64(XXH3_64bits(data, size));
-      if (got != w.hash) fail(w.path, "XXH3-64 checksum " + got + " != manifest " + w.hash + " (file is corrupted)");
+      if (w.block_bytes == 0) {
+        const std::string got = hex64(XXH3_64bits(data, size));
+        if (got != w.hash) fail(w.path, "XXH3-64 checksum " + got + " != manifest " + w.hash + " (file is corrupted)");
+        return;
+      }
+      // Every byte is covered by exactly one block; blocks are hashed on all cores.
+      const size_t nb = w.block_hash.size();
+      std::vector<std::string> bad(nb);
+      auto worker = [&](size_t first, size_t step) {
+        for (size_t b = first; b < nb; b += step) {
+          const uint64_t off = b * w.block_bytes, len = std::min<uint64_t>(w.block_bytes, size - off);
+          const std::string got = hex64(XXH3_64bits(data + off, len));
+          if (got != w.block_hash[b]) bad[b] = got;
+        }
+      };
+      const size_t nt = std::max<size_t>(1, std::min<size_t>(nb, std::thread::hardware_concurrency()));
+      std::vector<std::thread> pool;
+      for (size_t t = 1; t < nt; ++t) pool.emplace_back(worker, t, nt);
+      worker(0, nt);
+      for (auto& t : pool) t.join();
+      for (size_t b = 0; b < nb; ++b)
+        if (!bad[b].empty())
+          fail(w.path, "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
+                           std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + bad[b] +
+                           " != manifest " + w.block_hash[b] + " (file is corrupted)");
     };
     return SafetensorsFile::open(w.path, check);
   };

@@ -121,15 +121,34 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
 
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
+  XXH3_state_t* bst = XXH3_createState();   // the current kHashBlock block
+  XXH3_64bits_reset(bst);
+  uint64_t in_block = 0;
+  WriteStats out;
+  auto hash = [&](const char* p, size_t k) {
+    XXH3_64bits_update(st, p, k);
+    while (k > 0) {
+      const size_t m = static_cast<size_t>(std::min<uint64_t>(k, kHashBlock - in_block));
+      XXH3_64bits_update(bst, p, m);
+      p += m;
+      k -= m;
+      in_block += m;
+      if (in_block == kHashBlock) {
+        out.block_xxh3.push_back(XXH3_64bits_digest(bst));
+        XXH3_64bits_reset(bst);
+        in_block = 0;
+      }
+    }
+  };
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     XXH3_freeState(st);
+    XXH3_freeState(bst);
     throw_errno("cannot create", path);
   }
-  WriteStats out;
   try {
     std::string head = prefix + json;
-    XXH3_64bits_update(st, head.data(), head.size());
+    hash(head.data(), head.size());
     write_all(fd, head.data(), head.size(), path);
     for (const WriteTensor* t : order) {
       torch::Tensor c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
@@ -137,7 +156,7 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
       size_t left = static_cast<size_t>(c.numel()) * st_itemsize(t->dtype);
       while (left > 0) {
         size_t k = std::min(left, kSlice);
-        XXH3_64bits_update(st, p, k);
+        hash(p, k);
         write_all(fd, p, k, path);
         p += k;
         left -= k;
@@ -147,10 +166,13 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   } catch (...) {
     ::close(fd);
     XXH3_freeState(st);
+    XXH3_freeState(bst);
     throw;
   }
   out.xxh3 = XXH3_64bits_digest(st);
+  if (in_block > 0) out.block_xxh3.push_back(XXH3_64bits_digest(bst));
   XXH3_freeState(st);
+  XXH3_freeState(bst);
   if (::close(fd) != 0) throw_errno("cannot close", path);
   out.header_bytes = 8 + n;
   out.file_bytes = 8 + n + offset;

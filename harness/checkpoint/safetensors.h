@@ -36,7 +36,10 @@ struct WriteStats {
   uint64_t file_bytes = 0;     // whole file
   uint64_t header_bytes = 0;   // 8 + N: length prefix plus JSON header (with padding)
   uint64_t xxh3 = 0;           // XXH3-64 of the whole file, computed while writing
+  std::vector<uint64_t> block_xxh3;   // XXH3-64 of each kHashBlock bytes of the file (the last
+                                      // block shorter): verifiable in parallel on load
 };
+constexpr uint64_t kHashBlock = 32ull << 20;
 
 // Writes path (created/truncated) and fsyncs it when do_fsync. Throws CheckpointError naming the
 // file and key on duplicate/empty keys, dtype mismatches or I/O errors.

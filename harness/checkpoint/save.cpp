@@ -88,6 +88,15 @@ void clean_stale(const fs::path& root) {
 
 namespace {
 
+// The manifest's entry for a written file: size, whole-file XXH3-64, and the XXH3-64 of every
+// kHashBlock bytes (the loader verifies those in parallel).
+nlohmann::json file_entry(const std::string& name, const char* kind, const WriteStats& ws) {
+  nlohmann::json blocks = nlohmann::json::array();
+  for (uint64_t h : ws.block_xxh3) blocks.push_back(hex64(h));
+  return {{"name", name}, {"kind", kind}, {"bytes", ws.file_bytes}, {"header_bytes", ws.header_bytes},
+          {"xxh3", hex64(ws.xxh3)}, {"block_bytes", kHashBlock}, {"block_xxh3", blocks}};
+}
+
 // Rank `rank`'s optimizer shard: writes the file into tmp, verifies it (read back, XXH3), and
 // returns its part of the manifest: {"tensors", "file", "shard", "rng_states"}.
 nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, bool verify) {
@@ -125,8 +134,7 @@ nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, b
         throw CheckpointError("checkpoint file " + path + ": read-back verification failed (size or XXH3-64 differ)");
     });
   }
-  part["file"] = {{"name", shard}, {"kind", "optimizer_shard"}, {"bytes", ws.file_bytes},
-                  {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}};
+  part["file"] = file_entry(shard, "optimizer_shard", ws);
   part["shard"] = {{"file", shard}, {"dp_rank", rank}, {"param_ranges", ranges}};
   part["rng_states"] = train_state_json(*in.state)["rng_states"];
   return part;
@@ -157,8 +165,7 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
                                                 info_of(item.key(), p, d), "native", "stored", true));
   }
   WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
-  m["files"].push_back({{"name", detail::kModelFile}, {"kind", "model"}, {"bytes", ws.file_bytes},
-                        {"header_bytes", ws.header_bytes}, {"xxh3", hex64(ws.xxh3)}});
+  m["files"].push_back(file_entry(detail::kModelFile, "model", ws));
   m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
   const optim::PrecisionAdam& opt = *in.optimizer;
   nlohmann::json groups = nlohmann::json::array();
