@@ -193,9 +193,10 @@ struct SafetensorsFile::Mapping {
 namespace {
 
 // Maps the whole file copy-on-write: tensors that alias it may be written without touching the
-// file. It is populated read-only (one sweep instead of a page fault per 4 KiB; populating a
-// writable private mapping would copy every page) and only then made writable, so a page is
-// copied only if someone writes to it.
+// file. It is not populated up front: the loader's checksum threads fault the pages in, in
+// parallel (read faults map page-cache pages in batches, "fault-around"), which measured faster
+// than one MAP_POPULATE sweep per file (1 GB load: 0.102 s vs 0.128 s, median of 7). It is mapped
+// read-only and then made writable, so a page is copied only if someone writes to it.
 void map_file(const std::string& path, void** addr, size_t* len) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open", path);
@@ -207,7 +208,7 @@ void map_file(const std::string& path, void** addr, size_t* len) {
   *len = static_cast<size_t>(sb.st_size);
   *addr = nullptr;
   if (*len > 0) {
-    void* a = ::mmap(nullptr, *len, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void* a = ::mmap(nullptr, *len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (a == MAP_FAILED) {
       ::close(fd);
       throw_errno("cannot mmap", path);
