@@ -86,30 +86,27 @@ struct Rank {
   ck::TrainState state;
 };
 
-// Both ranks save `iteration`; returns each rank's error ("" on success).
-std::vector<std::string> save_both(const fs::path& root, int64_t iteration, bool rank1_bad_input = false) {
+// Both ranks save `iteration`; returns each rank's error ("" on success). `after_round` runs when
+// an agreement round completes (round 0: rank 0 has prepared the temp directory).
+std::vector<std::string> save_both(const fs::path& root, int64_t iteration, bool rank1_bad_input = false,
+                                   std::function<void(long)> after_round = {}) {
   Hub hub(2);
-  return [&] {
-    Rank r0(hub, 0), r1(hub, 1);
-    std::vector<std::string> err(2);
-    auto go = [&](Rank& r, int i) {
-      r.state.iteration = iteration;
-      ck::SaveInput in;
-      in.model = &r.net;
-      in.optimizer = r.opt.get();
-      in.state = (i == 1 && rank1_bad_input) ? nullptr : &r.state;
-      in.group = &r.group;
-      try {
-        ck::save_checkpoint(root.string(), in);
-      } catch (const std::exception& e) {
-        err[static_cast<size_t>(i)] = e.what();
-      }
-    };
-    std::thread t([&] { go(r1, 1); });
-    go(r0, 0);
-    t.join();
-    return err;
-  }();
+  hub.after_round = std::move(after_round);
+  Rank r0(hub, 0), r1(hub, 1);
+  std::vector<std::string> err(2);
+  auto go = [&](Rank& r, int i) {
+    r.state.iteration = iteration;
+    ck::SaveInput in{&r.net, r.opt.get(), (i == 1 && rank1_bad_input) ? nullptr : &r.state, {}, {}, &r.group};
+    try {
+      ck::save_checkpoint(root.string(), in);
+    } catch (const std::exception& e) {
+      err[static_cast<size_t>(i)] = e.what();
+    }
+  };
+  std::thread t([&] { go(r1, 1); });
+  go(r0, 0);
+  t.join();
+  return err;
 }
 
 fs::path fresh_root(const std::string& name) {
@@ -149,25 +146,10 @@ TEST(DataParallelSave, AFailedShardWriteFailsEveryRankAndKeepsThePreviousCheckpo
   ASSERT_EQ(save_both(root, 3), (std::vector<std::string>{"", ""}));
   // Make rank 1's shard file of the next save impossible to create: once rank 0 has prepared
   // the temp directory (round 0), put a directory where the file must go.
-  Hub hub(2);
-  Rank r0(hub, 0), r1(hub, 1);
-  hub.after_round = [&](long round) {
+  const auto err = save_both(root, 5, false, [&](long round) {
     if (round == 0)
       fs::create_directories(root / (".tmp.iter_0000005." + std::to_string(::getpid())) / "optim_rank_00001.safetensors");
-  };
-  std::vector<std::string> err(2);
-  auto go = [&](Rank& r, int i) {
-    r.state.iteration = 5;
-    ck::SaveInput in{&r.net, r.opt.get(), &r.state, {}, {}, &r.group};
-    try {
-      ck::save_checkpoint(root.string(), in);
-    } catch (const ck::CheckpointError& e) {
-      err[static_cast<size_t>(i)] = e.what();
-    }
-  };
-  std::thread t([&] { go(r1, 1); });
-  go(r0, 0);
-  t.join();
+  });
   for (const auto& e : err) {
     EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
     EXPECT_NE(e.find("optim_rank_00001.safetensors"), std::string::npos) << e;
