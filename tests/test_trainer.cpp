@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "harness/env.h"
 #include "harness/trainer.h"
@@ -108,6 +109,37 @@ TEST(Trainer, LossFallsWithinTwentyIterationsAtDefaults) {
     ASSERT_TRUE(std::isfinite(m.lm_loss));
   }
   EXPECT_LT(last, first - 1.0f) << "first " << first << " last " << last;
+}
+
+// The GPU path is compiled only with a CUDA LibTorch (RH_WITH_CUDA). Without one, asking for it
+// is refused with a message that says why; with one and a device, two runs must be bit-identical
+// under the deterministic settings (CUBLAS_WORKSPACE_CONFIG=:4096:8).
+TEST(CudaDevice, WithoutACudaBuildIsRefusedSayingWhy) {
+#ifdef RH_WITH_CUDA
+  GTEST_SKIP() << "this build has CUDA; CudaDevice.TwoRunsAreBitIdentical covers the GPU path";
+#else
+  auto cfg = small_config("bf16");
+  cfg.train.device = "cuda";
+  try {
+    rh::Trainer t(cfg);
+    ADD_FAILURE() << "--device cuda accepted by a build without CUDA";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("this build has no CUDA"), std::string::npos) << e.what();
+  }
+#endif
+}
+
+TEST(CudaDevice, TwoRunsAreBitIdentical) {
+#ifndef RH_WITH_CUDA
+  GTEST_SKIP() << "skipped: no CUDA LibTorch in this build (the GPU path is compile-guarded)";
+#else
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA build, but no CUDA device here";
+  rh::configure_determinism(1);
+  auto cfg = small_config("bf16");
+  cfg.train.device = "cuda";
+  rh::Trainer a(cfg), b(cfg);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(same_bits(a.train_iteration(), b.train_iteration())) << "iteration " << i + 1;
+#endif
 }
 
 }  // namespace
