@@ -24,6 +24,14 @@ namespace rh::dist {
 
 namespace {
 
+// The first line of a c10d/Gloo message (they append a C++ stack trace).
+std::string first_line(const std::exception& e) {
+  std::string msg = e.what();
+  const auto nl = msg.find('\n');
+  if (nl != std::string::npos) msg.resize(nl);
+  return msg;
+}
+
 const char* getenv_s(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
@@ -80,11 +88,9 @@ struct Group::Impl {
     try {
       w->wait();
     } catch (const std::exception& e) {
-      std::string msg = e.what();
-      const auto nl = msg.find('\n');
-      if (nl != std::string::npos) msg.resize(nl);
       throw DistError(std::string("data-parallel ") + what + " failed on rank " + std::to_string(place.rank) + " of " +
-                      std::to_string(place.world_size) + " (a peer died, hung past the timeout, or failed): " + msg);
+                      std::to_string(place.world_size) + " (a peer died, hung past the timeout, or failed): " +
+                      first_line(e));
     }
   }
 };
@@ -107,12 +113,9 @@ Group::Group(const Placement& p, std::chrono::milliseconds timeout) : impl_(std:
     opts->threads = 1;
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, p.rank, p.world_size, opts);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    const auto nl = msg.find('\n');
-    if (nl != std::string::npos) msg.resize(nl);
     throw DistError("rank " + std::to_string(p.rank) + " of " + std::to_string(p.world_size) + ": rendezvous at " +
                     p.master_addr + ":" + std::to_string(p.master_port) + " failed within " +
-                    std::to_string(timeout.count() / 1000) + " s: " + msg);
+                    std::to_string(timeout.count() / 1000) + " s: " + first_line(e));
   }
 }
 

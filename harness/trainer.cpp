@@ -51,13 +51,6 @@ torch::Device parse_device(const std::string& d) {
   return torch::Device(torch::kCPU);
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // Megatron's default grouping: matrices decay, 1-D parameters (norm weights) do not.
 std::vector<optim::ParamGroup> param_groups(models::CausalLM& model, double wd) {
   optim::ParamGroup decay{"decay", {}, wd}, no_decay{"no_decay", {}, 0.0};
@@ -113,7 +106,7 @@ IterMetrics Trainer::train_iteration() {
                      torch::TensorOptions().dtype(torch::kLong).device(device_))
           .item<int64_t>());
   for (int64_t micro = first; micro < last; ++micro) {
-    torch::Generator micro_gen = make_generator(device_, splitmix64(draw ^ static_cast<uint64_t>(micro)));
+    torch::Generator micro_gen = make_generator(device_, mix64(draw ^ static_cast<uint64_t>(micro)));
     corpus_.fill(state_.consumed_samples + micro * mb, mb, tokens.data(), targets.data());
     auto x = torch::from_blob(tokens.data(), {mb, T}, torch::kLong).to(device_);
     auto y = torch::from_blob(targets.data(), {mb, T}, torch::kLong).to(device_);

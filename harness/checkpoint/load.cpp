@@ -94,6 +94,18 @@ void check_optimizer(const detail::Verified& v, const optim::PrecisionAdam& opt)
                             groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) + "'");
 }
 
+// Generator states ("rng_states": name -> hex), as train_state and rank_states hold them.
+std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::json& j, const std::string& mpath) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  try {
+    for (const auto& [name, hex] : j.items())
+      out[name] = hex_decode(hex.get<std::string>(), mpath + " rng state '" + name + "'");
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(mpath + ": bad rng_states: " + e.what());
+  }
+  return out;
+}
+
 TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) {
   TrainState s;
   try {
@@ -105,8 +117,7 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
     s.lr.warmup_iters = lr.at("warmup_iters").get<int64_t>();
     s.lr.decay_iters = lr.at("decay_iters").get<int64_t>();
     s.lr.num_steps = lr.at("num_steps").get<int64_t>();
-    for (const auto& [name, hex] : j.at("rng_states").items())
-      s.rng_states[name] = hex_decode(hex.get<std::string>(), mpath + " rng state '" + name + "'");
+    s.rng_states = parse_rng_states(j.at("rng_states"), mpath);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(mpath + ": bad train_state: " + e.what());
   }
@@ -190,9 +201,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       for (const auto& rs : m["rank_states"])
         if (rs.value("dp_rank", -1) == my_rank) mine = &rs;
     if (mine) {
-      TrainState tmp = parse_train_state({{"iteration", 0}, {"consumed_samples", 0}, {"lr_schedule", m["train_state"]["lr_schedule"]},
-                                          {"rng_states", mine->at("rng_states")}}, mpath);
-      loaded.rng_states = tmp.rng_states;
+      loaded.rng_states = parse_rng_states(mine->at("rng_states"), mpath);
     } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
       rep.conversions.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
                                 m.value("dp_size", nlohmann::json(1)).dump() + ") has no generator state for it; rank 0's is used");

@@ -278,8 +278,8 @@ void PrecisionAdam::step(double lr) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   for (auto& s : I.steps) ++s;   // every group advances, whether or not its params have grads
-  const bool m_scaled = I.cfg.exp_avg_dtype == Dtype::fp16 || I.cfg.exp_avg_dtype == Dtype::fp8;
-  const bool v_scaled = I.cfg.exp_avg_sq_dtype == Dtype::fp16 || I.cfg.exp_avg_sq_dtype == Dtype::fp8;
+  const bool m_scaled = scaled_moment(StateKey::exp_avg, I.cfg.exp_avg_dtype);
+  const bool v_scaled = scaled_moment(StateKey::exp_avg_sq, I.cfg.exp_avg_sq_dtype);
   const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled) && !I.split.empty();
   std::vector<detail::Deferred> deferred(I.split.size());
   std::vector<bool> did(I.split.size(), false);
