@@ -160,7 +160,10 @@ int run_train(const TrainJob& job) {
       for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
     tr.set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);
     if (!quiet) {
-      std::cout << "loaded " << report.dir << " (iteration " << report.iteration << ")\n";
+      char took[96];
+      std::snprintf(took, sizeof took, "; verified in %.3f s, restored in %.3f s", report.verify_seconds,
+                    report.apply_seconds);
+      std::cout << "loaded " << report.dir << " (iteration " << report.iteration << took << ")\n";
       for (const auto& c : report.conversions) std::cout << "  conversion: " << c << "\n";
       if (job.fault != Fault::none) std::cout << "  fault injected: " << to_string(job.fault) << "\n";
     }

@@ -114,6 +114,8 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   LoadReport rep = load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts);
   EXPECT_EQ(rep.iteration, 3);
   EXPECT_EQ(rep.dir, res.dir);
+  EXPECT_GT(rep.verify_seconds, 0.0) << "both phases are timed";
+  EXPECT_GT(rep.apply_seconds, 0.0);
   for (const auto& p : a.opt->param_names())
     for (StateKey k : kKeys)
       EXPECT_TRUE(stored_equal(c.opt->stored(p, k), expect[p + "/" + rh::optim::key_name(k)]))
@@ -258,6 +260,37 @@ TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
   EXPECT_EQ(c.state.consumed_samples, 12345);
   for (const auto& e : fs::directory_iterator(dir.p))
     EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "leftover " << e.path();
+}
+
+
+// The model file is written on a second thread beside the optimizer shard: its failure still
+// fails the save with its own message, leaves no temp directory and keeps the previous
+// checkpoint the newest.
+TEST(Checkpoint, FailingModelWriteKeepsThePreviousCheckpoint) {
+  TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 2);
+  save_checkpoint(dir.str(), save_input(a));
+  struct WithInt8 : torch::nn::Module {   // int8 has no safetensors name here: write_model throws
+    explicit WithInt8(std::shared_ptr<Toy> t) {
+      register_module("toy", std::move(t));
+      register_parameter("codes", torch::zeros({4}, torch::kChar), /*requires_grad=*/false);
+    }
+  } bad(a.model);
+  train(a, 1);
+  rh::ckpt::SaveInput in = save_input(a);
+  in.model = &bad;
+  try {
+    save_checkpoint(dir.str(), in);
+    ADD_FAILURE() << "a model the writer cannot store must fail the save";
+  } catch (const rh::ckpt::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model parameter codes"), std::string::npos) << e.what();
+  }
+  for (const auto& e : fs::directory_iterator(dir.p))
+    EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "leftover " << e.path();
+  EXPECT_FALSE(fs::exists(dir.p / "iter_0000003"));
+  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
+  EXPECT_EQ(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}).iteration, 2);
 }
 
 }  // namespace

@@ -78,6 +78,9 @@ struct LoadReport {
   int64_t iteration = 0;
   std::vector<std::string> conversions;   // human-readable notes, e.g. master mode conversions
   nlohmann::json manifest;
+  // Wall time of the two phases: every check (files mapped, sizes, checksums, structure, config,
+  // planned conversions) before anything is touched, then restoring the state.
+  double verify_seconds = 0, apply_seconds = 0;
 };
 
 // Resolves root (via the pointer) or an iter_ directory, verifies everything before touching any

@@ -12,6 +12,7 @@
 //  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
 //    not from what the optimizer holds. Where that disagrees with the checkpoint the PR misfires;
 //    load refuses, or with allow_lossy reproduces the misfire as upstream would.
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -184,6 +185,10 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     if (k != "master_param" && k != "remainder" && k != "exp_avg" && k != "exp_avg_sq" && k != "model" && k != "step")
       throw CheckpointError("skip_keys: unknown key '" + k + "' (master_param, remainder, exp_avg, exp_avg_sq, model, step)");
   LoadReport rep;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   rep.dir = detail::resolve_checkpoint_dir(root_or_dir);
   detail::Verified v = detail::verify_checkpoint_dir(rep.dir);
   const nlohmann::json& m = v.manifest;
@@ -332,6 +337,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   }
 
   // ---- apply. Snapshot only if some outcome is unknown until the optimizer re-stores it.
+  rep.verify_seconds = since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
   bool need_snapshot = false;
   for (const auto& a : plan) need_snapshot |= !a.use_stored;
   std::vector<std::pair<std::string, optim::StoredState>> snap_states[3];
@@ -406,6 +413,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     throw CheckpointError("checkpoint " + rep.dir + ": restoring state failed: " + e.what());
   }
   state = loaded;
+  rep.apply_seconds = since(t1);
   rep.iteration = loaded.iteration;
   rep.manifest = m;
   return rep;

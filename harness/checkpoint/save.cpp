@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include <filesystem>
+#include <future>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
@@ -258,8 +259,19 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   uint64_t num_params = 0;
   err.clear();
   try {
-    if (rank == 0) m = write_model(tmp, in, num_params);
-    part = write_shard(tmp, in, rank, size > 1);
+    // Rank 0 writes the model file on a second thread while it writes its shard, so the two
+    // page-cache copies overlap. It pays where the storage outpaces one core (1 GB bench on
+    // tmpfs: 0.46 s -> 0.41 s); on this VM's disk the write-back bounds both (within noise).
+    std::future<nlohmann::json> model;
+    if (rank == 0) model = std::async(std::launch::async, [&] { return write_model(tmp, in, num_params); });
+    std::string shard_err;
+    try {
+      part = write_shard(tmp, in, rank, size > 1);
+    } catch (const std::exception& e) {
+      shard_err = e.what();
+    }
+    if (model.valid()) m = model.get();   // the model's error first: it names the model file
+    if (!shard_err.empty()) throw CheckpointError(shard_err);
   } catch (const std::exception& e) {
     err = e.what();
   }
