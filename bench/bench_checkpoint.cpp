@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "bench/bench_util.h"
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +30,9 @@
 namespace fs = std::filesystem;
 using rh::optim::StateKey;
 
+using rh_bench::median;
+using rh_bench::seconds;
+
 namespace {
 
 struct Flat : torch::nn::Module {
@@ -38,17 +43,6 @@ struct Flat : torch::nn::Module {
       ps.push_back(register_parameter("layer" + std::to_string(i) + "_weight", torch::randn({numel}, g)));
   }
 };
-
-double seconds(const std::function<void()>& f) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 std::string rh_iter_name(int64_t it) {
   char b[32];

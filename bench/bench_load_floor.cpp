@@ -14,6 +14,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+
+#include "bench/bench_util.h"
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,20 +26,12 @@
 #include <thread>
 #include <vector>
 
+using rh_bench::median;
+using rh_bench::seconds;
+
 namespace {
 
 constexpr size_t kBlock = 32u << 20, kChunk = 256u << 10;
-
-double seconds(const std::function<void()>& f) {
-  auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // fn(block) for every kBlock block of n bytes, blocks spread round-robin over all cores.
 void each_block(size_t n, const std::function<void(size_t, size_t)>& fn) {
