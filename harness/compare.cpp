@@ -13,6 +13,7 @@
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/policy.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/optim/storage_codecs.h"
 
@@ -44,7 +45,7 @@ Loaded load_dump(const std::string& root) {
       const std::string param = t.key.substr(0, slash);
       if (!ix.pieces.count(param)) throw std::runtime_error(f.path() + ": tensor '" + t.key + "' of no known param");
       torch::Tensor whole;
-      if (t.key.size() > 6 && t.key.compare(t.key.size() - 6, 6, ".scale") == 0) {
+      if (ckpt::detail::is_scale_key(t.key)) {
         whole = ckpt::detail::gather_scale(v, ix, param, t.key);
       } else {
         int64_t n = 1;
@@ -94,7 +95,7 @@ torch::Tensor raw_bits(const torch::Tensor& t) {
 
 std::string key_kind(const std::string& key) {
   if (key.rfind("model/", 0) == 0) return "model";
-  if (key.size() > 6 && key.compare(key.size() - 6, 6, ".scale") == 0) return "scale";
+  if (ckpt::detail::is_scale_key(key)) return "scale";
   const auto slash = key.rfind('/');
   return slash == std::string::npos ? key : key.substr(slash + 1);
 }

@@ -35,6 +35,8 @@ std::vector<Field> fields(RunConfig& c) {
       {"model", "n_heads", "--num-attention-heads", "attention heads H", &m.n_heads},
       {"model", "n_experts", "--num-experts", "experts per MoE layer E", &m.n_experts},
       {"model", "top_k", "--moe-router-topk", "experts per token K", &m.top_k},
+      {"model", "dead_expert", "--moe-dead-expert",
+       "not upstream: an expert the router never selects (-1 = none), a dead expert", &m.dead_expert},
       {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
       {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
       {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
@@ -57,6 +59,9 @@ std::vector<Field> fields(RunConfig& c) {
       {"optimizer", "eps", "--adam-eps", "Adam epsilon", &o.eps},
       {"optimizer", "weight_decay", "--weight-decay", "decoupled (AdamW) or L2 decay", &o.weight_decay},
       {"optimizer", "adam_w_mode", "--adam-w-mode", "AdamW (true) or L2 decay (false)", &o.adam_w_mode},
+      {"optimizer", "scale_zero_guard", "--scale-zero-guard",
+       "not upstream: fp16/fp8 states whose scale has no finite reciprocal (all-zero) keep zeros "
+       "instead of TE's 0 * inf = NaN fp8 codes", &o.scale_zero_guard},
       {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
       {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
       {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},

@@ -118,6 +118,8 @@ IterMetrics Trainer::train_iteration() {
     aux_sum += out.aux_loss.detach().to(torch::kCPU, torch::kFloat);
   }
   optimizer_->reduce_grads();
+  // Megatron steps every param (main grads in a buffer, zero for an expert without tokens).
+  optimizer_->mark_all_grads();
   if (group_) {   // the loss sums over the group (in rank order, see PrecisionAdam::reduce_grads)
     auto sums = torch::stack({lm_sum, aux_sum});
     group_->all_reduce_sum(sums);
@@ -199,6 +201,7 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
                              : std::string(optim::key_name(k)));
       out.emplace_back(key, tensor_xxh3(st.data));
       if (st.scale) out.emplace_back(key + ".scale", XXH3_64bits(&*st.scale, sizeof(float)));
+      if (st.scale_inv) out.emplace_back(key + ".scale_inv", XXH3_64bits(&*st.scale_inv, sizeof(float)));
     }
   }
   return out;

@@ -57,6 +57,12 @@ void validate_config(const ModelConfig& cfg) {
   if (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)
     bad_field("top_k", std::to_string(cfg.top_k),
               "must be in [1, n_experts = " + std::to_string(cfg.n_experts) + "]");
+  if (cfg.dead_expert < -1 || cfg.dead_expert >= cfg.n_experts)
+    bad_field("dead_expert", std::to_string(cfg.dead_expert),
+              "must be -1 (none) or an expert index in [0, n_experts = " + std::to_string(cfg.n_experts) + ")");
+  if (cfg.dead_expert >= 0 && cfg.top_k >= cfg.n_experts)
+    bad_field("dead_expert", std::to_string(cfg.dead_expert),
+              "needs top_k < n_experts (top_k = " + std::to_string(cfg.top_k) + " would route to every expert)");
   require_positive("ffn_hidden", cfg.ffn_hidden);
   require_nonneg_finite("aux_loss_coeff", cfg.aux_loss_coeff);
   require_nonneg_finite("z_loss_coeff", cfg.z_loss_coeff);

@@ -21,6 +21,9 @@ struct ModelConfig {
   int64_t n_heads = 4;          // H, D = C / H (must be even for RoPE)
   int64_t n_experts = 4;        // E
   int64_t top_k = 2;            // K
+  // Not a Megatron option: an expert index the router never selects (-1 = none), so that expert
+  // receives no tokens and its gradients stay exactly zero, as a dead MoE expert's do.
+  int64_t dead_expert = -1;
   int64_t ffn_hidden = 256;     // F, per expert (SwiGLU: gate+up are 2F wide)
   double aux_loss_coeff = 1e-2; // load-balancing loss coefficient
   double z_loss_coeff = 0.0;    // router z-loss coefficient (0 = off; 1e-3 usual)

@@ -2,6 +2,7 @@
 // C d_model, E experts, K top-k, F expert hidden size.
 #include "models/moe.h"
 
+#include <limits>
 #include <stdexcept>
 
 namespace rh::models {
@@ -22,6 +23,7 @@ torch::Tensor ExpertImpl::forward(const torch::Tensor& x) {
 MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torch::Device& device)
     : n_experts(cfg.n_experts),
       top_k(cfg.top_k),
+      dead_expert(cfg.dead_expert),
       aux_loss_coeff(cfg.aux_loss_coeff),
       z_loss_coeff(cfg.z_loss_coeff),
       router_jitter(cfg.router_jitter),
@@ -50,6 +52,9 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   RouterOutput r;
   // Logits in fp32 whatever the compute mode: routing decisions are precision-sensitive.
   r.logits = torch::linear(xr, router->weight.to(torch::kFloat));  // (N, E)
+  if (dead_expert >= 0)   // never chosen: its logit is -inf (softmax probability exactly 0)
+    r.logits = r.logits.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(r.logits.device()),
+                                   -std::numeric_limits<float>::infinity());
   auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
   r.top_idx = top_idx;
   r.top_probs = torch::softmax(top_logits, -1);

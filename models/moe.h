@@ -52,7 +52,7 @@ struct MoELayerImpl : torch::nn::Module {
     return {y, std::move(r)};
   }
 
-  int64_t n_experts, top_k;
+  int64_t n_experts, top_k, dead_expert;
   double aux_loss_coeff, z_loss_coeff, router_jitter;
   Numerics num;
   NoBiasLinear router{nullptr};  // weight (E, C)

@@ -3,6 +3,16 @@
 // its own E4M3 codec (a search over the format's values, not bit tricks) and its own remainder
 // split/join written literally from the rule. Same fp32 op order as harness/optim/adam_step.cpp;
 // the build has no FMA contraction (x86-64 baseline, no -march), so each line rounds once.
+// The rules it follows, each written from the upstream source (TransformerEngine):
+//  - bias correction: adam.cu, multi_tensor_adam*_cuda: 1 - std::pow(float beta, int step), i.e.
+//    pow in double of the fp32 beta, rounded once to fp32;
+//  - scaling: fused_adam.py FusedAdam._apply_scale / get_unscaled_state: scale = amax / range;
+//    fp16 code = fp16(x * (scale > 0 ? 1/scale : 0)), value = code * scale; fp8 quantizer scale
+//    1/scale, code = E4M3(x * qscale) (vectorized_pointwise.h unary_kernel), scale_inv =
+//    1/qscale (utils.cuh reciprocal<float>), value = code * scale_inv (dequantize_fp8.cuh);
+//  - fp16 master: scaled like an fp16 moment; the model weight is the new fp32 master cast
+//    (adam.cu AdamFunctorMaster: p[i] = static_cast<PARAM_T>(r_p[ii]));
+//  - GPU NaN: every NaN result is 0x7FFFFFFF, cast to 0x7FFF (bf16, fp16) or 0x7F (E4M3).
 #pragma once
 #include <Eigen/Core>
 
@@ -21,7 +31,7 @@ inline float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 // --- bf16 ---
 inline uint16_t bf16_rne(float f) {
   const uint32_t u = f2u(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);   // quiet NaN
+  if (std::isnan(f)) return 0x7FFF;   // __float2bfloat16: canonical NaN
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 inline float bf16_to_f(uint16_t b) { return u2f(static_cast<uint32_t>(b) << 16); }
@@ -39,7 +49,12 @@ inline uint16_t bf16_ties_away(float f) {
 }
 
 // --- fp16 (Eigen::half converts with round-to-nearest-even) ---
-inline uint16_t fp16_rne(float f) { return Eigen::numext::bit_cast<uint16_t>(Eigen::half(f)); }
+inline uint16_t fp16_rne(float f) {
+  if (std::isnan(f)) return 0x7FFF;   // __float2half: canonical NaN
+  return Eigen::numext::bit_cast<uint16_t>(Eigen::half(f));
+}
+// The GPU's NaN result of fp32 arithmetic.
+inline float canon(float f) { return std::isnan(f) ? u2f(0x7FFFFFFFu) : f; }
 inline float fp16_to_f(uint16_t b) {
   return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(b));
 }
@@ -86,34 +101,49 @@ inline float join(uint16_t weight, int16_t rem) {
 enum class Fmt { fp32, bf16, fp16, fp8 };
 enum class Master { fp32, fp16, remainders };
 
-// One stored tensor: raw bit patterns zero-extended to 32 bits, plus the scale where used.
+// One stored tensor: raw bit patterns zero-extended to 32 bits, plus TE's scale / scale_inv.
 struct Stored {
   Fmt fmt = Fmt::fp32;
   Eigen::Array<uint32_t, Eigen::Dynamic, 1> raw;
-  float scale = 1.0f;
+  float scale = 1.0f, scale_inv = 1.0f;   // _initialize_state: ones
+  bool guard = false;                     // scale_zero_guard
   float value(Eigen::Index i) const {
     switch (fmt) {
       case Fmt::fp32: return u2f(raw[i]);
       case Fmt::bf16: return bf16_to_f(static_cast<uint16_t>(raw[i]));
-      case Fmt::fp16: return fp16_to_f(static_cast<uint16_t>(raw[i])) * scale;
-      case Fmt::fp8: return e4m3_decode(static_cast<uint8_t>(raw[i])) * scale;
+      case Fmt::fp16: return canon(fp16_to_f(static_cast<uint16_t>(raw[i])) * scale);
+      case Fmt::fp8: return canon(e4m3_decode(static_cast<uint8_t>(raw[i])) * scale_inv);
     }
     return 0.0f;
   }
   void store(const Eigen::ArrayXf& x) {
     raw.resize(x.size());
+    float mult = 1.0f;
     if (fmt == Fmt::fp16 || fmt == Fmt::fp8) {
+      bool nan = false;
       float amax = 0.0f;
-      for (Eigen::Index i = 0; i < x.size(); ++i) amax = std::max(amax, std::fabs(x[i]));
+      for (Eigen::Index i = 0; i < x.size(); ++i) {
+        nan |= std::isnan(x[i]);
+        amax = std::max(amax, std::fabs(x[i]));
+      }
+      if (nan) amax = std::numeric_limits<float>::quiet_NaN();
       scale = amax / (fmt == Fmt::fp16 ? 32752.0f : 448.0f);
-      if (!(scale > 0.0f)) scale = 1.0f;   // the documented all-zero rule
+      const float r = 1.0f / scale;
+      const bool unusable = !std::isfinite(r);
+      if (fmt == Fmt::fp16) {
+        mult = (scale > 0.0f && !(guard && unusable)) ? r : 0.0f;
+        scale_inv = scale;
+      } else {
+        mult = (guard && unusable && !std::isnan(scale)) ? 1.0f : r;
+        scale_inv = 1.0f / mult;
+      }
     }
     for (Eigen::Index i = 0; i < x.size(); ++i) {
       switch (fmt) {
         case Fmt::fp32: raw[i] = f2u(x[i]); break;
         case Fmt::bf16: raw[i] = bf16_rne(x[i]); break;
-        case Fmt::fp16: raw[i] = fp16_rne(x[i] / scale); break;
-        case Fmt::fp8: raw[i] = e4m3_encode(x[i] / scale); break;
+        case Fmt::fp16: raw[i] = fp16_rne(canon(x[i] * mult)); break;
+        case Fmt::fp8: raw[i] = e4m3_encode(canon(x[i] * mult)); break;
       }
     }
   }
@@ -123,13 +153,14 @@ struct Config {
   Master master = Master::fp32;
   Fmt exp_avg = Fmt::fp32, exp_avg_sq = Fmt::fp32;
   bool bf16_main_grads = false, bf16_params = true, adam_w = true;
+  bool scale_zero_guard = false;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
 };
 
 struct Param {
   int group = 0;
   Eigen::ArrayXf master32;                          // Master::fp32
-  Eigen::Array<uint16_t, Eigen::Dynamic, 1> half;   // Master::fp16 bits
+  Stored half;                                      // Master::fp16: scaled fp16 codes
   Eigen::Array<uint16_t, Eigen::Dynamic, 1> weight; // bf16 model param bits (bf16 params)
   Eigen::ArrayXf weight32;                          // fp32 model param (fp32 params)
   Eigen::Array<int16_t, Eigen::Dynamic, 1> rem;     // Master::remainders
@@ -156,12 +187,14 @@ class Adam {
     if (cfg.bf16_params) p.weight = init.unaryExpr([](float f) { return bf16_rne(f); });
     else p.weight32 = init;
     if (cfg.master == Master::fp32) p.master32 = init;
-    if (cfg.master == Master::fp16) p.half = init.unaryExpr([](float f) { return fp16_rne(f); });
+    p.half.fmt = Fmt::fp16;
+    p.half.guard = p.m.guard = p.v.guard = cfg.scale_zero_guard;
+    if (cfg.master == Master::fp16) p.half.store(init);   // set_scaled_state(param.float())
     if (cfg.master == Master::remainders) p.rem = Eigen::Array<int16_t, Eigen::Dynamic, 1>::Zero(n);
     p.m.fmt = cfg.exp_avg;
     p.v.fmt = cfg.exp_avg_sq;
-    p.m.store(Eigen::ArrayXf::Zero(n));
-    p.v.store(Eigen::ArrayXf::Zero(n));
+    // Zeros with the initial scale 1 (not through store(): a fresh state is not _apply_scale'd).
+    p.m.raw = p.v.raw = Eigen::Array<uint32_t, Eigen::Dynamic, 1>::Zero(n);
     p.main_grad = Eigen::ArrayXf::Zero(n);
     params.push_back(std::move(p));
   }
@@ -180,7 +213,7 @@ class Adam {
   float master_value(const Param& p, Eigen::Index j) const {
     switch (cfg.master) {
       case Master::fp32: return p.master32[j];
-      case Master::fp16: return fp16_to_f(p.half[j]);
+      case Master::fp16: return p.half.value(j);
       case Master::remainders: return join(p.weight[j], p.rem[j]);
     }
     return 0.0f;
@@ -193,11 +226,11 @@ class Adam {
     for (auto& p : params) {
       if (!p.has_grad) continue;
       const double t = static_cast<double>(steps[p.group]);
-      const float bc1 = static_cast<float>(1.0 - std::pow(cfg.beta1, t));
-      const float bc2 = static_cast<float>(1.0 - std::pow(cfg.beta2, t));
+      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+      const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
       const float wd = static_cast<float>(group_wd[p.group]);
       const auto n = p.main_grad.size();
-      Eigen::ArrayXf nm(n), nv(n);
+      Eigen::ArrayXf nm(n), nv(n), nw(n);
       for (Eigen::Index j = 0; j < n; ++j) {
         float w = master_value(p, j), g = p.main_grad[j];
         float m = p.m.value(j), v = p.v.value(j);
@@ -209,10 +242,12 @@ class Adam {
         if (cfg.adam_w) { const float d = wd * w; u = u + d; }
         u = lr * u;
         w = w - u;
-        nm[j] = m;
-        nv[j] = v;
-        write_master(p, j, w);
+        nm[j] = canon(m);
+        nv[j] = canon(v);
+        nw[j] = canon(w);
+        write_master(p, j, nw[j]);
       }
+      if (cfg.master == Master::fp16) p.half.store(nw);
       p.m.store(nm);
       p.v.store(nv);
       p.last_m = nm;
@@ -222,14 +257,13 @@ class Adam {
 
  private:
   void write_master(Param& p, Eigen::Index j, float w) {
-    float model = w;
     switch (cfg.master) {
       case Master::fp32: p.master32[j] = w; break;
-      case Master::fp16: p.half[j] = fp16_rne(w); model = fp16_to_f(p.half[j]); break;
+      case Master::fp16: break;   // stored with the whole tensor's scale after the loop
       case Master::remainders: split(w, p.weight[j], p.rem[j]); return;
     }
-    if (cfg.bf16_params) p.weight[j] = bf16_rne(model);
-    else p.weight32[j] = model;
+    if (cfg.bf16_params) p.weight[j] = bf16_rne(w);   // from the new fp32 master
+    else p.weight32[j] = w;
   }
 };
 

@@ -154,18 +154,25 @@ struct Rig {
       const auto& ms = opt->stored(name, StateKey::master_param);
       std::vector<uint32_t> want_master;
       if (c.master == MasterMode::fp32) want_master = ref_bits(rp.master32, 4);
-      if (c.master == MasterMode::fp16) want_master = ref_bits(rp.half, 2);
+      if (c.master == MasterMode::fp16) want_master = ref_bits(rp.half.raw, 4);
       if (c.master == MasterMode::remainders) want_master = ref_bits(rp.rem, 2);
       d = first_diff(raw_bits(ms.data), want_master);
       ASSERT_EQ(d, -1) << "master_param differs at element " << d << ", " << at;
+      auto expect_scaling = [&](const StoredState& st, const ref::Stored& rs, const char* what) {
+        if (rs.fmt != ref::Fmt::fp16 && rs.fmt != ref::Fmt::fp8) return;
+        ASSERT_TRUE(st.scale.has_value()) << what << ", " << at;
+        ASSERT_EQ(ref::f2u(*st.scale), ref::f2u(rs.scale)) << what << " scale, " << at;
+        if (rs.fmt == ref::Fmt::fp8) {
+          ASSERT_TRUE(st.scale_inv.has_value()) << what << ", " << at;
+          ASSERT_EQ(ref::f2u(*st.scale_inv), ref::f2u(rs.scale_inv)) << what << " scale_inv, " << at;
+        }
+      };
+      if (c.master == MasterMode::fp16) expect_scaling(ms, rp.half, "master_param");
       for (auto [key, rs] : {std::pair{StateKey::exp_avg, &rp.m}, std::pair{StateKey::exp_avg_sq, &rp.v}}) {
         const auto& st = opt->stored(name, key);
         d = first_diff(raw_bits(st.data), ref_bits(rs->raw, 4));
         ASSERT_EQ(d, -1) << key_name(key) << " differs at element " << d << ", " << at;
-        if (rs->fmt == ref::Fmt::fp16 || rs->fmt == ref::Fmt::fp8) {
-          ASSERT_TRUE(st.scale.has_value()) << at;
-          ASSERT_EQ(ref::f2u(*st.scale), ref::f2u(rs->scale)) << key_name(key) << " scale, " << at;
-        }
+        expect_scaling(st, *rs, key_name(key));
       }
     }
     for (size_t g = 0; g < 2; ++g) ASSERT_EQ(opt->step_count(g), r->steps[g]);

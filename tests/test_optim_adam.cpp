@@ -3,6 +3,8 @@
 // torch::optim::AdamW with fp32 everything, and the storage rules (bf16 RNE, fp16/fp8 scales
 // recomputed from amax, all-zero tensors) checked directly.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <torch/torch.h>
 
 #include "harness/optim/precision_adam.h"
@@ -138,28 +140,64 @@ TEST(Storage, ScalesAreRecomputedFromAmaxEveryStep) {
   EXPECT_GT(changed, 15) << "the scale follows the moments";
 }
 
-TEST(Storage, ZeroMomentsKeepScaleOneAndZeroBytes) {
-  // "z" never gets a gradient; "zero" gets exactly zero gradients.
+// A param stepped with exactly zero gradients (a dead MoE expert: Megatron steps every param) has
+// all-zero moments, TE's all-zero case (fused_adam.py _apply_scale @04912bf): scale = 0 / range
+// = 0. fp16 then stores zeros with scale 0 (rscale 0). fp8's quantizer scale is 1/0 = inf, so
+// the codes are E4M3(0 * inf = NaN) = 0x7F and scale_inv = frcp(inf) = 0; on the next step the
+// moment decodes as NaN * 0 = NaN, the update is NaN, and the fp32 master becomes the canonical
+// NaN 0x7FFFFFFF, which the remainder split stores as weight 0x8000 (-0.0) + remainder -1. A
+// param without any gradient is skipped and keeps TE's fresh state (scale 1, scale_inv 1).
+// With scale_zero_guard the fp8 quantizer scale is 1: zeros stay zeros (scale_inv 1).
+class ZeroMoments : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ZeroMoments, FollowUpstreamOrTheGuard) {
+  const bool guard = GetParam();
   Rig rig({Dtype::fp8, Dtype::fp16, MasterMode::remainders, true, Dtype::fp32, true},
           {{"a", {10}, 0, 1, 0}, {"z", {6}, 0, 1000, 1}});
-  auto zero = torch::zeros({4}, torch::kBFloat16);
+  auto zero = torch::full({4}, 0.5, torch::kBFloat16);
   std::vector<ParamGroup> groups = {{"g", {{"zero", zero}}, 0.0}};
   OptimizerConfig cfg = rig.c.config();
+  cfg.scale_zero_guard = guard;
   PrecisionAdam opt(groups, cfg);
+  auto bits32 = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
   for (int s = 0; s < 3; ++s) {
     rig.step(s, 1e-3);
     zero.mutable_grad() = torch::zeros({4}, torch::kBFloat16);
     opt.accumulate_grads();
     opt.step(1e-3);
-  }
-  for (auto key : {StateKey::exp_avg, StateKey::exp_avg_sq}) {
-    for (const auto* st : {&rig.opt->stored("z", key), &opt.stored("zero", key)}) {
-      EXPECT_EQ(*st->scale, 1.0f) << key_name(key);
-      EXPECT_EQ(st->data.to(torch::kInt).abs().sum().item<int>(), 0) << key_name(key);
+    const auto& m = opt.stored("zero", StateKey::exp_avg);     // fp8
+    const auto& v = opt.stored("zero", StateKey::exp_avg_sq);  // fp16
+    const std::string at = "step " + std::to_string(s + 1) + (guard ? " (guard)" : "");
+    EXPECT_EQ(bits32(*v.scale), 0u) << "fp16 all-zero: scale 0, " << at;
+    EXPECT_EQ(v.data.view(torch::kShort).abs().sum().item<int64_t>(), 0) << "fp16 stores zeros, " << at;
+    if (guard) {
+      EXPECT_EQ(bits32(*m.scale), 0u) << at;
+      EXPECT_EQ(bits32(*m.scale_inv), 0x3F800000u) << "guarded quantizer scale 1, " << at;
+      EXPECT_EQ(m.data.to(torch::kInt).sum().item<int64_t>(), 0) << "zeros stay zeros, " << at;
+      EXPECT_TRUE(torch::equal(zero, torch::full({4}, 0.5, torch::kBFloat16))) << "no decay in this group, " << at;
+      continue;
+    }
+    EXPECT_TRUE(torch::equal(m.data, torch::full({4}, 0x7F, torch::kByte))) << "E4M3(0 * inf) = NaN code, " << at;
+    if (s == 0) {
+      EXPECT_EQ(bits32(*m.scale), 0u) << at;
+      EXPECT_EQ(bits32(*m.scale_inv), 0u) << "frcp(inf) = 0, " << at;
+      EXPECT_TRUE(torch::equal(zero, torch::full({4}, 0.5, torch::kBFloat16))) << "the first update is 0, " << at;
+    } else {
+      EXPECT_TRUE(std::isnan(*m.scale) && std::isnan(*m.scale_inv)) << "NaN amax from the NaN moment, " << at;
+      EXPECT_TRUE(torch::equal(zero.view(torch::kShort), torch::full({4}, static_cast<int16_t>(0x8000), torch::kShort)))
+          << "canonical NaN master 0x7FFFFFFF splits into weight -0.0, " << at;
+      const auto& r = opt.stored("zero", StateKey::master_param);
+      EXPECT_TRUE(torch::equal(r.data, torch::full({4}, static_cast<int16_t>(-1), torch::kShort))) << at;
     }
   }
-  EXPECT_TRUE(torch::equal(opt.get_unscaled_state("zero", StateKey::exp_avg), torch::zeros({4})));
+  for (auto key : {StateKey::exp_avg, StateKey::exp_avg_sq}) {
+    const auto& st = rig.opt->stored("z", key);
+    EXPECT_EQ(*st.scale, 1.0f) << "never stepped: fresh state, " << key_name(key);
+    EXPECT_EQ(st.data.to(torch::kInt).abs().sum().item<int>(), 0) << key_name(key);
+  }
 }
+INSTANTIATE_TEST_SUITE_P(Guard, ZeroMoments, ::testing::Values(false, true),
+                         [](const auto& i) { return std::string(i.param ? "scale_zero_guard" : "upstream"); });
 
 // torch::optim::AdamW computes p *= 1 - lr*wd, then m, v, denom = sqrt(v)/sqrt(bc2) + eps and
 // p -= (lr/bc1) * m/denom: the same AdamW as ours algebraically (decoupled decay folded into

@@ -3,6 +3,8 @@
 // rule. The LibTorch codecs (harness/optim/storage_codecs.h) are checked against the format's
 // definition and against the independent scalar reference (tests/optim_reference.h).
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -221,27 +223,67 @@ TEST_P(Scaled, ScaleIsAmaxOverRangeAndRoundTripIsClose) {
   const float range = fp8 ? 448.0f : 32752.0f;
   torch::manual_seed(3);
   auto x = torch::randn({5000}) * 0.01;
-  float scale = 0;
-  auto st = codec::scaled_encode(x, fp8, scale);
-  EXPECT_EQ(scale, x.abs().max().item<float>() / range);
-  auto back = codec::scaled_decode(st, fp8, scale);
+  codec::Scaling sc;
+  auto st = codec::scaled_encode(x, fp8, false, sc);
+  EXPECT_EQ(sc.scale, x.abs().max().item<float>() / range);
+  EXPECT_EQ(sc.mult, 1.0f / sc.scale) << "encode multiplies by the reciprocal";
+  EXPECT_EQ(sc.scale_inv, fp8 ? 1.0f / (1.0f / sc.scale) : sc.scale);
+  auto back = codec::scaled_decode(st, fp8, sc.scale_inv);
   // The amax element lands on the top of the range (fp8: code 0x7E = 448).
-  EXPECT_EQ(back.abs().max().item<float>(), x.abs().max().item<float>());
+  EXPECT_NEAR(back.abs().max().item<float>(), x.abs().max().item<float>(), x.abs().max().item<float>() * 1e-6);
   // Relative error bound of the format: fp8 3 mantissa bits (2^-4), fp16 10 bits (2^-11), for
   // values in the normal range of the scaled format.
-  auto normal = x.abs() / scale >= (fp8 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14));
+  auto normal = x.abs() / sc.scale >= (fp8 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14));
   auto rel = ((back - x).abs() / x.abs()).masked_select(normal);
   EXPECT_LE(rel.max().item<float>(), fp8 ? 1.0f / 16 : 1.0f / 2048);
 }
 
-TEST_P(Scaled, AllZeroTensorHasScaleOneAndZeroCodes) {
+// TE _apply_scale's all-zero case (fused_adam.py @04912bf): scale = 0; fp16 rscale 0 -> zeros,
+// decode 0 * 0 = 0; fp8 quantizer scale 1/0 = inf -> codes E4M3(0 * inf = NaN) = 0x7F (the GPU's
+// NaN is positive), scale_inv = frcp(inf) = 0, decode NaN * 0 = NaN (canonical 0x7FFFFFFF).
+// The guard keeps zeros (fp8 quantizer scale 1, scale_inv 1).
+TEST_P(Scaled, AllZeroTensorFollowsUpstreamOrTheGuard) {
   const bool fp8 = GetParam().fp8;
-  float scale = 0;
-  auto st = codec::scaled_encode(torch::zeros({17}), fp8, scale);
-  EXPECT_EQ(scale, 1.0f);   // documented choice: finite, > 0, decodes zeros to zero
-  EXPECT_EQ(st.to(torch::kFloat).abs().sum().item<float>(), 0.0f);
-  EXPECT_TRUE(torch::equal(codec::scaled_decode(st, fp8, scale), torch::zeros({17})));
-  EXPECT_EQ(codec::scale_from_amax(1e-44f, fp8 ? 448.0f : 32752.0f), 1.0f) << "underflowed amax";
+  for (bool guard : {false, true}) {
+    codec::Scaling sc;
+    auto st = codec::scaled_encode(torch::zeros({17}), fp8, guard, sc);
+    EXPECT_EQ(sc.scale, 0.0f);
+    auto back = codec::scaled_decode(st, fp8, sc.scale_inv);
+    if (fp8 && !guard) {
+      EXPECT_TRUE(std::isinf(sc.mult)) << "quantizer scale 1/0";
+      EXPECT_EQ(sc.scale_inv, 0.0f);
+      EXPECT_TRUE(torch::equal(st, torch::full({17}, 0x7F, torch::kByte)));
+      EXPECT_TRUE(torch::equal(back.view(torch::kInt), torch::full({17}, 0x7FFFFFFF, torch::kInt)));
+    } else {
+      EXPECT_EQ(sc.scale_inv, fp8 ? 1.0f : 0.0f);
+      EXPECT_EQ(st.to(torch::kInt).abs().sum().item<int>(), 0);
+      EXPECT_TRUE(torch::equal(back, torch::zeros({17})));
+    }
+  }
+  // An amax whose scale is subnormal below 2^-128 has no finite reciprocal either: upstream
+  // quantizes with inf (the non-zero values saturate, zeros become NaN); the guard takes scale 1.
+  const codec::Scaling tiny = codec::make_scaling(1e-40f, fp8, false), tiny_g = codec::make_scaling(1e-40f, fp8, true);
+  EXPECT_GT(tiny.scale, 0.0f);
+  EXPECT_TRUE(fp8 ? std::isinf(tiny.mult) : std::isinf(tiny.mult));
+  EXPECT_EQ(tiny_g.mult, fp8 ? 1.0f : 0.0f);
+}
+
+// Multiplying by the reciprocal is not dividing by the scale: fp16 codes that differ, with the
+// expected codes from numpy (float32 arithmetic, numpy's own RNE float16 cast):
+//   amax = f32(0.0123456); s = amax / f32(32752); r = f32(1) / s; code = float16(x * r)
+TEST(Scaled, Fp16EncodeMultipliesByTheReciprocal) {
+  auto f = [](uint32_t u) { float v; std::memcpy(&v, &u, 4); return v; };
+  const float amax = f(0x3c4a4533u);
+  EXPECT_EQ(codec::make_scaling(amax, false, false).scale, f(0x34ca5e7fu));
+  EXPECT_EQ(codec::make_scaling(amax, false, false).mult, f(0x4a21ec04u));
+  const std::vector<std::pair<uint32_t, uint16_t>> cases = {
+      {0x3b18b72fu, 0x6e0a}, {0xba0da604u, 0xe59a}, {0x3b64f329u, 0x7087}};   // numpy; x / s gives code - 1
+  std::vector<float> xs = {amax};
+  for (auto [x, c] : cases) xs.push_back(f(x));
+  codec::Scaling sc;
+  auto st = codec::scaled_encode(torch::tensor(xs), false, false, sc);
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(static_cast<uint16_t>(st[i + 1].view(torch::kShort).item<int16_t>()), cases[i].second) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Scaled,

@@ -131,26 +131,42 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
     opt.set_scaled_state("a", key, back);
     EXPECT_TRUE(torch::equal(opt.get_unscaled_state("a", key), back)) << key_name(key);
   }
-  // master_param: the model param follows; in remainder mode the fp32 value round-trips exactly.
-  opt.set_scaled_state("a", StateKey::master_param, x);
-  auto m = opt.get_unscaled_state("a", StateKey::master_param);
-  const auto w = opt.param("a");
+  // master_param (TE fused_adam.py @04912bf, set_scaled_state / get_unscaled_state): the model
+  // param is never written; an fp16 master is scaled like an fp16 moment; under remainders both
+  // take and return the raw int16 remainder, and an fp32 value fails upstream's dtype assertion.
+  const auto w_before = opt.param("a").clone();
   const auto& ms = opt.stored("a", StateKey::master_param);
-  EXPECT_FALSE(ms.scale.has_value()) << "a master has no scale";
   switch (GetParam().master) {
     case MasterMode::fp32:
-      EXPECT_TRUE(torch::equal(m, x));
-      EXPECT_TRUE(torch::equal(w, x.to(torch::kBFloat16)));
+      opt.set_scaled_state("a", StateKey::master_param, x);
+      EXPECT_TRUE(torch::equal(opt.get_unscaled_state("a", StateKey::master_param), x));
+      EXPECT_FALSE(ms.scale.has_value()) << "an fp32 master has no scale";
       break;
-    case MasterMode::fp16:
-      EXPECT_TRUE(torch::equal(m, x.to(torch::kHalf).to(torch::kFloat)));
-      EXPECT_TRUE(torch::equal(w, x.to(torch::kHalf).to(torch::kBFloat16)));
+    case MasterMode::fp16: {
+      opt.set_scaled_state("a", StateKey::master_param, x);
+      ASSERT_TRUE(ms.scale.has_value()) << "an fp16 master is scaled like an fp16 moment";
+      EXPECT_EQ(*ms.scale, x.abs().max().item<float>() / 32752.0f);
+      EXPECT_FALSE(ms.scale_inv.has_value());
+      auto m = opt.get_unscaled_state("a", StateKey::master_param);
+      EXPECT_LE(((m - x).abs() / x.abs().max()).max().item<float>(), 1.0f / 2048);
       break;
-    case MasterMode::remainders:
-      EXPECT_TRUE(torch::equal(m, x)) << "bf16 weight + remainder hold the fp32 value exactly";
-      EXPECT_EQ(ms.data.scalar_type(), torch::kShort);
+    }
+    case MasterMode::remainders: {
+      try {
+        opt.set_scaled_state("a", StateKey::master_param, x);
+        ADD_FAILURE() << "an fp32 value for a remainder master must be refused";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("upstream TransformerEngine fails an assertion"), std::string::npos) << e.what();
+      }
+      auto r = torch::randint(-32768, 32768, {64}, torch::kLong).to(torch::kShort);
+      opt.set_scaled_state("a", StateKey::master_param, r);
+      auto back = opt.get_unscaled_state("a", StateKey::master_param);
+      EXPECT_EQ(back.scalar_type(), torch::kShort);
+      EXPECT_TRUE(torch::equal(back, r)) << "the raw int16 remainder in and out";
       break;
+    }
   }
+  EXPECT_TRUE(torch::equal(opt.param("a"), w_before)) << "set_scaled_state never writes the model param";
 }
 
 // Save every stored state, the model params and the step counters after 10 steps; a fresh
@@ -188,6 +204,7 @@ TEST_P(StateAccess, StoredRoundTripContinuesBitForBit) {
       const auto &x = a.opt->stored(sp.name, key), &y = b.opt->stored(sp.name, key);
       EXPECT_TRUE(torch::equal(x.data, y.data)) << sp.name << " " << key_name(key);
       EXPECT_EQ(x.scale, y.scale) << sp.name << " " << key_name(key);
+      EXPECT_EQ(x.scale_inv, y.scale_inv) << sp.name << " " << key_name(key);
     }
   }
 }
@@ -219,14 +236,32 @@ TEST_P(StateAccess, SetStoredValidates) {
     s.scale = s.scale ? std::nullopt : std::optional<float>(1.0f);
     expect_msg(key, s, good.scale ? "needs a scale" : "takes no scale");
     if (good.scale) {
+      // scale = amax / range is never negative; fp8's scale_inv must be frcp(1/scale).
       s = good;
-      s.scale = 0.0f;
-      expect_msg(key, s, "scale must be finite and > 0");
+      s.scale = -0.5f;
+      expect_msg(key, s, "is negative");
+      s = good;
+      s.scale = 0.0f;   // an all-zero tensor: upstream's own state, accepted
+      if (good.dtype == Dtype::fp8) s.scale_inv = 0.0f;
+      EXPECT_NO_THROW(opt.check_stored("a", key, s)) << key_name(key);
+    }
+    if (good.dtype == Dtype::fp8) {
+      s = good;
+      s.scale_inv.reset();
+      expect_msg(key, s, "needs a scale_inv");
+      s = good;
+      s.scale = 0.25f;
+      s.scale_inv = 4.5f;
+      expect_msg(key, s, "does not belong to scale");
+    } else {
+      s = good;
+      s.scale_inv = 1.0f;
+      expect_msg(key, s, "takes no scale_inv");
     }
     if (key == StateKey::master_param && good.dtype != Dtype::int16) {
       // An int16 remainder offered to an optimizer without remainders is refused (upstream
       // would silently take the integers as master values).
-      s = StoredState{torch::zeros({8}, torch::kShort), Dtype::int16, std::nullopt};
+      s = StoredState{torch::zeros({8}, torch::kShort), Dtype::int16, std::nullopt, std::nullopt};
       expect_msg(key, s, "is held as " + to_string(good.dtype) + ", got int16");
     }
     EXPECT_NO_THROW(opt.set_stored("a", key, good));

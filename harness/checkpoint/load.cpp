@@ -10,13 +10,18 @@
 //  - remainder + bf16 weight into an fp32/fp16 master: joined, set_scaled_state (exactness checked);
 //  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
 //  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
-//    not from what the optimizer holds. Where that disagrees with the checkpoint the PR misfires;
-//    load refuses, or with allow_lossy reproduces the misfire as upstream would.
+//    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron
+//    distrib_optimizer.py, _set_main_param_and_optimizer_states: without it the fp32 master is
+//    copied, no int16 branch). Where that disagrees with the checkpoint the PR misfires; load
+//    refuses, or with allow_lossy reproduces the misfire as upstream would. With an fp16 master
+//    the PR hands an int16 tensor to set_scaled_state, whose `assert unscaled_state.dtype ==
+//    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <future>
 #include <thread>
+#include <map>
 #include <set>
 
 #include "harness/checkpoint/checkpoint.h"
@@ -41,6 +46,7 @@ struct Action {
   optim::StoredState stored;   // use_stored: the owned part
   torch::Tensor value;         // !use_stored: the whole param's fp32 value for set_scaled_state
   torch::Tensor value_owned;   // its owned part (what the optimizer must then hold)
+  torch::Tensor weight;        // remainder split on load: the whole bf16 weight belonging to it
 };
 
 std::string where(const detail::Verified& v, const std::string& file, const std::string& key) {
@@ -132,14 +138,18 @@ torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
   return f.to(torch::kShort);
 }
 
-// set_stored, except for an fp16 master: the optimizer's set_stored demands a scale for every
-// fp16 state, masters included (reported to the optim room). An fp16 master goes through
-// set_scaled_state instead, which is exact for fp16 values (fp16 -> fp32 -> fp16 round trips).
 void put_stored(optim::PrecisionAdam& opt, const std::string& p, StateKey k, const optim::StoredState& s) {
-  if (k == StateKey::master_param && s.dtype == optim::Dtype::fp16 && !s.scale)
-    opt.set_scaled_state(p, k, s.data.to(torch::kFloat));
-  else
-    opt.set_stored(p, k, s);
+  opt.set_stored(p, k, s);
+}
+
+// One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv"), if present.
+std::optional<float> read_scalar(const detail::Verified& v, const detail::ShardIndex& ix, const std::string& param,
+                                 const std::string& key, const std::string& file) {
+  torch::Tensor st = detail::gather_scale(v, ix, param, key);
+  if (!st.defined()) return std::nullopt;
+  if (st.scalar_type() != torch::kFloat || st.numel() != 1)
+    throw CheckpointError(where(v, file, key) + ": expected a single F32 value");
+  return st.reshape({}).item<float>();
 }
 
 // Runs fn(i) for i in [0, n) on up to hardware_concurrency threads, in contiguous groups of about
@@ -236,7 +246,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 
   const SafetensorsFile& mf = v.files.at(detail::kModelFile);
   const bool bf16_params = !opt.param_names().empty() && opt.param(opt.param_names()[0]).scalar_type() == torch::kBFloat16;
-  const bool pr_int16 = opt.config().store_param_remainders && bf16_params;   // the PR's condition
+  const bool pao = opt.config().use_precision_aware_optimizer;
+  const bool pr_int16 = pao && opt.config().store_param_remainders && bf16_params;   // the PR's condition
   const bool tgt_rem = opt.master_mode() == optim::MasterMode::remainders;
   std::vector<Action> plan;
   for (const std::string& p : opt.param_names()) {
@@ -265,15 +276,17 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
         return detail::gather_state(v, ix, p, skey, 0, opt.param(p).numel()).reshape(opt.param(p).sizes());
       };
       auto owned = [&](const torch::Tensor& t) { return t.reshape({-1}).narrow(0, ob, oe - ob).reshape(owned_shape); };
-      std::optional<float> scale;
-      if (conv == "stored" && k != StateKey::master_param && (dt == StDtype::F16 || dt == StDtype::F8_E4M3)) {
-        const std::string sk = skey + ".scale";
-        torch::Tensor st = detail::gather_scale(v, ix, p, sk);
-        if (!st.defined() || st.scalar_type() != torch::kFloat || st.numel() != 1)
-          throw CheckpointError(where(v, file, sk) + ": missing or not a single F32 value");
-        scale = st.reshape({}).item<float>();
-        if (!(std::isfinite(*scale) && *scale > 0.0f))
-          throw CheckpointError(where(v, file, sk) + ": scale " + std::to_string(*scale) + ", expected finite and > 0");
+      // A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
+      std::optional<float> scale, scale_inv, decode_mult;
+      if (conv == "stored" && (dt == StDtype::F16 || dt == StDtype::F8_E4M3)) {
+        scale = read_scalar(v, ix, p, skey + ".scale", file);
+        if (!scale) throw CheckpointError(where(v, file, skey + ".scale") + ": missing (a stored " + st_name(dt) + " state needs its scale)");
+        if (dt == StDtype::F8_E4M3) {
+          scale_inv = read_scalar(v, ix, p, skey + ".scale_inv", file);
+          if (!scale_inv)
+            throw CheckpointError(where(v, file, skey + ".scale_inv") + ": missing (an fp8 state decodes with its scale_inv)");
+        }
+        decode_mult = dt == StDtype::F8_E4M3 ? scale_inv : scale;
       }
       Action a;
       a.param = p;
@@ -289,6 +302,11 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       };
       if (k == StateKey::master_param) {
         const bool saved_rem = kind == "remainder";
+        if (policy == "per_key" && pr_int16 && opt.master_mode() == optim::MasterMode::fp16)
+          throw CheckpointError(w + ": per_key load converts 'param' to int16 (store_param_remainders=true, bf16 params) "
+                                "and hands it to set_scaled_state as master_param, but with an fp16 master TransformerEngine "
+                                "has remainders off and upstream fails an assertion here (FusedAdam.set_scaled_state: "
+                                "assert unscaled_state.dtype == torch.float32); refusing (PR 2790 misfire)");
         if (policy == "per_key" && pr_int16 != saved_rem) {
           const std::string why = w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
                                   std::string(opt.config().store_param_remainders ? "true" : "false") +
@@ -299,7 +317,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
           // What upstream does: convert by the flag, then hand the result over as master_param.
           torch::Tensor f = full().to(torch::kFloat);
           torch::Tensor r = pr_int16 ? f.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
-          if (pr_int16 && tgt_rem) a.stored = {owned(r).contiguous(), optim::Dtype::int16, std::nullopt};
+          if (pr_int16 && tgt_rem) a.stored = {owned(r).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
           else set_value(pr_int16 ? r.to(torch::kFloat) : f, "");
           plan.push_back(std::move(a));
           continue;
@@ -311,7 +329,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
             return rem;
           };
           if (tgt_rem) {
-            a.stored = {as_int16(data), optim::Dtype::int16, std::nullopt};
+            a.stored = {as_int16(data), optim::Dtype::int16, std::nullopt, std::nullopt};
           } else {
             const torch::Tensor rem = as_int16(full());
             const TensorInfo& wi = mf.info(p);
@@ -325,12 +343,25 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
         }
       }
       if (conv == "stored" && dt == detail::st_of(cur.dtype) && !(k == StateKey::master_param && tgt_rem)) {
-        a.stored = {data, cur.dtype, scale};
+        a.stored = {data, cur.dtype, scale, scale_inv};
+        try {
+          opt.check_stored(p, k, a.stored);
+        } catch (const std::invalid_argument& e) {
+          throw CheckpointError(w + ": " + e.what());
+        }
+      } else if (k == StateKey::master_param && tgt_rem) {
+        // An fp32/fp16 master into a remainder optimizer: upstream's set_scaled_state takes only
+        // the int16 remainder there, so the split (exact for every bit pattern) happens here and
+        // the bf16 weight that belongs to the remainder replaces the saved model weight.
+        torch::Tensor w16, rem;
+        optim::codec::remainder_split(detail::decode_value(full(), dt, conv, decode_mult).contiguous(), w16, rem);
+        a.stored = {owned(rem).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
+        a.weight = w16;
+        rep.conversions.push_back(skey + ": " + st_name(dt) + " master -> bf16 weight + int16 remainder");
       } else {
         std::string note;
-        if (k == StateKey::master_param && tgt_rem) note = st_name(dt) + " master -> bf16 weight + int16 remainder";
-        else if (dt != detail::st_of(cur.dtype)) note = st_name(dt) + " (" + conv + ") -> " + optim::to_string(cur.dtype) + " storage";
-        set_value(detail::decode_value(full(), dt, conv, scale), note);
+        if (dt != detail::st_of(cur.dtype)) note = st_name(dt) + " (" + conv + ") -> " + optim::to_string(cur.dtype) + " storage";
+        set_value(detail::decode_value(full(), dt, conv, decode_mult), note);
       }
       plan.push_back(std::move(a));
     }
@@ -367,7 +398,6 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     // Optimizer first, then the model weights from the file (setting a master may write the
     // model param; the saved weight is the one to keep), except where a remainder optimizer
     // split an fp32 master: that split produced the weight belonging to its remainder.
-    std::set<std::string> weight_from_split;
     std::vector<std::string> inexact;
     // Stored states: bitwise copies into distinct tensors, on all cores.
     std::vector<const Action*> stored;
@@ -376,9 +406,11 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     parallel_copies(
         stored.size(), [&](size_t i) { return static_cast<uint64_t>(stored[i]->stored.data.nbytes()); },
         [&](size_t i) { put_stored(opt, stored[i]->param, stored[i]->key, stored[i]->stored); });
+    std::map<std::string, torch::Tensor> split_weight;
+    for (const Action& a : plan)
+      if (a.weight.defined()) split_weight[a.param] = a.weight;
     for (const Action& a : plan) {
       if (a.use_stored) continue;
-      if (a.key == StateKey::master_param && tgt_rem) weight_from_split.insert(a.param);
       opt.set_scaled_state(a.param, a.key, a.value);
       torch::Tensor got = detail::unscaled(opt, a.param, a.key);
       if (!detail::bits_equal(got, a.value_owned)) {
@@ -393,7 +425,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
           params.size(), [&](size_t i) { return static_cast<uint64_t>(params[i].value().nbytes()); },
           [&](size_t i) {
             const auto& p = params[i];
-            if (!weight_from_split.count(p.key())) p.value().detach().copy_(mf.tensor(p.key()));
+            auto it = split_weight.find(p.key());
+            p.value().detach().copy_(it != split_weight.end() ? it->second : mf.tensor(p.key()));
           });
     if (!inexact.empty()) {
       if (!opts.allow_lossy) {

@@ -38,9 +38,20 @@ StDtype st_of(Dtype d) {
   throw std::logic_error("st_of: invalid Dtype");
 }
 
+bool is_scale_key(const std::string& key) {
+  auto ends = [&](const std::string& suf) {
+    return key.size() > suf.size() && key.compare(key.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  return ends(".scale") || ends(".scale_inv");
+}
+
 torch::Tensor unscaled(const optim::PrecisionAdam& opt, const std::string& param, StateKey k) {
-  const optim::StoredState& s = opt.stored(param, k);
-  if (k == StateKey::master_param && s.dtype == Dtype::fp16 && !s.scale) return s.data.to(torch::kFloat);
+  if (k == StateKey::master_param && opt.master_mode() == optim::MasterMode::remainders) {
+    const auto [b, e] = opt.shard_range(param);
+    const auto& s = opt.stored(param, k);
+    torch::Tensor w = opt.param(param).detach().reshape({-1}).narrow(0, b, e - b).reshape(s.data.sizes());
+    return optim::codec::remainder_join(w.contiguous(), s.data.contiguous());
+  }
   return opt.get_unscaled_state(param, k);
 }
 
@@ -66,10 +77,10 @@ torch::Tensor value_copy_u8(const torch::Tensor& x) {
 }
 
 torch::Tensor decode_value(const torch::Tensor& data, StDtype dtype, const std::string& conversion,
-                           std::optional<float> scale) {
+                           std::optional<float> decode_mult) {
   if (conversion == "cast_f8_e4m3") return optim::codec::fp8_decode(data.contiguous());
-  if (conversion == "stored" && scale && (dtype == StDtype::F16 || dtype == StDtype::F8_E4M3))
-    return optim::codec::scaled_decode(data.contiguous(), dtype == StDtype::F8_E4M3, *scale);
+  if (conversion == "stored" && decode_mult && (dtype == StDtype::F16 || dtype == StDtype::F8_E4M3))
+    return optim::codec::scaled_decode(data.contiguous(), dtype == StDtype::F8_E4M3, *decode_mult);
   // unscaled_fp32, cast_bf16, cast_f16, value_copy_u8 (the PR's "upcast to fp32"), stored
   // fp32/bf16: a plain widening.
   return data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -125,11 +136,10 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
     std::vector<EncodedTensor> out;
     EncodedTensor e{param + "/" + field, field, s.data, st_of(s.dtype), to_string(policy.kind), "stored", true};
     out.push_back(e);
-    if (s.scale) {
-      EncodedTensor sc{param + "/" + field + ".scale", "scale", torch::scalar_tensor(*s.scale, torch::kFloat),
-                       StDtype::F32, to_string(policy.kind), "stored", true};
-      out.push_back(sc);
-    }
+    for (const auto& [suffix, v] : {std::pair{".scale", s.scale}, std::pair{".scale_inv", s.scale_inv}})
+      if (v)
+        out.push_back(EncodedTensor{param + "/" + field + suffix, "scale", torch::scalar_tensor(*v, torch::kFloat),
+                                    StDtype::F32, to_string(policy.kind), "stored", true});
     return out;
   }
   if (policy.kind == SavePolicyKind::fp32) {

@@ -2,7 +2,8 @@
 // disk, and how load turns those tensors back into values. The conversion names below are what
 // the manifest records per tensor, so load interprets bytes by what produced them, not by guess.
 //
-//   stored                 the in-memory representation, bit for bit (+ ".scale" tensor if scaled)
+//   stored                 the in-memory representation, bit for bit (+ ".scale" tensor if scaled,
+//                          + ".scale_inv" for fp8: TE decodes fp8 with scale_inv, fp16 with scale)
 //   unscaled_fp32          get_unscaled_state(): fp32 value (upstream state_dict)
 //   cast_bf16 / cast_f16   the fp32 value cast round-to-nearest-even, no scale (per_key fp16 and
 //                          overrides: lossy, may overflow to inf or flush to zero)
@@ -24,7 +25,7 @@
 namespace rh::ckpt::detail {
 
 struct EncodedTensor {
-  std::string key;          // "<param>/exp_avg", "<param>/exp_avg.scale", "<param>/remainder"
+  std::string key;          // "<param>/exp_avg", "<param>/exp_avg.scale", ".scale_inv", "<param>/remainder"
   std::string kind;         // master_param | remainder | exp_avg | exp_avg_sq | scale
   torch::Tensor data;
   StDtype dtype;
@@ -34,8 +35,11 @@ struct EncodedTensor {
 };
 
 StDtype st_of(optim::Dtype d);
-// get_unscaled_state, except for an fp16 master, which is unscaled by definition: the
-// optimizer's accessor applies a moment's scale to every fp16 state (reported to the optim room).
+// "<param>/<field>.scale" or ".scale_inv": a stored state's scaling, one F32 value.
+bool is_scale_key(const std::string& key);
+// The fp32 value of a state: get_unscaled_state, except for the master in remainder mode, where
+// upstream returns the raw int16 remainder; this returns the joined fp32 master (bf16 weight +
+// remainder) of the owned part, the value the harness's overrides and exactness checks need.
 torch::Tensor unscaled(const optim::PrecisionAdam& opt, const std::string& param, optim::StateKey k);
 // The field name of a state on disk: "remainder" for master_param in remainder mode.
 std::string field_name(const optim::PrecisionAdam& opt, optim::StateKey k);
@@ -46,10 +50,10 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
                                         optim::StateKey key, const SavePolicy& policy);
 
 // The fp32 value a value-type conversion's bytes stand for (every conversion except stored
-// I16 remainders and remainder_widened_f32). `scale`: the scale of a stored fp16/fp8 moment
-// (value = decode(data) * scale); absent for everything unscaled (fp16 masters included).
+// I16 remainders and remainder_widened_f32). `decode_mult`: what a stored fp16/fp8 state decodes
+// with (fp16: its scale, fp8: its scale_inv); absent for everything unscaled.
 torch::Tensor decode_value(const torch::Tensor& data, StDtype dtype, const std::string& conversion,
-                           std::optional<float> scale);
+                           std::optional<float> decode_mult);
 
 // Float -> uint8 as x86 PyTorch copies it (see value_copy_u8 above).
 torch::Tensor value_copy_u8(const torch::Tensor& x);

@@ -12,8 +12,13 @@
 //              u = m / bc1;         u = u / d
 //   AdamW:     t = wd * p;          u = u + t
 //              u = lr * u;          p = p - u
-// The new fp32 m and v feed the update; storage is applied afterwards: bf16 by RNE cast, fp16/fp8
-// by q = m / scale with scale = amax(|m|) / range, then RNE to fp16 / E4M3 encode.
+// This is TE's AdamFunctor / AdamFunctorMaster / AdamFunctorMasterParamRemainder
+// (transformer_engine/common/multi_tensor/adam.cu @c250752) without the GPU's FMA contraction.
+// The new fp32 m and v feed the update; storage is applied afterwards as FusedAdam.step() does
+// (fused_adam.py @04912bf, "Scaling" loop -> _apply_scale): bf16 by RNE cast, fp16/fp8 moments and
+// an fp16 master by the whole tensor's Scaling (storage_codecs.h). The model param is written from
+// the new fp32 master inside the kernel (`p[i] = static_cast<PARAM_T>(r_p[ii])`), for an fp16
+// master too. NaN results are made the GPU's canonical NaN (storage_codecs.h, canonicalize_nan_).
 // Scalars are fp32 values (StepScalars) passed as 0-dim fp32 tensors, so every op is fp32 op
 // fp32 (and were a kernel to compute in double, double rounding is innocuous for + - * / sqrt
 // of fp32 operands: double has more than 2*24+2 bits).
@@ -33,18 +38,20 @@ bool is_scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
 
 torch::Tensor flat(const torch::Tensor& t) { return t.view({-1}); }
 
-// Decoded fp32 values of a moment slice: a view when stored fp32, else decoded into `buf`.
-torch::Tensor load_moment(const StoredState& st, int64_t s, int64_t len, const torch::Tensor& buf,
-                          const torch::Tensor& idx_buf) {
+// Decoded fp32 values of a state slice: a view when stored fp32, else decoded into `buf`
+// (fp16: float(code) * scale; fp8: float(code) * scale_inv). NaN payloads are left as they are:
+// every use feeds arithmetic whose results are canonicalized.
+torch::Tensor load_state(const StoredState& st, int64_t s, int64_t len, const torch::Tensor& buf,
+                         const torch::Tensor& idx_buf) {
   auto raw = flat(st.data).narrow(0, s, len);
   if (st.dtype == Dtype::fp32) return raw;
   auto out = buf.narrow(0, 0, len);
   if (st.dtype == Dtype::fp8) {
-    codec::fp8_decode_into(raw, out, idx_buf.narrow(0, 0, len), *st.scale);
+    codec::fp8_decode_into(raw, out, idx_buf.narrow(0, 0, len), st.decode_mult());
     return out;
   }
   out.copy_(raw);   // bf16 / fp16 widening is exact
-  if (st.dtype == Dtype::fp16) out.mul_(torch::scalar_tensor(*st.scale, torch::kFloat));
+  if (st.dtype == Dtype::fp16) out.mul_(torch::scalar_tensor(st.decode_mult(), torch::kFloat));
   return out;
 }
 
@@ -66,19 +73,17 @@ void track_amax(float& acc, const torch::Tensor& x) {
 }  // namespace
 
 // Scale from the whole tensor's amax, then encode chunk by chunk.
-void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Workspace& ws) {
+void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws) {
   const bool fp8 = st.dtype == Dtype::fp8;
-  const float scale = codec::scale_from_amax(amax, fp8 ? codec::kFp8Range : codec::kFp16Range);
-  st.scale = scale;
+  const codec::Scaling sc = codec::make_scaling(amax, fp8, guard);
+  st.scale = sc.scale;
+  if (fp8) st.scale_inv = sc.scale_inv;
   auto dst = flat(st.data);
   const int64_t n = dst.numel();
-  const auto scale_t = torch::scalar_tensor(scale, torch::kFloat);
   for (int64_t s = 0; s < n; s += ws.chunk) {
     const int64_t len = std::min(ws.chunk, n - s);
-    auto q = ws.t1.narrow(0, 0, len);
-    at::div_out(q, full.narrow(0, s, len), scale_t);
-    if (fp8) codec::fp8_encode_into(q, dst.narrow(0, s, len), ws.fp8, !std::isfinite(amax));
-    else dst.narrow(0, s, len).copy_(q);   // RNE to fp16
+    codec::encode_scaled_into(full.narrow(0, s, len), dst.narrow(0, s, len), fp8, sc, ws.t1.narrow(0, 0, len),
+                              ws.fp8, !std::isfinite(amax));
   }
 }
 
@@ -89,13 +94,16 @@ StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_de
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.beta2 = static_cast<float>(cfg.beta2);
   k.one_minus_beta2 = 1.0f - k.beta2;
+  // adam.cu: `bias_correction1 = 1 - std::pow(beta1, step)` with `const float beta1` and
+  // `const int step`: std::pow(float, int) promotes both to double.
   const double t = static_cast<double>(step);
-  k.bc1 = static_cast<float>(1.0 - std::pow(cfg.beta1, t));
-  k.bc2 = static_cast<float>(1.0 - std::pow(cfg.beta2, t));
+  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(k.beta1), t));
+  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(k.beta2), t));
   k.eps = static_cast<float>(cfg.eps);
   k.weight_decay = static_cast<float>(group_weight_decay);
   k.lr = static_cast<float>(lr);
   k.adam_w_mode = cfg.adam_w_mode;
+  k.scale_zero_guard = cfg.scale_zero_guard;
   return k;
 }
 
@@ -110,17 +118,20 @@ void Workspace::ensure(int64_t chunk_elems, int64_t full_elems) {
   if (!m_full.defined() || m_full.numel() < full_elems) {
     m_full = torch::empty({full_elems}, torch::kFloat);
     v_full = torch::empty({full_elems}, torch::kFloat);
+    p_full = torch::empty({full_elems}, torch::kFloat);
   }
 }
 
 void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws, Deferred* defer) {
   const int64_t n = ps.end - ps.begin;
   const bool m_scaled = is_scaled(ps.exp_avg.dtype), v_scaled = is_scaled(ps.exp_avg_sq.dtype);
-  ws.ensure(kChunk, (m_scaled || v_scaled) && !defer ? n : 0);
-  torch::Tensor m_full = ws.m_full, v_full = ws.v_full;
+  const bool p_scaled = mode == MasterMode::fp16;
+  ws.ensure(kChunk, (m_scaled || v_scaled || p_scaled) && !defer ? n : 0);
+  torch::Tensor m_full = ws.m_full, v_full = ws.v_full, p_full = ws.p_full;
   if (defer) {
     if (m_scaled) m_full = defer->m_full = torch::empty({n}, torch::kFloat);
     if (v_scaled) v_full = defer->v_full = torch::empty({n}, torch::kFloat);
+    if (p_scaled) p_full = defer->p_full = torch::empty({n}, torch::kFloat);
   }
   // fp32 scalars as 0-dim fp32 tensors: exactly the fp32 values, and LibTorch 1.13's out= ops
   // are several times faster with a tensor operand than with a Scalar.
@@ -130,7 +141,8 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
              wd = f0(k.weight_decay), lr = f0(k.lr);
   auto P = flat(ps.master.data), W = flat(ps.param).narrow(0, ps.begin, n),
        G = flat(ps.main_grad).narrow(0, ps.begin, n);
-  float m_amax = 0.0f, v_amax = 0.0f;
+  const bool bf16_weight = W.scalar_type() == torch::kBFloat16;
+  float m_amax = 0.0f, v_amax = 0.0f, p_amax = 0.0f;
 
   for (int64_t s = 0; s < n; s += ws.chunk) {
     const int64_t len = std::min(ws.chunk, n - s);
@@ -141,9 +153,8 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     torch::Tensor p;   // fp32 master value of this slice
     if (mode == MasterMode::fp32) {
       p = Pc;
-    } else if (mode == MasterMode::fp16) {
-      p = cut(ws.p);
-      p.copy_(Pc);
+    } else if (mode == MasterMode::fp16) {   // get_unscaled_state: float(code) * scale
+      p = load_state(ps.master, s, len, ws.p, ws.idx);
     } else {   // join the bf16 weight and the remainder (see storage_codecs.h)
       auto b = cut(ws.bits);
       codec::remainder_join_into(Wc, Pc, b);
@@ -160,8 +171,8 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
       }
       g = gw;
     }
-    auto m = load_moment(ps.exp_avg, s, len, ws.m, ws.idx);
-    auto v = load_moment(ps.exp_avg_sq, s, len, ws.v, ws.idx);
+    auto m = load_state(ps.exp_avg, s, len, ws.m, ws.idx);
+    auto v = load_state(ps.exp_avg_sq, s, len, ws.v, ws.idx);
 
     auto m_new = moment_dest(ps.exp_avg, s, len, ws.m, m_full);
     at::mul_out(t1, m, b1);
@@ -184,30 +195,44 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     }
     at::mul_out(t2, t2, lr);
 
-    if (mode == MasterMode::fp32) {
-      at::sub_out(Pc, p, t2);
-      Wc.copy_(Pc);                        // bf16 params: RNE cast; fp32 params: copy
-    } else if (mode == MasterMode::fp16) {
-      at::sub_out(p, p, t2);
-      Pc.copy_(p);                         // RNE to fp16
-      Wc.copy_(Pc);                        // the model param is a cast of the fp16 master
-    } else {   // split into the bf16 weight (ties away from zero) and the remainder
-      at::sub_out(p, p, t2);
+    // The new fp32 master: in its storage (fp32), the full-length buffer (fp16: scaled once the
+    // whole tensor's amax is known), or the joined bits (remainders: split below).
+    torch::Tensor p_new = mode == MasterMode::fp32   ? Pc
+                          : mode == MasterMode::fp16 ? p_full.narrow(0, s, len)
+                                                     : p;
+    at::sub_out(p_new, p, t2);
+    // A NaN anywhere in m, v or the update reaches p_new, so one check of p_new finds them all.
+    const bool nan = codec::canonicalize_nan_(p_new);
+    if (nan) {
+      codec::canonicalize_nan_(m_new);
+      codec::canonicalize_nan_(v_new);
+    }
+    if (mode == MasterMode::remainders) {   // split into the bf16 weight (ties away) and remainder
       codec::remainder_split_into(cut(ws.bits), Wc, Pc, cut(ws.idx));
+    } else {
+      Wc.copy_(p_new);                        // bf16 params: RNE cast; fp32 params: copy
+      if (nan && bf16_weight) codec::canonical_nan_16_(Wc, p_new);
     }
 
-    if (ps.exp_avg.dtype == Dtype::bf16) flat(ps.exp_avg.data).narrow(0, s, len).copy_(m_new);
-    if (ps.exp_avg_sq.dtype == Dtype::bf16) flat(ps.exp_avg_sq.data).narrow(0, s, len).copy_(v_new);
+    for (auto [st, val] : {std::pair<StoredState*, torch::Tensor*>{&ps.exp_avg, &m_new}, {&ps.exp_avg_sq, &v_new}})
+      if (st->dtype == Dtype::bf16) {
+        auto dst = flat(st->data).narrow(0, s, len);
+        dst.copy_(*val);
+        if (nan) codec::canonical_nan_16_(dst, *val);
+      }
     if (m_scaled) track_amax(m_amax, m_new);
     if (v_scaled) track_amax(v_amax, v_new);
+    if (p_scaled) track_amax(p_amax, p_new);
   }
   if (defer) {
     defer->m_amax = m_amax;
     defer->v_amax = v_amax;
+    defer->p_amax = p_amax;
     return;
   }
-  if (m_scaled) store_scaled(ps.exp_avg, ws.m_full.narrow(0, 0, n), m_amax, ws);
-  if (v_scaled) store_scaled(ps.exp_avg_sq, ws.v_full.narrow(0, 0, n), v_amax, ws);
+  if (m_scaled) store_scaled(ps.exp_avg, ws.m_full.narrow(0, 0, n), m_amax, k.scale_zero_guard, ws);
+  if (v_scaled) store_scaled(ps.exp_avg_sq, ws.v_full.narrow(0, 0, n), v_amax, k.scale_zero_guard, ws);
+  if (p_scaled) store_scaled(ps.master, ws.p_full.narrow(0, 0, n), p_amax, k.scale_zero_guard, ws);
 }
 
 }  // namespace rh::optim::detail

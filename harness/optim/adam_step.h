@@ -28,9 +28,12 @@ struct ParamState {
 struct StepScalars {
   float beta1, one_minus_beta1;   // one_minus = 1.0f - beta1 in fp32, as the TE kernel computes
   float beta2, one_minus_beta2;
-  float bc1, bc2;                 // 1 - beta^t evaluated in double, then rounded to fp32
+  float bc1, bc2;                 // TE (adam.cu, multi_tensor_adam*_cuda): `1 - std::pow(beta1,
+                                  // step)` with `const float beta1`, int step: pow(double, double)
+                                  // of the fp32 beta, 1 - in double, one rounding to fp32
   float eps, weight_decay, lr;
   bool adam_w_mode;
+  bool scale_zero_guard;
 };
 StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr,
                               int64_t step);
@@ -43,7 +46,7 @@ struct Workspace {
   torch::Tensor bits;                 // (chunk,) kInt: the joined master's bits (remainders)
   torch::Tensor idx;                  // (chunk,) kInt: fp8 decode-table index
   codec::Fp8Scratch fp8;
-  torch::Tensor m_full, v_full;       // (max N,) kFloat
+  torch::Tensor m_full, v_full, p_full;   // (max N,) kFloat
   void ensure(int64_t chunk_elems, int64_t full_elems);
 };
 
@@ -51,8 +54,8 @@ struct Workspace {
 // known: adam_update leaves the new fp32 moments here with this piece's amax, and store_scaled
 // encodes them once the group has agreed on the amax (all-reduce max).
 struct Deferred {
-  torch::Tensor m_full, v_full;   // (end - begin,) kFloat, owned by this struct
-  float m_amax = 0.0f, v_amax = 0.0f;
+  torch::Tensor m_full, v_full, p_full;   // (end - begin,) kFloat, owned by this struct
+  float m_amax = 0.0f, v_amax = 0.0f, p_amax = 0.0f;   // p: an fp16 master
 };
 
 // One Adam update of the owned part of one parameter in place (master, moments, model param), in
@@ -60,7 +63,8 @@ struct Deferred {
 // instead of being stored.
 void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws,
                  Deferred* defer = nullptr);
-// Scale from `amax`, then encode `full` (kFloat, st's numel) into st chunk by chunk.
-void store_scaled(StoredState& st, const torch::Tensor& full, float amax, Workspace& ws);
+// Scale from `amax` (TE _apply_scale), then encode `full` (kFloat, st's numel) into st chunk by
+// chunk.
+void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws);
 
 }  // namespace rh::optim::detail

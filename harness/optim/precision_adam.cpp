@@ -39,10 +39,14 @@ struct PrecisionAdam::Impl {
       throw std::invalid_argument("PrecisionAdam: unknown param '" + name + "'");
     return params[it->second];
   }
-  StoredState& state(ParamState& ps, StateKey key) {
+  const ParamState& at(const std::string& name) const { return const_cast<Impl*>(this)->at(name); }
+  static StoredState& state(ParamState& ps, StateKey key) {
     return key == StateKey::master_param ? ps.master
            : key == StateKey::exp_avg    ? ps.exp_avg
                                          : ps.exp_avg_sq;
+  }
+  static const StoredState& state(const ParamState& ps, StateKey key) {
+    return state(const_cast<ParamState&>(ps), key);
   }
   void check_group(size_t g) const {
     if (g >= steps.size())
@@ -53,17 +57,30 @@ struct PrecisionAdam::Impl {
 
 namespace {
 
+// TE's fresh state (FusedAdam._initialize_state): zeros, and for fp16/fp8 a scale of 1 (fp8: a
+// quantizer with scale 1, so scale_inv 1).
 StoredState zeros_state(const torch::Tensor& like, Dtype d) {
   StoredState s;
   s.dtype = d;
   s.data = torch::zeros(like.sizes(), storage_scalar_type(d));
-  if (d == Dtype::fp16 || d == Dtype::fp8) s.scale = 1.0f;   // all-zero tensor: see codec
+  if (d == Dtype::fp16 || d == Dtype::fp8) s.scale = codec::initial_scaling().scale;
+  if (d == Dtype::fp8) s.scale_inv = codec::initial_scaling().scale_inv;
   return s;
 }
 
-// fp16/fp8 *moments* carry a scale; an fp16 master does not.
-bool scaled_moment(StateKey key, Dtype d) {
-  return key != StateKey::master_param && (d == Dtype::fp16 || d == Dtype::fp8);
+// fp16/fp8 states carry a scale: moments, and an fp16 master (TE scales every non-fp32 state
+// that is not bf16 through _apply_scale, master_param included).
+bool scaled_state(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
+
+// Encodes the fp32 value `full` (the whole param) into st with the whole tensor's scaling, and
+// keeps the owned part `[begin, end)` (TE _apply_scale).
+void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard) {
+  codec::Scaling sc;
+  torch::Tensor enc = codec::scaled_encode(full, st.dtype == Dtype::fp8, guard, sc);
+  st.data.copy_(enc.view({-1}).narrow(0, begin, end - begin).reshape(st.data.sizes()));
+  st.scale = sc.scale;
+  if (st.dtype == Dtype::fp8) st.scale_inv = sc.scale_inv;
+  else st.scale_inv.reset();
 }
 
 std::string where(const std::string& param, StateKey key) {
@@ -137,6 +154,11 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
       ps.master.dtype = master_dtype;
       if (I.mode == MasterMode::remainders) {
         ps.master.data = torch::zeros(owned.sizes(), torch::kShort);   // master == bf16 weight
+      } else if (I.mode == MasterMode::fp16) {
+        // initialize_state: set_scaled_state(param, "master_param", param.float()), scaled by
+        // the whole param's amax.
+        ps.master.data = torch::empty(owned.sizes(), torch::kHalf);
+        store_value_scaled(ps.master, p.detach().to(torch::kFloat), ps.begin, ps.end, cfg.scale_zero_guard);
       } else {
         ps.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
       }
@@ -199,6 +221,10 @@ void PrecisionAdam::zero_grads() {
     ps.main_grad.zero_();
     ps.has_grad = false;
   }
+}
+
+void PrecisionAdam::mark_all_grads() {
+  for (auto& ps : impl_->params) ps.has_grad = true;
 }
 
 void PrecisionAdam::reduce_grads() {
@@ -278,9 +304,10 @@ void PrecisionAdam::step(double lr) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   for (auto& s : I.steps) ++s;   // every group advances, whether or not its params have grads
-  const bool m_scaled = scaled_moment(StateKey::exp_avg, I.cfg.exp_avg_dtype);
-  const bool v_scaled = scaled_moment(StateKey::exp_avg_sq, I.cfg.exp_avg_sq_dtype);
-  const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled) && !I.split.empty();
+  const bool m_scaled = scaled_state(I.cfg.exp_avg_dtype);
+  const bool v_scaled = scaled_state(I.cfg.exp_avg_sq_dtype);
+  const bool p_scaled = I.mode == MasterMode::fp16;
+  const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled || p_scaled) && !I.split.empty();
   std::vector<detail::Deferred> deferred(I.split.size());
   std::vector<bool> did(I.split.size(), false);
   for (size_t i = 0; i < I.params.size(); ++i) {
@@ -294,9 +321,11 @@ void PrecisionAdam::step(double lr) {
   }
   if (I.dp_size() == 1) return;
   if (defer_scales) {
-    // Per split param: m amax, m has-NaN, v amax, v has-NaN; max over ranks (non-owners add 0).
+    // Per split param and scaled state (m, v, fp16 master): amax, has-NaN; max over ranks
+    // (non-owners add 0).
+    constexpr int64_t kPer = 6;
     const int64_t ns = static_cast<int64_t>(I.split.size());
-    auto a = torch::zeros({4 * ns}, torch::kFloat);
+    auto a = torch::zeros({kPer * ns}, torch::kFloat);
     float* A = a.data_ptr<float>();
     auto put = [](float* dst, float amax) {
       if (std::isnan(amax)) dst[1] = 1.0f;
@@ -304,17 +333,21 @@ void PrecisionAdam::step(double lr) {
     };
     for (int64_t s = 0; s < ns; ++s)
       if (did[static_cast<size_t>(s)]) {
-        put(A + 4 * s, deferred[static_cast<size_t>(s)].m_amax);
-        put(A + 4 * s + 2, deferred[static_cast<size_t>(s)].v_amax);
+        const auto& d = deferred[static_cast<size_t>(s)];
+        put(A + kPer * s, d.m_amax);
+        put(A + kPer * s + 2, d.v_amax);
+        put(A + kPer * s + 4, d.p_amax);
       }
     I.comm->all_reduce_max(a);
     auto global = [](const float* src) { return src[1] > 0.0f ? std::nanf("") : src[0]; };
+    const bool guard = I.cfg.scale_zero_guard;
     for (int64_t s = 0; s < ns; ++s) {
       if (!did[static_cast<size_t>(s)]) continue;
       auto& ps = I.params[I.split[static_cast<size_t>(s)]];
       auto& d = deferred[static_cast<size_t>(s)];
-      if (m_scaled) detail::store_scaled(ps.exp_avg, d.m_full, global(A + 4 * s), I.ws);
-      if (v_scaled) detail::store_scaled(ps.exp_avg_sq, d.v_full, global(A + 4 * s + 2), I.ws);
+      if (m_scaled) detail::store_scaled(ps.exp_avg, d.m_full, global(A + kPer * s), guard, I.ws);
+      if (v_scaled) detail::store_scaled(ps.exp_avg_sq, d.v_full, global(A + kPer * s + 2), guard, I.ws);
+      if (p_scaled) detail::store_scaled(ps.master, d.p_full, global(A + kPer * s + 4), guard, I.ws);
     }
   }
   sync_params();
@@ -378,10 +411,10 @@ torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateK
   Impl& I = *impl_;
   ParamState& ps = I.at(param);
   const StoredState& st = I.state(ps, key);
-  if (key == StateKey::master_param && I.mode == MasterMode::remainders)
-    return codec::remainder_join(owned_part(ps, ps.param.detach()).contiguous(), st.data);
-  if (scaled_moment(key, st.dtype))
-    return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, *st.scale);
+  // fused_adam.py get_unscaled_state: the int16 remainder as it is (asserted int16 upstream);
+  // fp16: float() * scale; fp8: the Float8Tensor's dequantize (code * scale_inv); bf16 widened.
+  if (key == StateKey::master_param && I.mode == MasterMode::remainders) return st.data.clone();
+  if (scaled_state(st.dtype)) return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, st.decode_mult());
   return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 
@@ -391,36 +424,33 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
   Impl& I = *impl_;
   ParamState& ps = I.at(param);
   StoredState& st = I.state(ps, key);
-  const bool whole = value.defined() && value.sizes() == ps.param.sizes();
-  if (!value.defined() || !(whole || value.sizes() == st.data.sizes()) || !value.is_floating_point())
-    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects a floating "
-                                "tensor of shape " + c10::str(ps.param.sizes()) +
+  // fused_adam.py set_scaled_state: `assert unscaled_state.dtype == torch.int16` for master_param
+  // under remainders, `== torch.float32` for everything else.
+  const bool remainder = key == StateKey::master_param && I.mode == MasterMode::remainders;
+  const auto want = remainder ? torch::kShort : torch::kFloat;
+  if (!value.defined() || value.scalar_type() != want)
+    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " takes " +
+                                (remainder ? "the int16 remainder" : std::string("an fp32 value")) + ", got " +
+                                (value.defined() ? c10::toString(value.scalar_type()) : "undefined") +
+                                " (upstream TransformerEngine fails an assertion here: FusedAdam.set_scaled_state "
+                                "asserts unscaled_state.dtype == " + (remainder ? "torch.int16" : "torch.float32") + ")");
+  const bool whole = value.sizes() == ps.param.sizes();
+  if (!(whole || value.sizes() == st.data.sizes()))
+    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects shape " +
+                                c10::str(ps.param.sizes()) +
                                 (st.data.sizes() != ps.param.sizes() ? " or " + c10::str(st.data.sizes()) : "") +
-                                ", got " +
-                                (value.defined() ? c10::str(value.scalar_type(), value.sizes())
-                                                 : std::string("undefined")));
-  auto full = value.detach().to(torch::kFloat).contiguous();
+                                ", got " + c10::str(value.sizes()));
+  auto full = value.detach().contiguous();
   // The owned part, shaped like the state (a no-op unless the param is split).
-  auto part = [&](const torch::Tensor& t) { return whole ? owned_part(ps, t).reshape(st.data.sizes()) : t; };
-  auto v = part(full);
-  auto w_owned = owned_part(ps, ps.param.detach());
-  if (key == StateKey::master_param) {
-    if (I.mode == MasterMode::remainders) {
-      torch::Tensor w, r;
-      codec::remainder_split(v.contiguous(), w, r);
-      st.data.copy_(r);
-      w_owned.copy_(w.reshape(w_owned.sizes()));
-    } else {
-      st.data.copy_(v);          // fp16 master: RNE
-      w_owned.copy_(st.data.reshape(w_owned.sizes()));   // the model param follows its master
-    }
-  } else if (scaled_moment(key, st.dtype)) {
-    // Encoded with the scale of the value given: the whole tensor's when the whole is given.
-    float scale = 1.0f;
-    st.data.copy_(part(codec::scaled_encode(full, st.dtype == Dtype::fp8, scale)));
-    st.scale = scale;
+  auto v = whole ? owned_part(ps, full).reshape(st.data.sizes()) : full;
+  if (scaled_state(st.dtype)) {
+    if (!whole && ps.end - ps.begin != ps.param.numel())
+      throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax; "
+                                  "give the whole param's value");
+    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard);
   } else {
-    st.data.copy_(v);            // fp32 copy or bf16 RNE
+    st.data.copy_(v);            // fp32 copy, bf16 RNE, or the int16 remainder
+    if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);
   }
 }
 
@@ -429,9 +459,9 @@ const StoredState& PrecisionAdam::stored(const std::string& param, StateKey key)
   return I.state(I.at(param), key);
 }
 
-void PrecisionAdam::set_stored(const std::string& param, StateKey key, const StoredState& s) {
-  Impl& I = *impl_;
-  StoredState& st = I.state(I.at(param), key);
+void PrecisionAdam::check_stored(const std::string& param, StateKey key, const StoredState& s) const {
+  const Impl& I = *impl_;
+  const StoredState& st = Impl::state(I.at(param), key);
   const std::string w = "set_stored: " + where(param, key);
   if (s.dtype != st.dtype)
     throw std::invalid_argument(w + " is held as " + to_string(st.dtype) + ", got " +
@@ -442,14 +472,34 @@ void PrecisionAdam::set_stored(const std::string& param, StateKey key, const Sto
   if (s.data.sizes() != st.data.sizes())
     throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
                                 c10::str(s.data.sizes()));
-  const bool scaled = scaled_moment(key, st.dtype);
+  const bool scaled = scaled_state(st.dtype), fp8 = st.dtype == Dtype::fp8;
   if (scaled != s.scale.has_value())
-    throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " moment)"
+    throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)"
                                             : std::string(" takes no scale")));
-  if (scaled && !(std::isfinite(*s.scale) && *s.scale > 0.0f))
-    throw std::invalid_argument(w + ": scale must be finite and > 0, got " + std::to_string(*s.scale));
+  if (fp8 != s.scale_inv.has_value())
+    throw std::invalid_argument(w + (fp8 ? " needs a scale_inv (fp8 state)" : std::string(" takes no scale_inv")));
+  if (!scaled) return;
+  // scale = amax / range: >= 0, +inf, or NaN; never negative.
+  if (std::signbit(*s.scale) && !std::isnan(*s.scale))
+    throw std::invalid_argument(w + ": scale " + std::to_string(*s.scale) + " is negative (scale = amax / range)");
+  if (fp8) {
+    // scale_inv = frcp(1 / scale), with or without the zero guard: any other pair cannot come from TE.
+    auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; };
+    const float plain = codec::scaling_from_scale(*s.scale, true, false).scale_inv;
+    const float guarded = codec::scaling_from_scale(*s.scale, true, true).scale_inv;
+    if (!same(*s.scale_inv, plain) && !same(*s.scale_inv, guarded))
+      throw std::invalid_argument(w + ": scale_inv " + std::to_string(*s.scale_inv) + " does not belong to scale " +
+                                  std::to_string(*s.scale) + " (expected 1/(1/scale) = " + std::to_string(plain) +
+                                  (same(plain, guarded) ? std::string() : ", or " + std::to_string(guarded) + " with scale_zero_guard") + ")");
+  }
+}
+
+void PrecisionAdam::set_stored(const std::string& param, StateKey key, const StoredState& s) {
+  check_stored(param, key, s);
+  StoredState& st = impl_->state(impl_->at(param), key);
   st.data.copy_(s.data);   // same dtype: a bitwise copy
   st.scale = s.scale;
+  st.scale_inv = s.scale_inv;
 }
 
 }  // namespace rh::optim

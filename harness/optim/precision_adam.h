@@ -43,6 +43,9 @@ struct OptimizerConfig {
   double weight_decay = 0.1;             // default for "decay" groups (ParamGroup::weight_decay
                                          // is what step() applies)
   bool adam_w_mode = true;                // false: L2 mode (decay folded into the gradient)
+  // Not an upstream option: the guard we would propose to TransformerEngine for fp16/fp8 states
+  // whose scale has no finite reciprocal (an all-zero tensor: a dead MoE expert). Off = upstream.
+  bool scale_zero_guard = false;
 };
 
 // Refuses the combinations Megatron refuses; throws std::invalid_argument with a clear message.
@@ -59,7 +62,12 @@ struct StoredState {
                                // split across data-parallel ranks, see shard_range); kFloat,
                                // kBFloat16, kHalf, kByte (fp8 E4M3 bytes) or kShort (remainder)
   Dtype dtype = Dtype::fp32;
-  std::optional<float> scale;  // fp16 / fp8 moments only: value = decode(data) * scale
+  // fp16 / fp8 states (moments, and an fp16 master) only, as TE's FusedAdam keeps them
+  // (storage_codecs.h, Scaling): `scale` = amax / range (self._scales); fp16 decodes as
+  // float(code) * scale. fp8 decodes as float(code) * scale_inv (the Float8Tensor's _scale_inv).
+  std::optional<float> scale;
+  std::optional<float> scale_inv;   // fp8 only
+  float decode_mult() const { return dtype == Dtype::fp8 ? scale_inv.value_or(1.0f) : scale.value_or(1.0f); }
 };
 
 struct ParamGroup {
@@ -95,6 +103,10 @@ class PrecisionAdam {
   void accumulate_grads();               // main_grad += param.grad for params with a grad; then
                                          // param.grad is reset; marks the param as having a grad
   void zero_grads();                     // main_grad = 0 and "has grad" cleared for every param
+  // Marks every param as having a grad (its main grad, zero if nothing was accumulated): what
+  // Megatron's distributed optimizer does, whose main grads live in a buffer every param has, so
+  // TE's FusedAdam steps an expert that received no tokens with a zero gradient.
+  void mark_all_grads();
   // Data parallel: sums the main grads (in fp32: Gloo rejects bf16; bf16 grads are rounded back
   // once) and the "has grad" marks over the group. A no-op for a group of one.
   void reduce_grads();
@@ -132,11 +144,15 @@ class PrecisionAdam {
   int64_t step_count(size_t g) const;
   void set_step_count(size_t g, int64_t step);
 
-  // Upstream get_unscaled_state / set_scaled_state: fp32 values. For master_param in remainder
-  // mode the value is the joined fp32 master (bf16 weight + remainder); setting it splits it
-  // back into the weight (written into the model param) and the remainder. Values are of the
-  // owned part's shape; set_scaled_state also takes the whole param's value (any rank can read
-  // it from a checkpoint), stores the owned part, and then scales fp16/fp8 moments by the whole
+  // Upstream get_unscaled_state / set_scaled_state (transformer_engine/pytorch/optimizers/
+  // fused_adam.py @04912bf). fp32 values, except master_param in remainder mode: there both take
+  // and return the raw int16 remainder and never touch the bf16 weight (upstream asserts the
+  // dtype: int16 there, fp32 everywhere else; a wrong dtype throws std::invalid_argument saying
+  // that upstream fails that assertion). set_scaled_state re-applies storage (_apply_scale):
+  // fp16/fp8 scales recomputed from the value's amax (guarded if scale_zero_guard), bf16 RNE; an
+  // fp16 master does not write the model param (upstream's set_scaled_state never does).
+  // Values are of the owned part's shape; set_scaled_state also takes the whole param's value
+  // (any rank can read it from a checkpoint), stores the owned part, and then scales by the whole
   // tensor's amax, as a single process would.
   torch::Tensor get_unscaled_state(const std::string& param, StateKey key) const;
   void set_scaled_state(const std::string& param, StateKey key, const torch::Tensor& value);
@@ -148,6 +164,10 @@ class PrecisionAdam {
   // bit for bit itself (in remainder mode they are the master's high half).
   const StoredState& stored(const std::string& param, StateKey key) const;
   void set_stored(const std::string& param, StateKey key, const StoredState& s);
+  // The checks set_stored makes (dtype, shape, scales present and consistent: a negative scale,
+  // or an fp8 scale_inv other than the one this optimizer derives from `scale`, cannot come from
+  // TE's formulas), without changing anything; throws std::invalid_argument.
+  void check_stored(const std::string& param, StateKey key, const StoredState& s) const;
 
  private:
   struct Impl;                  // per-param state, workspaces (precision_adam.cpp)

@@ -24,9 +24,26 @@ void check_float(const torch::Tensor& x, const char* what) {
 
 }  // namespace
 
-float scale_from_amax(float amax, float range) {
-  const float s = amax / range;
-  return s > 0.0f || std::isnan(s) ? s : 1.0f;   // zero (or underflowed) amax: see header
+Scaling scaling_from_scale(float scale, bool fp8, bool guard) {
+  Scaling sc;
+  sc.scale = scale;
+  // 1.0f / scale is IEEE division, correctly rounded: torch's reciprocal on CUDA (no fast-math)
+  // and __frcp_rn both round to nearest.
+  const float r = 1.0f / scale;
+  const bool unusable = !std::isfinite(r);   // scale 0 (-> inf) or below 2^-128
+  if (fp8) {
+    sc.mult = guard && unusable && !std::isnan(scale) ? 1.0f : r;   // quantizer.scale = 1/scale
+    sc.scale_inv = 1.0f / sc.mult;                                  // __frcp_rn(quantizer.scale)
+  } else {
+    sc.mult = scale > 0.0f && !(guard && unusable) ? r : 0.0f;      // rscale
+    sc.scale_inv = scale;                                           // decode multiplies by scale
+  }
+  return sc;
+}
+
+Scaling make_scaling(float amax, bool fp8, bool guard) {
+  // torch.div(absmax, max_range, out=scale): one fp32 division (NaN amax -> NaN scale).
+  return scaling_from_scale(amax / (fp8 ? kFp8Range : kFp16Range), fp8, guard);
 }
 
 float abs_max(const torch::Tensor& x) {
@@ -36,6 +53,19 @@ float abs_max(const torch::Tensor& x) {
   const float hi = std::get<1>(mm).item<float>();
   if (std::isnan(lo) || std::isnan(hi)) return std::numeric_limits<float>::quiet_NaN();
   return std::max(hi, -lo);
+}
+
+bool canonicalize_nan_(const torch::Tensor& x) {
+  check_float(x, "canonicalize_nan_");
+  auto nan = torch::isnan(x);
+  if (!nan.any().item<bool>()) return false;
+  x.view(torch::kInt).masked_fill_(nan, static_cast<int32_t>(0x7FFFFFFF));
+  return true;
+}
+
+void canonical_nan_16_(const torch::Tensor& h, const torch::Tensor& src) {
+  auto nan = torch::isnan(src.reshape(h.sizes()));
+  if (nan.any().item<bool>()) h.view(torch::kShort).masked_fill_(nan, static_cast<int16_t>(0x7FFF));
 }
 
 void Fp8Scratch::ensure(int64_t n) {
@@ -163,21 +193,38 @@ torch::Tensor fp8_decode(const torch::Tensor& codes) {
   return out;
 }
 
-torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, float& scale) {
+void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool fp8, const Scaling& sc,
+                        const torch::Tensor& q_buf, Fp8Scratch& s, bool may_have_nan) {
+  torch::Tensor q = q_buf;   // out= ops take non-const references
+  // x * mult: one fp32 multiply (the kernel's `temp * s`, fp16's unscaled_state.mul_(rscale)).
+  // NaN appears only from NaN/inf inputs or a non-finite / zero multiplier (0 * inf, inf * 0).
+  at::mul_out(q, x.view({-1}), torch::scalar_tensor(sc.mult, torch::kFloat));
+  const bool nan_possible = may_have_nan || !std::isfinite(sc.mult) || sc.mult == 0.0f;
+  if (nan_possible) canonicalize_nan_(q);
+  if (fp8) {
+    fp8_encode_into(q, out, s, nan_possible);   // canonical NaN has sign 0: code 0x7F
+  } else {
+    out.view({-1}).copy_(q);                    // RNE to fp16 (|q| <= ~32752: no overflow)
+    if (nan_possible) canonical_nan_16_(out.view({-1}), q);
+  }
+}
+
+torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, bool guard, Scaling& sc) {
   auto x = state.to(torch::kFloat).contiguous();
   const float am = abs_max(x);
-  scale = scale_from_amax(am, fp8 ? kFp8Range : kFp16Range);
-  auto q = torch::div(x, torch::scalar_tensor(scale, torch::kFloat));
-  if (!fp8) return q.to(torch::kHalf);
-  auto out = torch::empty(q.sizes(), torch::kByte);
+  sc = make_scaling(am, fp8, guard);
+  auto out = torch::empty(x.sizes(), fp8 ? torch::kByte : torch::kHalf);
+  auto q = torch::empty({x.numel()}, torch::kFloat);
   Fp8Scratch s;
-  fp8_encode_into(q, out, s, !std::isfinite(am));
+  encode_scaled_into(x, out, fp8, sc, q, s, !std::isfinite(am));
   return out;
 }
 
-torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float scale) {
+torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float decode_mult) {
   auto v = fp8 ? fp8_decode(stored) : stored.to(torch::kFloat);
-  return torch::mul(v, torch::scalar_tensor(scale, torch::kFloat));
+  auto out = torch::mul(v, torch::scalar_tensor(decode_mult, torch::kFloat)).contiguous();
+  canonicalize_nan_(out);
+  return out;
 }
 
 void remainder_join_into(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16,
