@@ -135,10 +135,17 @@ inline bool bytes_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
 }
 
+inline bool same_scalar(const std::optional<float>& a, const std::optional<float>& b) {
+  return a.has_value() == b.has_value() && (!a || std::memcmp(&*a, &*b, sizeof(float)) == 0);
+}
 inline bool stored_equal(const StoredState& a, const StoredState& b) {
-  if (a.dtype != b.dtype || a.scale.has_value() != b.scale.has_value()) return false;
-  if (a.scale && std::memcmp(&*a.scale, &*b.scale, sizeof(float)) != 0) return false;
-  return bytes_equal(a.data, b.data);
+  return a.dtype == b.dtype && same_scalar(a.scale, b.scale) && same_scalar(a.scale_inv, b.scale_inv) &&
+         bytes_equal(a.data, b.data);
+}
+// Equal as values: the codes and what they decode with (fp8's kept `scale` is never decoded with).
+inline bool decodes_equal(const StoredState& a, const StoredState& b) {
+  if (a.dtype != b.dtype || !bytes_equal(a.data, b.data)) return false;
+  return a.dtype == rh::optim::Dtype::fp8 ? same_scalar(a.scale_inv, b.scale_inv) : same_scalar(a.scale, b.scale);
 }
 
 // Model params, every stored state and the step counters, bit for bit.

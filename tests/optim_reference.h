@@ -127,15 +127,15 @@ struct Stored {
         amax = std::max(amax, std::fabs(x[i]));
       }
       if (nan) amax = std::numeric_limits<float>::quiet_NaN();
-      scale = amax / (fmt == Fmt::fp16 ? 32752.0f : 448.0f);
+      scale = canon(amax / (fmt == Fmt::fp16 ? 32752.0f : 448.0f));
       const float r = 1.0f / scale;
       const bool unusable = !std::isfinite(r);
       if (fmt == Fmt::fp16) {
         mult = (scale > 0.0f && !(guard && unusable)) ? r : 0.0f;
         scale_inv = scale;
       } else {
-        mult = (guard && unusable && !std::isnan(scale)) ? 1.0f : r;
-        scale_inv = 1.0f / mult;
+        mult = canon((guard && unusable && !std::isnan(scale)) ? 1.0f : r);
+        scale_inv = canon(1.0f / mult);
       }
     }
     for (Eigen::Index i = 0; i < x.size(); ++i) {

@@ -7,7 +7,8 @@ values the harness reported (tests/test_checkpoint_python.cpp writes them).
     safetensors_reader.py --expect EXPECTED.json          check the listed checkpoints' values
 
 BF16 is decoded by widening the uint16 bits into the high half of a float32; F8_E4M3 bytes by
-the E4M3 (FN) rules; scaled fp16/fp8 moments are also reconstructed as decode(data) * scale.
+the E4M3 (FN) rules; scaled fp16/fp8 states are also reconstructed as TransformerEngine decodes
+them: fp16 as decode(data) * scale, fp8 as decode(data) * scale_inv.
 Exits 0 if everything matches, 1 otherwise (first problem printed).
 """
 import json
@@ -127,8 +128,9 @@ def check_expected(spec):
             want = as_floats(e["values"])
             if dt != e["dtype"] or list(raw.shape) != e["shape"] or not np.array_equal(got, want, equal_nan=True):
                 raise Bad(f"{ck['dir']}/{e['file']}: tensor {e['key']} ({dt}) does not match the harness")
-            if "unscaled" in e:   # a scaled fp16/fp8 moment: value = decode(data) * scale, in fp32
-                scale = to_float(*tensors[(e["file"], e["key"] + ".scale")]).astype(np.float32).reshape(())
+            if "unscaled" in e:   # a scaled fp16/fp8 state: decode(data) * (fp16: scale, fp8: scale_inv)
+                mult_key = e["key"] + (".scale_inv" if e["dtype"] == "F8_E4M3" else ".scale")
+                scale = to_float(*tensors[(e["file"], mult_key)]).astype(np.float32).reshape(())
                 value = (got.astype(np.float32) * scale).astype(np.float64)
                 if not np.array_equal(value, as_floats(e["unscaled"]), equal_nan=True):
                     raise Bad(f"{ck['dir']}/{e['file']}: tensor {e['key']} unscaled values differ")

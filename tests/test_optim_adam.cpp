@@ -183,7 +183,8 @@ TEST_P(ZeroMoments, FollowUpstreamOrTheGuard) {
       EXPECT_EQ(bits32(*m.scale_inv), 0u) << "frcp(inf) = 0, " << at;
       EXPECT_TRUE(torch::equal(zero, torch::full({4}, 0.5, torch::kBFloat16))) << "the first update is 0, " << at;
     } else {
-      EXPECT_TRUE(std::isnan(*m.scale) && std::isnan(*m.scale_inv)) << "NaN amax from the NaN moment, " << at;
+      EXPECT_EQ(bits32(*m.scale), 0x7FFFFFFFu) << "canonical NaN scale from the NaN moment's amax, " << at;
+      EXPECT_EQ(bits32(*m.scale_inv), 0x7FFFFFFFu) << at;
       EXPECT_TRUE(torch::equal(zero.view(torch::kShort), torch::full({4}, static_cast<int16_t>(0x8000), torch::kShort)))
           << "canonical NaN master 0x7FFFFFFF splits into weight -0.0, " << at;
       const auto& r = opt.stored("zero", StateKey::master_param);

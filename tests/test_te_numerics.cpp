@@ -41,7 +41,7 @@ TEST(TeBiasCorrection, FloatBetaThenDoublePowMatchesNumpy) {
   OptimizerConfig cfg;   // beta1 0.9, beta2 0.95
   for (const auto& e : reference().at("bias_correction")) {
     const int64_t t = e.at("step");
-    const auto k = detail::make_step_scalars(cfg, 0.0, 1e-3, t);
+    const auto k = rh::optim::detail::make_step_scalars(cfg, 0.0, 1e-3, t);
     EXPECT_EQ(bits(k.bc1), e.at("bc1").get<uint32_t>()) << "bc1, step " << t;
     EXPECT_EQ(bits(k.bc2), e.at("bc2").get<uint32_t>()) << "bc2, step " << t;
     if (t == 1) {

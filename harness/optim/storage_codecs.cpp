@@ -24,7 +24,18 @@ void check_float(const torch::Tensor& x, const char* what) {
 
 }  // namespace
 
-Scaling scaling_from_scale(float scale, bool fp8, bool guard) {
+namespace {
+// A NaN scalar as the GPU computes it (canonical 0x7FFFFFFF, see canonicalize_nan_).
+float canon(float f) {
+  if (!std::isnan(f)) return f;
+  const uint32_t u = 0x7FFFFFFFu;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+Scaling scaling_from_scale(float scale_in, bool fp8, bool guard) {
+  const float scale = canon(scale_in);
   Scaling sc;
   sc.scale = scale;
   // 1.0f / scale is IEEE division, correctly rounded: torch's reciprocal on CUDA (no fast-math)
@@ -32,8 +43,8 @@ Scaling scaling_from_scale(float scale, bool fp8, bool guard) {
   const float r = 1.0f / scale;
   const bool unusable = !std::isfinite(r);   // scale 0 (-> inf) or below 2^-128
   if (fp8) {
-    sc.mult = guard && unusable && !std::isnan(scale) ? 1.0f : r;   // quantizer.scale = 1/scale
-    sc.scale_inv = 1.0f / sc.mult;                                  // __frcp_rn(quantizer.scale)
+    sc.mult = canon(guard && unusable && !std::isnan(scale) ? 1.0f : r);   // quantizer.scale = 1/scale
+    sc.scale_inv = canon(1.0f / sc.mult);                                  // __frcp_rn(quantizer.scale)
   } else {
     sc.mult = scale > 0.0f && !(guard && unusable) ? r : 0.0f;      // rscale
     sc.scale_inv = scale;                                           // decode multiplies by scale
