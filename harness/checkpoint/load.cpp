@@ -10,9 +10,10 @@
 //  - remainder + bf16 weight into an fp32/fp16 master: joined, set_scaled_state (exactness checked);
 //  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
 //  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
-//    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron
-//    distrib_optimizer.py, _set_main_param_and_optimizer_states: without it the fp32 master is
-//    copied, no int16 branch). Where that disagrees with the checkpoint the PR misfires; load
+//    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron-LM
+//    megatron/core/optimizer/distrib_optimizer.py @d08b402, _set_main_param_and_optimizer_states:
+//    with it every key goes through set_scaled_state; without it `main_param.copy_(param)`, no
+//    int16 branch). Where that disagrees with the checkpoint the PR misfires; load
 //    refuses, or with allow_lossy reproduces the misfire as upstream would. With an fp16 master
 //    the PR hands an int16 tensor to set_scaled_state, whose `assert unscaled_state.dtype ==
 //    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
