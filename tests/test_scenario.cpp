@@ -34,7 +34,7 @@ const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::strin
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 7; 2 named.
-  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault
+  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u + 6u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies)
   const auto& s = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
   EXPECT_EQ(s.policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(s.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
