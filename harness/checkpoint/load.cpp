@@ -139,10 +139,6 @@ torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
   return f.to(torch::kShort);
 }
 
-void put_stored(optim::PrecisionAdam& opt, const std::string& p, StateKey k, const optim::StoredState& s) {
-  opt.set_stored(p, k, s);
-}
-
 // One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv"), if present.
 std::optional<float> read_scalar(const detail::Verified& v, const detail::ShardIndex& ix, const std::string& param,
                                  const std::string& key, const std::string& file) {
@@ -390,7 +386,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   auto rollback = [&] {
     torch::NoGradGuard ng;
     for (int i = 0; i < 3; ++i)
-      for (const auto& [p, s] : snap_states[i]) put_stored(opt, p, kKeys[i], s);
+      for (const auto& [p, s] : snap_states[i]) opt.set_stored(p, kKeys[i], s);
     for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
     for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
   };
@@ -406,7 +402,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       if (a.use_stored) stored.push_back(&a);
     parallel_copies(
         stored.size(), [&](size_t i) { return static_cast<uint64_t>(stored[i]->stored.data.nbytes()); },
-        [&](size_t i) { put_stored(opt, stored[i]->param, stored[i]->key, stored[i]->stored); });
+        [&](size_t i) { opt.set_stored(stored[i]->param, stored[i]->key, stored[i]->stored); });
     std::map<std::string, torch::Tensor> split_weight;
     for (const Action& a : plan)
       if (a.weight.defined()) split_weight[a.param] = a.weight;

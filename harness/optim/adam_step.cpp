@@ -34,8 +34,6 @@ namespace {
 // per-op dispatch cost of LibTorch (a few us) stays small. Measured best of 2^14..2^17 here.
 constexpr int64_t kChunk = 1 << 16;
 
-bool is_scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
-
 torch::Tensor flat(const torch::Tensor& t) { return t.view({-1}); }
 
 // Decoded fp32 values of a state slice: a view when stored fp32, else decoded into `buf`
@@ -74,6 +72,7 @@ void track_amax(float& acc, const torch::Tensor& x) {
 
 // Scale from the whole tensor's amax, then encode chunk by chunk.
 void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws) {
+  ws.ensure(kChunk, 0);   // chunk buffers (a no-op inside adam_update, which ensured them)
   const bool fp8 = st.dtype == Dtype::fp8;
   const codec::Scaling sc = codec::make_scaling(amax, fp8, guard);
   st.scale = sc.scale;

@@ -24,6 +24,10 @@ struct ParamState {
   bool has_grad = false;
 };
 
+// fp16/fp8 states carry a scale (moments, and an fp16 master: TE's _apply_scale scales every
+// state that is neither fp32 nor bf16, master_param included).
+inline bool is_scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
+
 // The scalars of one step, each already rounded to fp32 exactly as the kernel uses them.
 struct StepScalars {
   float beta1, one_minus_beta1;   // one_minus = 1.0f - beta1 in fp32, as the TE kernel computes

@@ -68,19 +68,14 @@ StoredState zeros_state(const torch::Tensor& like, Dtype d) {
   return s;
 }
 
-// fp16/fp8 states carry a scale: moments, and an fp16 master (TE scales every non-fp32 state
-// that is not bf16 through _apply_scale, master_param included).
-bool scaled_state(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
+using detail::is_scaled;
 
-// Encodes the fp32 value `full` (the whole param) into st with the whole tensor's scaling, and
-// keeps the owned part `[begin, end)` (TE _apply_scale).
-void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard) {
-  codec::Scaling sc;
-  torch::Tensor enc = codec::scaled_encode(full, st.dtype == Dtype::fp8, guard, sc);
-  st.data.copy_(enc.view({-1}).narrow(0, begin, end - begin).reshape(st.data.sizes()));
-  st.scale = sc.scale;
-  if (st.dtype == Dtype::fp8) st.scale_inv = sc.scale_inv;
-  else st.scale_inv.reset();
+// Stores the owned part [begin, end) of the fp32 value `full` (the whole param) with the whole
+// tensor's scaling (TE _apply_scale): detail::store_scaled with the whole tensor's amax.
+void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard,
+                        detail::Workspace& ws) {
+  const torch::Tensor x = full.to(torch::kFloat).contiguous().view({-1});
+  detail::store_scaled(st, x.narrow(0, begin, end - begin), codec::abs_max(x), guard, ws);
 }
 
 std::string where(const std::string& param, StateKey key) {
@@ -158,7 +153,7 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
         // initialize_state: set_scaled_state(param, "master_param", param.float()), scaled by
         // the whole param's amax.
         ps.master.data = torch::empty(owned.sizes(), torch::kHalf);
-        store_value_scaled(ps.master, p.detach().to(torch::kFloat), ps.begin, ps.end, cfg.scale_zero_guard);
+        store_value_scaled(ps.master, p.detach(), ps.begin, ps.end, cfg.scale_zero_guard, I.ws);
       } else {
         ps.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
       }
@@ -304,8 +299,8 @@ void PrecisionAdam::step(double lr) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   for (auto& s : I.steps) ++s;   // every group advances, whether or not its params have grads
-  const bool m_scaled = scaled_state(I.cfg.exp_avg_dtype);
-  const bool v_scaled = scaled_state(I.cfg.exp_avg_sq_dtype);
+  const bool m_scaled = is_scaled(I.cfg.exp_avg_dtype);
+  const bool v_scaled = is_scaled(I.cfg.exp_avg_sq_dtype);
   const bool p_scaled = I.mode == MasterMode::fp16;
   const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled || p_scaled) && !I.split.empty();
   std::vector<detail::Deferred> deferred(I.split.size());
@@ -414,7 +409,7 @@ torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateK
   // fused_adam.py get_unscaled_state: the int16 remainder as it is (asserted int16 upstream);
   // fp16: float() * scale; fp8: the Float8Tensor's dequantize (code * scale_inv); bf16 widened.
   if (key == StateKey::master_param && I.mode == MasterMode::remainders) return st.data.clone();
-  if (scaled_state(st.dtype)) return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, st.decode_mult());
+  if (is_scaled(st.dtype)) return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, st.decode_mult());
   return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 
@@ -443,11 +438,11 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
   auto full = value.detach().contiguous();
   // The owned part, shaped like the state (a no-op unless the param is split).
   auto v = whole ? owned_part(ps, full).reshape(st.data.sizes()) : full;
-  if (scaled_state(st.dtype)) {
+  if (is_scaled(st.dtype)) {
     if (!whole && ps.end - ps.begin != ps.param.numel())
       throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax; "
                                   "give the whole param's value");
-    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard);
+    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, I.ws);
   } else {
     st.data.copy_(v);            // fp32 copy, bf16 RNE, or the int16 remainder
     if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);
@@ -472,7 +467,7 @@ void PrecisionAdam::check_stored(const std::string& param, StateKey key, const S
   if (s.data.sizes() != st.data.sizes())
     throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
                                 c10::str(s.data.sizes()));
-  const bool scaled = scaled_state(st.dtype), fp8 = st.dtype == Dtype::fp8;
+  const bool scaled = is_scaled(st.dtype), fp8 = st.dtype == Dtype::fp8;
   if (scaled != s.scale.has_value())
     throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)"
                                             : std::string(" takes no scale")));
