@@ -212,15 +212,29 @@ bool when_matches(const toml::table& when, const std::map<std::string, std::stri
 }
 
 // A name the file gives (scenario.name, matrix.name, an axis name or value): it becomes part of a
-// directory name, so no path separators, control characters, '.', '..' or empty names.
+// directory name, so no control characters, no '\\', no '.', '..' or empty names. '/' groups
+// scenario names ("approx/fp32-moments-saved-bf16"; safe_name maps it to "__"), so a scenario
+// name may hold it between non-empty segments other than '.' and '..'; matrix, axis names and
+// values may not (the canonical name "matrix/axis=value,..." is built from them).
 void check_name_part(const std::string& file, const toml::node& n, const std::string& key,
-                     const std::string& name) {
-  if (name.find('/') != std::string::npos || name.find('\\') != std::string::npos)
-    fail(file, n, key, quote_name(name) + " contains a path separator ('/' or '\\')");
+                     const std::string& name, bool slash_groups = false) {
+  if (name.find('\\') != std::string::npos)
+    fail(file, n, key, quote_name(name) + " contains a path separator ('\\')");
+  if (!slash_groups && name.find('/') != std::string::npos)
+    fail(file, n, key, quote_name(name) + " contains a path separator ('/')");
   try {
     (void)safe_name(name);
   } catch (const ScenarioError& e) {
     fail(file, n, key, e.what());
+  }
+  size_t b = 0;
+  while (slash_groups) {
+    const size_t e = name.find('/', b);
+    const std::string seg = name.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (seg.empty() || seg == "." || seg == "..")
+      fail(file, n, key, quote_name(name) + " has an empty, '.' or '..' path segment");
+    if (e == std::string::npos) break;
+    b = e + 1;
   }
 }
 
@@ -387,7 +401,7 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
       const auto* nm = t.get("name");
       if (!nm) fail(path, t, "scenario", "needs a name");
       s.name = need_string(path, *nm, "scenario.name");
-      check_name_part(path, *nm, "scenario.name", s.name);
+      check_name_part(path, *nm, "scenario.name", s.name, /*slash_groups=*/true);
       apply_settings(s, t, path, {"name"});
       check_complete(s, t);
       out.push_back(std::move(s));

@@ -150,7 +150,7 @@ TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
   std::ofstream(dir / "run" / "keep.txt") << "other results\n";
   for (const char* name : {"..", ".", ""}) {
     std::ofstream(dir / "bad.toml") << "[[scenario]]\nname = \"" << name << "\"\n";
-    for (const std::string sub : {"matrix " + (dir / "bad.toml").string() + " --no-report",
+    for (const std::string& sub : {"matrix " + (dir / "bad.toml").string() + " --no-report",
                                   "check --file " + (dir / "bad.toml").string() + " a"}) {
       const std::string cmd = std::string(RH_TOOL) + " " + sub + " --run-dir " + (dir / "run").string() + " > " +
                               (dir / "out.txt").string() + " 2>&1";

@@ -72,7 +72,8 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
                              std::to_string(kManifestFormatVersion));
   const int64_t iteration = m["iteration"].i64(0, kMaxCounter);
   if (m.has("dp_size")) (void)m["dp_size"].i64(1, 4096);
-  if (!m["run_config"].raw().is_object()) (void)m["run_config"].object_size();
+  // The run config the checkpoint was saved with: an object, or null when the caller gave none.
+  if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object()) rc.fail("expected an object or null, got " + quote_json(rc.raw()));
   (void)m["save_policy"]["kind"].str();
 
   m["files"].each([](const JsonField& f) {
