@@ -175,6 +175,13 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
   r.name = s.name;
   r.expectation = to_string(s.expect.kind);
   const fs::path dir(o.work_dir);
+  // The work directory is removed first: never one that names "", ".", ".." or a root.
+  {
+    const fs::path name = dir.filename();
+    if (name.empty() || name == "." || name == ".." || dir.lexically_normal() == dir.root_path())
+      throw std::invalid_argument("run_check: work directory '" + o.work_dir +
+                                  "' must name a scenario directory (not '', '.', '..' or a root)");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   try {
     fs::remove_all(dir);

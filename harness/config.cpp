@@ -2,10 +2,15 @@
 // which the command-line flags, JSON and TOML forms are derived.
 #include "harness/config.h"
 
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/json_guard.h"
+
 #include <CLI/CLI.hpp>
 
 #include <fstream>
+#include <cmath>
 #include <functional>
+#include <tuple>
 #include <sstream>
 #include <stdexcept>
 #include <variant>
@@ -94,7 +99,7 @@ void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::stri
                      const std::string& key) {
   auto fail = [&](const char* expected) {
     throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " +
-                                v.dump());
+                                ckpt::quote_json(v));
   };
   std::visit(
       [&](auto* dst) {
@@ -142,9 +147,38 @@ void validate(const RunConfig& c) {
   require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
           "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
   require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
-  require(t.threads >= 1, "train.threads must be >= 1");
+  require(t.threads >= 1 && t.threads <= kMaxThreads,
+          "train.threads (--threads) must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(t.threads));
+  require(t.iterations <= kMaxIterations,
+          "train.iterations (--train-iters) must be <= " + std::to_string(kMaxIterations) + ", got " + std::to_string(t.iterations));
+  require(t.global_batch <= kMaxBatch && t.lr_decay_iters <= kMaxIterations && t.lr_warmup_iters <= kMaxIterations,
+          "train.global_batch must be <= " + std::to_string(kMaxBatch) + " and train.lr_*_iters <= " +
+              std::to_string(kMaxIterations));
+  require(std::isfinite(t.lr) && std::isfinite(t.min_lr) && std::isfinite(t.clip_grad),
+          "train.lr, train.min_lr and train.clip_grad must be finite");
   require(t.device == "cpu" || t.device == "cuda",
-          "train.device (--device) must be 'cpu' or 'cuda', got '" + t.device + "'");
+          "train.device (--device) must be 'cpu' or 'cuda', got '" + ckpt::quote_text(t.device) + "'");
+#ifndef RH_WITH_CUDA
+  require(t.device != "cuda", "train.device (--device) cuda: this build has no CUDA (LibTorch without CUDA)");
+#endif
+  // The model's own rules (layers, heads dividing the width, top-k <= experts, dropout in [0, 1)),
+  // then sizes: each dimension capped, and the parameter count estimated without overflow.
+  models::validate_config(c.model);
+  const auto& m = c.model;
+  for (auto [name, v, cap] : {std::tuple{"model.vocab_size", m.vocab_size, int64_t(1) << 20},
+                              std::tuple{"model.seq_len", m.seq_len, int64_t(1) << 16},
+                              std::tuple{"model.d_model", m.d_model, int64_t(1) << 14},
+                              std::tuple{"model.n_layers", m.n_layers, int64_t(256)},
+                              std::tuple{"model.n_heads", m.n_heads, int64_t(1) << 10},
+                              std::tuple{"model.n_experts", m.n_experts, int64_t(1) << 10},
+                              std::tuple{"model.ffn_hidden", m.ffn_hidden, int64_t(1) << 16}})
+    require(v <= cap, std::string(name) + " must be <= " + std::to_string(cap) + ", got " + std::to_string(v));
+  const double params = double(m.vocab_size) * double(m.d_model) * 2 +
+                        double(m.n_layers) * (4.0 * double(m.d_model) * double(m.d_model) +
+                                              3.0 * double(m.n_experts) * double(m.d_model) * double(m.ffn_hidden));
+  require(params <= kMaxParams, "the model would have about " + std::to_string(static_cast<int64_t>(params)) +
+                                    " parameters, more than this tool's limit of " +
+                                    std::to_string(static_cast<int64_t>(kMaxParams)));
   require(c.model.param_dtype == "bf16" || c.model.param_dtype == "fp32",
           "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" +
               c.model.param_dtype + "'");
@@ -184,15 +218,14 @@ RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where
 }
 
 RunConfig load_run_config_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::invalid_argument("cannot open run config '" + path + "'");
-  nlohmann::json j;
+  std::string text;
   try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(path + ": not valid JSON: " + e.what());
+    text = ckpt::read_regular_file(path, kMaxConfigBytes);   // no FIFO, no /dev/zero
+  } catch (const ckpt::CheckpointError& e) {
+    throw std::invalid_argument("run config " + std::string(e.what()));
   }
-  return run_config_from_json(j, path);
+  // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
+  return run_config_from_json(ckpt::parse_json_bounded(text, path), path);
 }
 
 void add_run_options(CLI::App& app, RunConfig& cfg) {

@@ -39,7 +39,14 @@ struct RunConfig {
   TrainConfig train;
 };
 
-// Checks the combination (model fields, Megatron's optimizer rules, batch divisibility, device)
+// Caps on what a config may ask for (bad input beyond them, exit 2).
+constexpr int64_t kMaxThreads = 256;
+constexpr int64_t kMaxIterations = 10'000'000;
+constexpr int64_t kMaxBatch = 1 << 20;
+constexpr double kMaxParams = 4e9;
+constexpr uint64_t kMaxConfigBytes = 16u << 20;
+
+// Checks the combination (model fields (models::validate_config), the caps above, Megatron's optimizer rules, batch divisibility, device)
 // and throws std::invalid_argument naming the field.
 void validate(const RunConfig& cfg);
 

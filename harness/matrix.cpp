@@ -50,6 +50,15 @@ std::string fmt_seconds(double s) {
 
 }  // namespace
 
+std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario) {
+  const fs::path parent = run_dir / "scenarios";
+  const fs::path dir = parent / safe_name(scenario);
+  // safe_name guarantees this; checked again because the directory is removed before each run.
+  if (dir.parent_path() != parent || dir.filename() == "." || dir.filename() == ".." || dir.filename().empty())
+    throw std::logic_error("scenario directory " + dir.string() + " is not a child of " + parent.string());
+  return dir.string();
+}
+
 std::string compare_golden(const std::string& golden_csv, const std::string& actual_csv) {
   const auto g = read_metrics_csv(golden_csv), a = read_metrics_csv(actual_csv);
   if (g.size() != a.size())
@@ -130,7 +139,7 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
       }
       CheckOptions co;
       co.tool = o.tool;
-      co.work_dir = (run_dir / "scenarios" / safe_name(s.name)).string();
+      co.work_dir = scenario_work_dir(run_dir, s.name);
       co.keep_checkpoints = o.keep_checkpoints;
       auto r = run_check(s, co);
       if (!o.golden_dir.empty() && r.outcome != "error") {

@@ -2,6 +2,7 @@
 // a run directory (summary.csv, summary.json, junit.xml, per-scenario results) and comparing each
 // baseline's metrics bitwise against committed golden CSVs when asked.
 #pragma once
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log);
 // Golden comparison of one metrics CSV against another: "" if bit-identical, else the first
 // difference ("iteration 3: lm_loss 0x1.6p+2 vs 0x1.5p+2").
 std::string compare_golden(const std::string& golden_csv, const std::string& actual_csv);
+
+// run_dir/scenarios/<safe_name(scenario)>: the only directory a matrix run removes and rewrites
+// for a scenario. Throws ScenarioError for a name safe_name refuses.
+std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario);
 
 // Writes junit.xml for the results (one testcase per scenario, failure message = verdict).
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results);

@@ -180,6 +180,8 @@ int run_train(const TrainJob& job) {
       std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
                   static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
   };
+  if (job.save_at < -1 || job.save_at == 0)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + ": expected an iteration >= 1");
   if (job.save_at >= 0 && job.save_root.empty())
     throw std::invalid_argument("--save-at needs --save (the checkpoint root)");
   if (job.save_at > stop)

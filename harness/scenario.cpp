@@ -8,6 +8,12 @@
 
 #include <fnmatch.h>
 
+#include <cmath>
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/json_guard.h"
+
+#include <cstdio>
+
 #include <set>
 #include <sstream>
 
@@ -111,9 +117,12 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
         if (!known) fail(file, val, key + "." + metric, "not a metric name (lm_loss, aux_loss, total_loss, grad_norm, lr, num_zeros)");
         Tolerance tol;
         for (const auto& [tk, tv] : need_table(file, val, key + "." + metric)) {
-          if (tk.str() == "atol") tol.atol = need_number(file, tv, "atol");
-          else if (tk.str() == "rtol") tol.rtol = need_number(file, tv, "rtol");
-          else fail(file, tv, key + "." + metric + "." + std::string(tk.str()), "expected atol or rtol");
+          double* dst = tk.str() == "atol" ? &tol.atol : tk.str() == "rtol" ? &tol.rtol : nullptr;
+          if (!dst) fail(file, tv, key + "." + metric + "." + std::string(tk.str()), "expected atol or rtol");
+          *dst = need_number(file, tv, std::string(tk.str()));
+          // inf would let any difference (a deliberate fault) pass; NaN compares false.
+          if (!std::isfinite(*dst) || *dst < 0)
+            fail(file, tv, key + "." + metric + "." + std::string(tk.str()), "expected a finite number >= 0");
         }
         s.expect.tolerances[metric] = tol;
       }
@@ -202,6 +211,33 @@ bool when_matches(const toml::table& when, const std::map<std::string, std::stri
   return true;
 }
 
+// A name the file gives (scenario.name, matrix.name, an axis name or value): it becomes part of a
+// directory name, so no control characters, no '\\', no '.', '..' or empty names. '/' groups
+// scenario names ("approx/fp32-moments-saved-bf16"; safe_name maps it to "__"), so a scenario
+// name may hold it between non-empty segments other than '.' and '..'; matrix, axis names and
+// values may not (the canonical name "matrix/axis=value,..." is built from them).
+void check_name_part(const std::string& file, const toml::node& n, const std::string& key,
+                     const std::string& name, bool slash_groups = false) {
+  if (name.find('\\') != std::string::npos)
+    fail(file, n, key, quote_name(name) + " contains a path separator ('\\')");
+  if (!slash_groups && name.find('/') != std::string::npos)
+    fail(file, n, key, quote_name(name) + " contains a path separator ('/')");
+  try {
+    (void)safe_name(name);
+  } catch (const ScenarioError& e) {
+    fail(file, n, key, e.what());
+  }
+  size_t b = 0;
+  while (slash_groups) {
+    const size_t e = name.find('/', b);
+    const std::string seg = name.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (seg.empty() || seg == "." || seg == "..")
+      fail(file, n, key, quote_name(name) + " has an empty, '.' or '..' path segment");
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+}
+
 std::string value_text(const toml::node& n) {
   if (auto s = n.as_string()) return s->get();
   std::ostringstream os;
@@ -216,6 +252,7 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
   const auto* name_node = m.get("name");
   if (!name_node) fail(file, m, "matrix", "needs a name");
   const std::string mname = need_string(file, *name_node, "matrix.name");
+  check_name_part(file, *name_node, "matrix.name", mname);
   std::vector<Axis> axes;
   const auto* axis_arr = m.get("axis");
   if (!axis_arr || !axis_arr->is_array_of_tables()) fail(file, m, mname, "needs [[matrix.axis]] entries");
@@ -224,12 +261,16 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
     Axis ax;
     for (const auto& [k, v] : at) {
       const std::string key(k.str());
-      if (key == "name") ax.name = need_string(file, v, "axis.name");
+      if (key == "name") {
+        ax.name = need_string(file, v, "axis.name");
+        check_name_part(file, v, "axis.name", ax.name);
+      }
       else if (key == "key") ax.key = need_string(file, v, "axis.key");
       else if (key == "values") {
         if (!v.is_array()) fail(file, v, "axis.values", "expected an array");
         for (const auto& e : *v.as_array()) {
           ax.values.push_back(value_text(e));
+          check_name_part(file, e, "axis.values", ax.values.back());
           ax.value_nodes.push_back(&e);
         }
       } else if (key == "presets") {
@@ -260,6 +301,18 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
     else if (!e->is_array_of_tables()) fail(file, *e, mname + ".expect", "expected a string or [[matrix.expect]] tables");
     else for (const auto& x : *e->as_array()) expects.push_back(x.as_table());
   }
+  // The cells are counted before any is built: a product of many axes must not exhaust memory.
+  uint64_t cells = 1;
+  for (const auto& ax : axes)
+    if (__builtin_mul_overflow(cells, static_cast<uint64_t>(ax.values.size()), &cells) || cells > kMaxMatrixCells)
+      fail(file, m, mname, "expands to more than " + std::to_string(kMaxMatrixCells) + " cells");
+  std::vector<bool> exclude_used(excludes.size()), expect_used(expects.size());
+  auto check_used = [&] {
+    for (size_t i = 0; i < excludes.size(); ++i)
+      if (!exclude_used[i]) fail(file, *excludes[i], mname + ".exclude", "matches no cell of the matrix");
+    for (size_t i = 0; i < expects.size(); ++i)
+      if (!expect_used[i]) fail(file, *expects[i], mname + ".expect", "'when' matches no cell of the matrix");
+  };
   // Odometer over the axes, first axis slowest.
   std::vector<size_t> idx(axes.size(), 0);
   while (true) {
@@ -270,7 +323,8 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
       name += (a ? "," : "") + axes[a].name + "=" + axes[a].values[idx[a]];
     }
     bool excluded = false;
-    for (const auto* x : excludes) excluded = excluded || when_matches(*x, cell, file);
+    for (size_t i = 0; i < excludes.size(); ++i)
+      if (when_matches(*excludes[i], cell, file)) excluded = exclude_used[i] = true;
     if (!excluded) {
       Scenario s = mbase;
       s.name = name;
@@ -278,10 +332,14 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
         if (!axes[a].key.empty()) apply_dotted(s, axes[a].key, *axes[a].value_nodes[idx[a]], file);
         else apply_settings(s, *axes[a].presets.at(axes[a].values[idx[a]]), file);
       }
-      for (const auto* e : expects) {
+      for (size_t i = 0; i < expects.size(); ++i) {
+        const auto* e = expects[i];
         const auto* when = e->get("when");
         if (!when) fail(file, *e, mname + ".expect", "needs a when table");
-        if (when_matches(need_table(file, *when, "when"), cell, file)) apply_settings(s, *e, file, {"when"});
+        if (when_matches(need_table(file, *when, "when"), cell, file)) {
+          expect_used[i] = true;
+          apply_settings(s, *e, file, {"when"});
+        }
       }
       check_complete(s, m);
       out.push_back(std::move(s));
@@ -291,9 +349,9 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
       --a;
       if (++idx[a] < axes[a].values.size()) break;
       idx[a] = 0;
-      if (a == 0) return;
+      if (a == 0) return check_used();
     }
-    if (axes.empty()) return;
+    if (axes.empty()) return check_used();
   }
 }
 
@@ -309,9 +367,19 @@ std::string to_string(Expectation::Kind k) {
 }
 
 std::vector<Scenario> load_scenarios(const std::string& path) {
+  std::string text;
+  try {
+    text = ckpt::read_regular_file(path, kMaxScenarioFileBytes);   // no FIFO, no /dev/zero
+  } catch (const ckpt::CheckpointError& e) {
+    throw ScenarioError("scenario file " + std::string(e.what()));
+  }
+  return load_scenarios_text(text, path);
+}
+
+std::vector<Scenario> load_scenarios_text(const std::string& text, const std::string& path) {
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw ScenarioError(path + ":" + std::to_string(e.source().begin.line) + ": " +
                         std::string(e.description()));
@@ -333,6 +401,7 @@ std::vector<Scenario> load_scenarios(const std::string& path) {
       const auto* nm = t.get("name");
       if (!nm) fail(path, t, "scenario", "needs a name");
       s.name = need_string(path, *nm, "scenario.name");
+      check_name_part(path, *nm, "scenario.name", s.name, /*slash_groups=*/true);
       apply_settings(s, t, path, {"name"});
       check_complete(s, t);
       out.push_back(std::move(s));
@@ -343,9 +412,16 @@ std::vector<Scenario> load_scenarios(const std::string& path) {
     for (const auto& n : *mx->as_array()) expand_matrix(*n.as_table(), base, path, out);
   }
   std::set<std::string> seen;
-  for (const auto& s : out)
+  std::map<std::string, std::string> dirs;   // directory name -> scenario name
+  for (const auto& s : out) {
     if (!seen.insert(s.name).second)
-      throw ScenarioError(path + ": scenario name '" + s.name + "' appears twice");
+      throw ScenarioError(path + ": scenario name " + quote_name(s.name) + " appears twice");
+    const std::string d = safe_name(s.name);
+    auto [it, fresh] = dirs.emplace(d, s.name);
+    if (!fresh)
+      throw ScenarioError(path + ": scenarios " + quote_name(it->second) + " and " + quote_name(s.name) +
+                          " would share the directory " + quote_name(d));
+  }
   if (out.empty()) throw ScenarioError(path + ": no scenarios ([[scenario]] or [[matrix]])");
   return out;
 }
@@ -362,13 +438,41 @@ std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const s
   return out;
 }
 
+std::string quote_name(const std::string& name) {
+  std::string q;
+  for (char c : name) {
+    if (q.size() >= 200) return "'" + q + "...' (" + std::to_string(name.size()) + " bytes)";
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      q += buf;
+    } else {
+      q += c;
+    }
+  }
+  return "'" + q + "'";
+}
+
 std::string safe_name(const std::string& canonical) {
+  auto refuse = [&](const std::string& why) {
+    throw ScenarioError("scenario name " + quote_name(canonical) + " " + why);
+  };
+  if (canonical.empty()) refuse("is empty");
+  if (canonical == "." || canonical == "..")
+    refuse("would name the scenarios directory itself or its parent");
   std::string out;
   for (char c : canonical) {
-    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '=') out += c;
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) refuse("contains a control character");
+    if (std::isalnum(u) || c == '-' || c == '_' || c == '.' || c == '=') out += c;
     else if (c == '/') out += "__";
     else out += '+';
   }
+  // Room for ".csv" (golden files) within NAME_MAX (255).
+  if (out.size() > kMaxScenarioDirName)
+    refuse("gives a directory name of " + std::to_string(out.size()) + " bytes, more than " +
+           std::to_string(kMaxScenarioDirName));
   return out;
 }
 

@@ -49,14 +49,25 @@ struct Scenario {
   Expectation expect;
 };
 
-// Parses and expands a scenario file. Throws ScenarioError ("file:line: key: what was expected").
+// Parses and expands a scenario file (a regular file of at most kMaxScenarioFileBytes; a matrix
+// of at most kMaxMatrixCells cells). Throws ScenarioError ("file:line: key: what was expected").
+constexpr uint64_t kMaxScenarioFileBytes = 4u << 20;
+constexpr uint64_t kMaxMatrixCells = 4096;
 std::vector<Scenario> load_scenarios(const std::string& path);
+// The same for a file's text already read (`path` is only named in messages).
+std::vector<Scenario> load_scenarios_text(const std::string& text, const std::string& path);
 
 // Scenarios whose canonical name equals `filter`, or contains it when no name equals it exactly;
 // a filter with '*' is matched as a glob. Empty filter selects all.
 std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const std::string& filter);
 
-// A file-system-safe form of the canonical name (for directories and golden files).
+// The one way a scenario name becomes a directory (or golden-file) name: letters, digits, '-', '_',
+// '.', '=' kept, '/' -> "__", anything else -> '+'. Refuses (ScenarioError) an empty name, "." and
+// "..", control characters and results longer than kMaxScenarioDirName, so a directory made
+// from it is always a new child of the directory it is joined to.
+constexpr size_t kMaxScenarioDirName = 200;
 std::string safe_name(const std::string& canonical);
+// The name quoted for a message: control characters escaped, at most 200 characters.
+std::string quote_name(const std::string& name);
 
 }  // namespace rh

@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include "harness/check.h"
 
@@ -136,6 +139,31 @@ TEST_P(CheckFault, IsCaughtAndNamed) {
   EXPECT_TRUE(r.passed) << r.verdict;
   EXPECT_EQ(r.outcome, "diverged");
   EXPECT_FALSE(r.first_divergence.empty());
+}
+
+// Issue 17 item 1, through the tool: `matrix` and `check` with a scenario named "..", "." or ""
+// used to remove the run directory itself and report PASS. Now: exit 2 naming file and line, and
+// nothing in the run directory is touched.
+TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
+  const fs::path dir = fs::temp_directory_path() / ("rh_cli_dotdot_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "run" / "scenarios");
+  std::ofstream(dir / "run" / "keep.txt") << "other results\n";
+  for (const char* name : {"..", ".", ""}) {
+    std::ofstream(dir / "bad.toml") << "[[scenario]]\nname = \"" << name << "\"\n";
+    for (const std::string& sub : {"matrix " + (dir / "bad.toml").string() + " --no-report",
+                                  "check --file " + (dir / "bad.toml").string() + " a"}) {
+      const std::string cmd = std::string(RH_TOOL) + " " + sub + " --run-dir " + (dir / "run").string() + " > " +
+                              (dir / "out.txt").string() + " 2>&1";
+      const int rc = std::system(cmd.c_str());
+      ASSERT_TRUE(WIFEXITED(rc)) << cmd;
+      EXPECT_EQ(WEXITSTATUS(rc), 2) << cmd;
+      std::ifstream f(dir / "out.txt");
+      const std::string out((std::istreambuf_iterator<char>(f)), {});
+      EXPECT_NE(out.find((dir / "bad.toml").string() + ":2: scenario.name"), std::string::npos) << out;
+      EXPECT_TRUE(fs::exists(dir / "run" / "keep.txt")) << cmd;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckFault,

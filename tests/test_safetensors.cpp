@@ -49,7 +49,8 @@ torch::Tensor random_tensor(StDtype d, std::vector<int64_t> shape, int64_t seed)
 
 bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
+         (a.numel() == 0 ||   // an empty tensor's data_ptr() may be null: memcmp(nullptr, ...) is UB
+          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0);
 }
 
 std::string read_bytes(const std::string& path) {

@@ -6,12 +6,16 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 #include <cmath>
 
 #include "harness/matrix.h"
 #include "harness/metrics.h"
+#include "harness/config.h"
 #include "harness/scenario.h"
+
+#include <sys/stat.h>
 
 namespace fs = std::filesystem;
 
@@ -117,8 +121,156 @@ INSTANTIATE_TEST_SUITE_P(
                 "precision", 1},
         BadFile{"dp_indivisible", "[[scenario]]\nname = \"a\"\ndp_size = 4\n", "do not divide the 2 micro-batches", 1},
         BadFile{"resume_dp_range", "[[scenario]]\nname = \"a\"\nresume_dp_size = -1\n", "resume_dp_size", 1},
-        BadFile{"dp_type", "[[scenario]]\nname = \"a\"\ndp_size = \"two\"\n", "dp_size", 3}),
+        BadFile{"dp_type", "[[scenario]]\nname = \"a\"\ndp_size = \"two\"\n", "dp_size", 3},
+        // Issue 17 item 1: names that would make a scenario directory the run directory itself.
+        BadFile{"name_dotdot", "[[scenario]]\nname = \"..\"\n", "scenario.name", 2},
+        BadFile{"name_dot", "[[scenario]]\nname = \".\"\n", "scenario.name", 2},
+        BadFile{"name_empty", "[[scenario]]\nname = \"\"\n", "is empty", 2},
+        BadFile{"name_dotdot_segment", "[[scenario]]\nname = \"../../etc\"\n", "'..' path segment", 2},
+        BadFile{"name_empty_segment", "[[scenario]]\nname = \"a//b\"\n", "path segment", 2},
+        BadFile{"name_backslash", "[[scenario]]\nname = \"a\\\\b\"\n", "path separator", 2},
+        BadFile{"name_control", "[[scenario]]\nname = \"a\\u0001b\"\n", "control character", 2},
+        BadFile{"matrix_name_dotdot",
+                "[[matrix]]\nname = \"..\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"save_at\"\nvalues = [3]\n",
+                "matrix.name", 2},
+        BadFile{"axis_value_slash",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"description\"\nvalues = [\"a/b\"]\n",
+                "path separator", 6},
+        // Issue 17 item 8: tolerances that let anything pass, unmatched `when`s, model settings
+        // that cannot work, and caps (item 4): bad input at parse time, not a failure at run time.
+        BadFile{"tolerance_inf",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = inf } }\n",
+                "expected a finite number >= 0", 5},
+        BadFile{"tolerance_nan",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { rtol = nan } }\n",
+                "tolerance.lm_loss.rtol", 5},
+        BadFile{"tolerance_negative",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = -1.0 } }\n",
+                "expected a finite number >= 0", 5},
+        BadFile{"when_matches_nothing",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"save_at\"\nvalues = [3, 4]\n"
+                "[[matrix.expect]]\nwhen = { x = \"5\" }\nexpect = \"diverge\"\nreason = \"r\"\n",
+                "'when' matches no cell", 7},
+        BadFile{"exclude_matches_nothing",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"save_at\"\nvalues = [3, 4]\n"
+                "[[matrix.exclude]]\nx = \"5\"\n",
+                "m.exclude: matches no cell", 7},
+        BadFile{"matrix_too_many_cells",
+                "[[matrix]]\nname = \"m\"\n"
+                "[[matrix.axis]]\nname = \"a\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"b\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"c\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"d\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n",
+                "expands to more than 4096 cells", 1},
+        BadFile{"dropout_2", "[[scenario]]\nname = \"a\"\n[scenario.model]\ndropout = 2.0\n", "dropout", 1},
+        BadFile{"zero_layers", "[[scenario]]\nname = \"a\"\n[scenario.model]\nn_layers = 0\n", "n_layers", 1},
+        BadFile{"topk_over_experts", "[[scenario]]\nname = \"a\"\n[scenario.model]\ntop_k = 99\n", "top_k", 1},
+        BadFile{"heads_not_dividing", "[[scenario]]\nname = \"a\"\n[scenario.model]\nn_heads = 7\n", "n_heads", 1},
+        BadFile{"threads_100000", "[[scenario]]\nname = \"a\"\n[scenario.train]\nthreads = 100000\n", "train.threads", 1},
+        BadFile{"iterations_huge", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 999999999999\n", "train.iterations", 1},
+        BadFile{"model_too_large", "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_model = 16384\nffn_hidden = 65536\nn_experts = 1024\n", "parameters", 1}),
     [](const auto& info) { return std::string(info.param.label); });
+
+TEST(Scenarios, SafeNameRefusesNamesThatLeaveTheScenariosDirectory) {
+  for (const char* bad : {"", ".", "..", "a\nb", "a\x7f"}) EXPECT_THROW(rh::safe_name(bad), rh::ScenarioError) << bad;
+  EXPECT_THROW(rh::safe_name(std::string(300, 'a')), rh::ScenarioError);
+  EXPECT_EQ(rh::safe_name("m/.."), "m__..");   // a child name, never the parent
+  EXPECT_EQ(rh::safe_name("..."), "...");
+  const fs::path run = "/tmp/run";
+  EXPECT_EQ(rh::scenario_work_dir(run, "m/x=1"), "/tmp/run/scenarios/m__x=1");
+  EXPECT_THROW(rh::scenario_work_dir(run, ".."), rh::ScenarioError);
+}
+
+TEST(Scenarios, NamesMappingToOneDirectoryAreRefused) {
+  auto p = temp_file("collide.toml", "[[scenario]]\nname = \"a+b\"\n[[scenario]]\nname = \"a,b\"\n");
+  try {
+    rh::load_scenarios(p.string());
+    FAIL() << "accepted two scenarios sharing a directory";
+  } catch (const rh::ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("would share the directory 'a+b'"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 17 item 1: a scenario named ".." made matrix remove the run directory itself.
+TEST(Scenarios, MatrixWithADotDotScenarioRemovesNothing) {
+  const fs::path run = fs::temp_directory_path() / ("rh_dotdot_run_" + std::to_string(::getpid()));
+  fs::create_directories(run / "scenarios" / "other");
+  std::ofstream(run / "keep.txt") << "unrelated\n";
+  std::ofstream(run / "scenarios" / "other" / "result.json") << "{}\n";
+  for (const char* name : {"..", ".", ""}) {
+    auto p = temp_file("dotdot.toml", std::string("[[scenario]]\nname = \"") + name + "\"\nsave_at = 3\n"
+                                      "[scenario.train]\niterations = 6\n");
+    rh::MatrixOptions o;
+    o.file = p.string();
+    o.run_dir = run.string();
+    o.tool = RH_TOOL;
+    std::ostringstream log;
+    EXPECT_THROW(rh::run_matrix(o, log), rh::ScenarioError) << name;
+    EXPECT_TRUE(fs::exists(run / "keep.txt")) << name;
+    EXPECT_TRUE(fs::exists(run / "scenarios" / "other" / "result.json")) << name;
+  }
+  rh::Scenario s;
+  rh::CheckOptions co;
+  co.work_dir = (run / "scenarios" / "..").string();
+  EXPECT_THROW(rh::run_check(s, co), std::invalid_argument);
+  EXPECT_TRUE(fs::exists(run / "keep.txt"));
+  fs::remove_all(run);
+}
+
+#ifndef RH_WITH_CUDA
+TEST(Scenarios, CudaWithoutACudaBuildIsBadInputAtParse) {
+  auto p = temp_file("cuda.toml", "[[scenario]]\nname = \"a\"\n[scenario.train]\ndevice = \"cuda\"\n");
+  try {
+    rh::load_scenarios(p.string());
+    FAIL() << "accepted device = cuda in a build without CUDA";
+  } catch (const rh::ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("this build has no CUDA"), std::string::npos) << e.what();
+  }
+}
+#endif
+
+// Issue 17 item 3: a FIFO (or device) in place of a scenario file or --config blocked forever.
+TEST(HostileFiles, ScenarioAndConfigFifosAreRefusedWithoutBlocking) {
+  ::alarm(20);   // if the open ever blocks again, fail fast instead of at CTest's timeout
+  const fs::path dir = fs::temp_directory_path() / ("rh_fifo_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path fifo = dir / "s.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    rh::load_scenarios(fifo.string());
+    ADD_FAILURE() << "read a FIFO";
+  } catch (const rh::ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find(fifo.string() + ": is a FIFO"), std::string::npos) << e.what();
+  }
+  try {
+    rh::load_run_config_file(fifo.string());
+    ADD_FAILURE() << "read a FIFO";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is a FIFO"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rh::load_run_config_file("/dev/zero"), std::invalid_argument);
+  ::alarm(0);
+  fs::remove_all(dir);
+}
+
+// Issue 17 item 2: a --config of 100k nested '[' crashed (stack overflow) in parsing and dump().
+TEST(HostileFiles, DeeplyNestedConfigIsRefusedNotACrash) {
+  auto p = temp_file("deep.json", "{\"train\": {\"iterations\": " + std::string(100000, '[') + std::string(100000, ']') + "}}");
+  try {
+    rh::load_run_config_file(p.string());
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nesting deeper than 64 levels"), std::string::npos) << e.what();
+  }
+  auto q = temp_file("longval.json", "{\"train\": {\"device\": [\"" + std::string(1 << 20, 'x') + "\"]}}");
+  try {
+    rh::load_run_config_file(q.string());
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_LT(std::string(e.what()).size(), 600u);   // the value is quoted, capped
+    EXPECT_NE(std::string(e.what()).find("train.device"), std::string::npos) << std::string(e.what()).substr(0, 300);
+  }
+}
 
 TEST(Scenarios, DataParallelKeysAndResharding) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/default.toml");

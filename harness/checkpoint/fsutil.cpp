@@ -63,8 +63,13 @@ void write_file_durable(const std::string& path, const std::string& content) {
 
 void write_file_atomic(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  write_file_durable(tmp, content);
-  rename_path(tmp, path);
+  try {
+    write_file_durable(tmp, content);
+    rename_path(tmp, path);
+  } catch (...) {   // e.g. ENOSPC: no empty temp file is left behind
+    ::unlink(tmp.c_str());
+    throw;
+  }
   fs::path parent = fs::path(path).parent_path();
   fsync_dir(parent.empty() ? "." : parent.string());
 }

@@ -27,7 +27,9 @@
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/json_guard.h"
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/policy.h"
 #include "harness/optim/storage_codecs.h"
 
@@ -35,6 +37,8 @@ namespace rh::ckpt {
 
 using optim::StateKey;
 namespace fs = std::filesystem;
+
+static_assert(kFormatVersion == detail::kManifestFormatVersion, "one format version for writer and reader");
 
 namespace {
 
@@ -77,7 +81,7 @@ void check_model(const detail::Verified& v, const torch::nn::Module& model, cons
     std::string diff;
     for (const auto& [k, val] : saved["model"].items())
       if (!run_config["model"].contains(k) || run_config["model"][k] != val)
-        diff += " " + k + "=" + val.dump() + " (now " + run_config["model"].value(k, nlohmann::json()).dump() + ")";
+        diff += " " + k + "=" + quote_json(val) + " (now " + quote_json(run_config["model"].value(k, nlohmann::json())) + ")";
     throw CheckpointError("config mismatch: " + (fs::path(v.dir) / detail::kManifestFile).string() +
                           " was saved with model config" + diff);
   }
@@ -202,6 +206,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   const std::string mpath = (fs::path(rep.dir) / detail::kManifestFile).string();
   check_model(v, model, run_config);
   check_optimizer(v, opt);
+  detail::check_counters(m, run_config, mpath);   // counters against the run they resume
   TrainState loaded = parse_train_state(m.at("train_state"), mpath);
   const detail::ShardIndex ix = detail::shard_index(v);
   // Generators are per rank: train_state holds rank 0's, rank_states every rank's. A rank the
@@ -452,7 +457,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 int inspect_checkpoint(const std::string& dir, std::ostream& out) {
   try {
     const std::string d = detail::resolve_checkpoint_dir(dir);
-    detail::Verified v = detail::verify_checkpoint_dir(d);
+    detail::Verified v = detail::verify_checkpoint_dir(d);   // the manifest's whole schema, as load
+    (void)detail::shard_index(v);                           // and the shards' coverage, as load
     out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
         << v.manifest["save_policy"].value("kind", std::string("?")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";

@@ -19,6 +19,10 @@
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/manifest_reader.h"
+
+#include <sys/stat.h>
 
 namespace rh::ckpt::detail {
 
@@ -47,17 +51,7 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
     throw CheckpointError(p.string() + ": neither a checkpoint directory (no " + kManifestFile +
                           ") nor a checkpoint root (no " + kPointerFile + ")");
   }
-  std::string text = read_small_file(ptr.string());
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  int64_t it = -1;
-  try {
-    size_t used = 0;
-    it = std::stoll(text, &used);
-    if (used != text.size() || it < 0) it = -1;
-  } catch (const std::exception&) {
-    it = -1;
-  }
-  if (it < 0) throw CheckpointError(ptr.string() + ": expected an iteration number, got '" + text + "'");
+  const int64_t it = read_pointer_file(ptr.string());
   const std::string name = iter_dir_name(it);
   const fs::path dir = p / name;
   if (path_exists((dir / kManifestFile).string())) return dir.string();
@@ -80,10 +74,6 @@ namespace {
   throw CheckpointError("checkpoint file " + file + ": " + what);
 }
 
-const nlohmann::json& need(const nlohmann::json& j, const char* key, const std::string& file) {
-  if (!j.is_object() || !j.contains(key)) fail(file, std::string("missing field '") + key + "'");
-  return j[key];
-}
 
 }  // namespace
 
@@ -92,18 +82,10 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   v.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifestFile).string();
   if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
-  try {
-    v.manifest = nlohmann::json::parse(read_small_file(mpath));
-  } catch (const nlohmann::json::exception& e) {
-    fail(mpath, std::string("not valid JSON: ") + e.what());
-  }
+  // Size cap, regular file, bounded depth, and the schema of every field read below.
+  v.manifest = read_manifest_file(mpath);
   const nlohmann::json& m = v.manifest;
-  if (!m.is_object() || m.value("format", std::string()) != kFormatName)
-    fail(mpath, std::string("not a ") + kFormatName + " manifest");
-  const auto& ver = need(m, "format_version", mpath);
-  if (!ver.is_number_integer() || ver.get<int>() != kFormatVersion)
-    fail(mpath, "format version " + ver.dump() + ", this build reads version " +
-                    std::to_string(kFormatVersion));
+  const JsonField mf(m, "checkpoint file " + mpath);
 
   // Files: plain names only, so nothing outside the directory can be read through a manifest.
   struct Want {
@@ -114,23 +96,23 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   };
   std::vector<Want> wants;
   std::set<std::string> names;
-  for (const auto& f : need(m, "files", mpath)) {
-    const std::string name = need(f, "name", mpath).get<std::string>();
+  mf["files"].each([&](const JsonField& f) {
+    const std::string name = f["name"].str();
     if (!is_plain_file_name(name))
-      fail(mpath, "file name '" + name + "' is not a plain file name inside the checkpoint directory");
-    if (!names.insert(name).second) fail(mpath, "file '" + name + "' listed twice");
+      f["name"].fail("'" + quote_text(name) + "' is not a plain file name inside the checkpoint directory");
+    if (!names.insert(name).second) f["name"].fail("file '" + name + "' listed twice");
     const std::string path = (fs::path(dir) / name).string();
-    if (!path_exists(path)) fail(path, "missing (listed in " + mpath + ")");
-    Want w{name, path, need(f, "xxh3", mpath).get<std::string>(), need(f, "bytes", mpath).get<uint64_t>(), 0, {}};
-    if (f.contains("block_xxh3")) {
-      w.block_bytes = need(f, "block_bytes", mpath).get<uint64_t>();
-      w.block_hash = f["block_xxh3"].get<std::vector<std::string>>();
-      if (w.block_bytes == 0 || w.block_hash.size() != (w.size + w.block_bytes - 1) / w.block_bytes)
-        fail(mpath, "file '" + name + "': " + std::to_string(w.block_hash.size()) + " block checksums of " +
-                        std::to_string(w.block_bytes) + " bytes do not cover its " + std::to_string(w.size) + " bytes");
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) fail(path, "missing (listed in " + mpath + ")");
+    if (S_ISLNK(st.st_mode))
+      fail(path, "is a symbolic link; refused (checkpoint files must be regular files inside " + dir + ")");
+    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}};
+    if (f.has("block_xxh3")) {   // the schema check bounded block_bytes and matched the count
+      w.block_bytes = f["block_bytes"].u64();
+      f["block_xxh3"].each([&](const JsonField& h) { w.block_hash.push_back(h.str()); });
     }
     wants.push_back(std::move(w));
-  }
+  });
   // Size and checksum before the structure, so damage is reported as damage. Files are hashed
   // concurrently (hashing is most of a load's CPU time); the first failure in list order wins.
   auto open_one = [](const Want& w) {
@@ -143,8 +125,12 @@ Verified verify_checkpoint_dir(const std::string& dir) {
         if (got != w.hash) fail(w.path, "XXH3-64 checksum " + got + " != manifest " + w.hash + " (file is corrupted)");
         return;
       }
-      // Every byte is covered by exactly one block; blocks are hashed on all cores.
+      // Every byte is covered by exactly one block; blocks are hashed on all cores. The count was
+      // checked against the listed size; the size equals it here: never skip both checks.
       const size_t nb = w.block_hash.size();
+      if (block_count(size, w.block_bytes) != nb || (size > 0 && nb == 0))
+        fail(w.path, std::to_string(nb) + " block checksums of " + std::to_string(w.block_bytes) +
+                         " bytes do not cover its " + std::to_string(size) + " bytes");
       std::vector<std::string> bad(nb);
       auto worker = [&](size_t first, size_t step) {
         for (size_t b = first; b < nb; b += step) {
@@ -187,21 +173,21 @@ Verified verify_checkpoint_dir(const std::string& dir) {
 
   // Manifest tensors <-> file tensors: same set, same dtype, shape and bytes.
   std::map<std::string, std::set<std::string>> listed;
-  for (const auto& t : need(m, "tensors", mpath)) {
-    const std::string file = need(t, "file", mpath).get<std::string>();
-    const std::string key = need(t, "key", mpath).get<std::string>();
+  mf["tensors"].each([&](const JsonField& t) {
+    const std::string file = t["file"].str();
+    const std::string key = t["key"].str();
     auto it = v.files.find(file);
-    if (it == v.files.end()) fail(mpath, "tensor '" + key + "' refers to unlisted file '" + file + "'");
+    if (it == v.files.end()) t["file"].fail("tensor '" + quote_text(key) + "' refers to unlisted file '" + quote_text(file) + "'");
     const std::string path = it->second.path();
-    if (!listed[file].insert(key).second) fail(mpath, "tensor '" + key + "' of " + file + " listed twice");
+    if (!listed[file].insert(key).second) t["key"].fail("tensor '" + quote_text(key) + "' of " + file + " listed twice");
     const TensorInfo* ti = it->second.find(key);
-    if (!ti) fail(path, "has no tensor '" + key + "' (listed in the manifest)");
-    const auto shape = need(t, "shape", mpath).get<std::vector<int64_t>>();
-    if (st_name(ti->dtype) != need(t, "dtype", mpath).get<std::string>() || ti->shape != shape ||
-        ti->end - ti->begin != need(t, "bytes", mpath).get<uint64_t>())
+    if (!ti) fail(path, "has no tensor '" + quote_text(key) + "' (listed in the manifest)");
+    std::vector<int64_t> shape;
+    t["shape"].each([&](const JsonField& d) { shape.push_back(d.i64()); });
+    if (st_name(ti->dtype) != t["dtype"].str() || ti->shape != shape || ti->end - ti->begin != t["bytes"].u64())
       fail(path, "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
-                     ", manifest says " + t["dtype"].get<std::string>() + " " + t["shape"].dump());
-  }
+                     ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()));
+  });
   for (const auto& [name, sf] : v.files)
     for (const auto& ti : sf.tensors())
       if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest");
@@ -214,21 +200,21 @@ ShardIndex shard_index(const Verified& v) {
   if (mit == v.files.end()) fail(mpath, std::string("lists no ") + kModelFile);
   ShardIndex ix;
   for (const auto& t : mit->second.tensors()) ix.shape[t.key] = t.shape;
-  const nlohmann::json& shards = need(v.manifest, "shards", mpath);
-  if (!shards.is_array()) fail(mpath, "'shards' is not a list");
-  for (const auto& sh : shards) {
-    const std::string file = need(sh, "file", mpath).get<std::string>();
-    if (!v.files.count(file)) fail(mpath, "shard file '" + file + "' is not listed in 'files'");
-    for (const auto& r : need(sh, "param_ranges", mpath)) {
-      const std::string p = need(r, "param", mpath).get<std::string>();
-      const int64_t b = need(r, "begin", mpath).get<int64_t>(), e = need(r, "end", mpath).get<int64_t>();
-      if (!ix.shape.count(p)) fail(mpath, "shard " + file + " holds state of '" + p + "', which the model does not have");
+  const JsonField m(v.manifest, "checkpoint file " + mpath);
+  m["shards"].each([&](const JsonField& sh) {
+    const std::string file = sh["file"].str();
+    if (!v.files.count(file)) sh["file"].fail("shard file '" + quote_text(file) + "' is not listed in 'files'");
+    sh["param_ranges"].each([&](const JsonField& r) {
+      const std::string p = r["param"].str();
+      const int64_t b = r["begin"].i64(0), e = r["end"].i64(0);
+      if (!ix.shape.count(p)) r["param"].fail("shard " + file + " holds state of '" + quote_text(p) + "', which the model does not have");
       ix.pieces[p].push_back({file, b, e});
-    }
-  }
+    });
+  });
   for (const auto& [p, shape] : ix.shape) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    for (int64_t d : shape)
+      if (__builtin_mul_overflow(n, d, &n)) fail(mpath, "parameter '" + p + "' has more elements than int64 holds");
     auto& pcs = ix.pieces[p];
     std::sort(pcs.begin(), pcs.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
     int64_t at = 0;

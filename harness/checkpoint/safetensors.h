@@ -14,17 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "harness/checkpoint/safetensors_format.h"
+
 namespace rh::ckpt {
 
-enum class StDtype { F32, F16, BF16, F8_E4M3, I16, U8, I32, I64, F64 };
-std::string st_name(StDtype d);                 // "F32", "BF16", ...
-bool st_parse(const std::string& s, StDtype* out);   // false if unknown
-int64_t st_itemsize(StDtype d);
 torch::ScalarType st_scalar_type(StDtype d);    // F8_E4M3 -> kByte (raw E4M3 bytes)
 // The natural safetensors dtype of a torch dtype (kByte -> U8; fp8 bytes must say F8_E4M3).
 StDtype st_from_scalar_type(torch::ScalarType t, const std::string& what);
-
-constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;   // the reference reader's cap
 
 struct WriteTensor {
   std::string key;
@@ -46,21 +42,11 @@ constexpr uint64_t kHashBlock = 32ull << 20;
 WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
                              const std::map<std::string, std::string>& metadata, bool do_fsync);
 
-struct TensorInfo {
-  std::string key;
-  StDtype dtype = StDtype::F32;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;   // byte offsets relative to the data buffer
-  uint64_t numel() const;
-};
-
 // A mapped, validated safetensors file. Cheap to copy (shares the mapping).
 class SafetensorsFile {
  public:
-  // Maps and validates path: length prefix (>= 2, <= kMaxHeaderBytes, inside the file), header
-  // starts with '{', valid JSON, no duplicate keys, known dtypes, shapes of ints >= 0, offsets in
-  // range, end - begin == numel * itemsize, tensors cover the buffer exactly (no holes, no
-  // overlaps), file size == 8 + N + buffer. Throws CheckpointError naming path and tensor.
+  // Maps path (a regular file; a FIFO or device is refused without blocking) and validates it
+  // with parse_safetensors() (safetensors_format.h). Throws CheckpointError naming path and tensor.
   // `check_bytes`, if given, sees the whole mapped file before any structural check (the
   // checkpoint loader verifies size and checksum there, so damage is reported as such).
   static SafetensorsFile open(

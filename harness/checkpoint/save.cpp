@@ -19,6 +19,7 @@
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/policy.h"
 
 namespace rh::ckpt {
@@ -210,6 +211,10 @@ std::string agree(RankGroup* group, const std::string& my_error, std::vector<std
 SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   const int rank = in.group ? in.group->rank() : 0, size = in.group ? in.group->size() : 1;
   const fs::path root(root_str);
+  if (root_str.empty()) throw CheckpointError("save_checkpoint: the checkpoint root is an empty path");
+  if (in.state && (in.state->iteration < 0 || in.state->iteration > detail::kMaxCounter))
+    throw CheckpointError("save_checkpoint(" + root_str + "): iteration " + std::to_string(in.state->iteration) +
+                          " is outside [0, " + std::to_string(detail::kMaxCounter) + "]");
   const std::string name = detail::iter_dir_name(in.state ? in.state->iteration : 0);
   const fs::path final_dir = root / name;
 
@@ -310,7 +315,8 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
       write_file_durable((tmp / detail::kManifestFile).string(), text);
       write_file_durable((tmp / detail::kDiskCsvFile).string(), detail::disk_csv(m));
       fsync_dir(tmp.string());
-      if (path_exists(final_dir.string())) {
+      const bool fresh = !path_exists(final_dir.string());
+      if (!fresh) {
         if (exchange_dirs(tmp.string(), final_dir.string())) {
           fsync_dir(root.string());
         } else {
@@ -327,7 +333,18 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
         rename_path(tmp.string(), final_dir.string());
         fsync_dir(root.string());
       }
-      write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
+      try {
+        write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
+      } catch (...) {
+        // The pointer still names the previous checkpoint: a directory published just now for a
+        // new iteration would be referenced by nothing, so it goes (a replaced one stays: it is
+        // the only copy of that iteration now).
+        if (fresh) {
+          std::error_code ec;
+          fs::remove_all(final_dir, ec);
+        }
+        throw;
+      }
       summary = nlohmann::json{{"total_bytes", m["disk"]["total_bytes"]},
                                {"bytes_per_key", m["disk"]["bytes_per_key"]},
                                {"bytes_per_param", m["disk"]["bytes_per_param"]}}.dump();

@@ -1,0 +1,233 @@
+// Bounded JSON reading, regular-file opening and the checked accessor (see json_guard.h).
+#include "harness/checkpoint/json_guard.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "harness/checkpoint/errors.h"
+
+namespace rh::ckpt {
+
+size_t json_depth_violation(const char* p, size_t n, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < n; ++i) {
+    const char c = p[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string::npos;
+}
+
+nlohmann::json parse_json_bounded(const char* p, size_t n, const std::string& what,
+                                  const nlohmann::json::parser_callback_t& cb) {
+  // nlohmann's lexer takes a NUL byte for the end of the input: "{...}\0garbage" would parse.
+  if (const void* z = std::memchr(p, '\0', n))
+    throw std::invalid_argument(what + ": NUL byte at offset " +
+                                std::to_string(static_cast<const char*>(z) - p) + " (not JSON text)");
+  if (const size_t at = json_depth_violation(p, n); at != std::string::npos)
+    throw std::invalid_argument(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
+                                " levels at offset " + std::to_string(at) + " (refused before parsing)");
+  try {
+    return nlohmann::json::parse(p, p + n, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(what + ": not valid JSON: " + quote_text(e.what(), 2 * kMaxQuoted));
+  }
+}
+
+std::string quote_text(const std::string& s, size_t max) {
+  std::string q;
+  size_t i = 0;
+  for (; i < s.size() && q.size() < max; ++i) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      q += buf;
+    } else {
+      q += s[i];
+    }
+  }
+  if (i < s.size()) q += "... (" + std::to_string(s.size()) + " bytes)";
+  return q;
+}
+
+std::string quote_json(const nlohmann::json& v, size_t max) {
+  // Only values from a depth-checked parse reach here, so dump() recursion is bounded.
+  return quote_text(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max);
+}
+
+namespace {
+
+const char* file_type(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "not a regular file";
+}
+
+[[noreturn]] void sys_fail(const std::string& what, const std::string& path) {
+  throw CheckpointError(what + " " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+int open_regular_file(const std::string& path, uint64_t* size, bool no_follow) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (no_follow ? O_NOFOLLOW : 0));
+  if (fd < 0) {
+    if (no_follow && errno == ELOOP)
+      throw CheckpointError(path + ": is a symbolic link; refused (checkpoint files must be regular files "
+                                   "inside the checkpoint directory)");
+    sys_fail("cannot open", path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    sys_fail("cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CheckpointError(path + ": is " + std::string(file_type(st.st_mode)) + ", expected a regular file");
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    sys_fail("cannot clear O_NONBLOCK on", path);
+  }
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool no_follow) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size, no_follow);
+  auto too_big = [&](const std::string& got) {
+    ::close(fd);
+    throw CheckpointError(path + ": " + got + ", more than the " + std::to_string(max_bytes) +
+                          "-byte limit for this file");
+  };
+  if (size > max_bytes) too_big(std::to_string(size) + " bytes");
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      sys_fail("cannot read", path);
+    }
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+    if (out.size() > max_bytes) too_big("more bytes than its size said");
+  }
+  ::close(fd);
+  return out;
+}
+
+// ---------------------------------------------------------------- JsonField
+
+void JsonField::fail(const std::string& what) const {
+  throw CheckpointError(file_ + ": field " + (path_.empty() ? std::string("(top level)") : path_) + ": " + what);
+}
+
+void JsonField::expected(const char* type) const {
+  fail(std::string("expected ") + type + ", got " + quote_json(*j_));
+}
+
+JsonField JsonField::operator[](const std::string& key) const {
+  if (!j_->is_object()) expected("an object");
+  auto it = j_->find(key);
+  if (it == j_->end())
+    throw CheckpointError(file_ + ": field " + path_ + "/" + quote_text(key) + ": missing");
+  return JsonField(&*it, file_, path_ + "/" + quote_text(key));
+}
+
+JsonField JsonField::operator[](size_t i) const {
+  if (!j_->is_array()) expected("an array");
+  if (i >= j_->size())
+    fail("has " + std::to_string(j_->size()) + " elements, element " + std::to_string(i) + " is missing");
+  return JsonField(&(*j_)[i], file_, path_ + "/" + std::to_string(i));
+}
+
+bool JsonField::has(const std::string& key) const { return j_->is_object() && j_->contains(key); }
+
+size_t JsonField::size() const {
+  if (!j_->is_array()) expected("an array");
+  return j_->size();
+}
+
+size_t JsonField::object_size() const {
+  if (!j_->is_object()) expected("an object");
+  return j_->size();
+}
+
+void JsonField::each(const std::function<void(const JsonField&)>& fn) const {
+  const size_t n = size();
+  for (size_t i = 0; i < n; ++i) fn((*this)[i]);
+}
+
+void JsonField::each_member(const std::function<void(const std::string&, const JsonField&)>& fn) const {
+  if (!j_->is_object()) expected("an object");
+  for (auto it = j_->begin(); it != j_->end(); ++it)
+    fn(it.key(), JsonField(&it.value(), file_, path_ + "/" + quote_text(it.key())));
+}
+
+std::string JsonField::str() const {
+  if (!j_->is_string()) expected("a string");
+  return j_->get<std::string>();
+}
+
+bool JsonField::boolean() const {
+  if (!j_->is_boolean()) expected("true or false");
+  return j_->get<bool>();
+}
+
+double JsonField::number() const {
+  if (!j_->is_number()) expected("a number");
+  return j_->get<double>();
+}
+
+int64_t JsonField::i64(int64_t lo, int64_t hi) const {
+  const std::string range = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (!j_->is_number_integer()) expected(range.c_str());
+  if (j_->is_number_unsigned() && j_->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) expected(range.c_str());
+  const int64_t v = j_->get<int64_t>();
+  if (v < lo || v > hi) expected(range.c_str());
+  return v;
+}
+
+uint64_t JsonField::u64(uint64_t hi) const {
+  const std::string range = "an integer in [0, " + std::to_string(hi) + "]";
+  if (!j_->is_number_unsigned()) expected(range.c_str());
+  const uint64_t v = j_->get<uint64_t>();
+  if (v > hi) expected(range.c_str());
+  return v;
+}
+
+}  // namespace rh::ckpt

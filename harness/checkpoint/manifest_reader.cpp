@@ -1,0 +1,187 @@
+// Manifest and pointer reading with a schema check (see manifest_reader.h).
+#include "harness/checkpoint/manifest_reader.h"
+
+#include <optional>
+#include <stdexcept>
+
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/json_guard.h"
+
+namespace rh::ckpt::detail {
+
+namespace {
+
+void hex_string(const JsonField& f, size_t exact_len = 0) {
+  const std::string s = f.str();
+  if (exact_len && s.size() != exact_len) f.fail("expected " + std::to_string(exact_len) + " hex digits, got '" + quote_text(s) + "'");
+  if (s.size() % 2) f.fail("expected hex digits of even length, got '" + quote_text(s) + "'");
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))
+      f.fail("expected hex digits, got '" + quote_text(s) + "'");
+}
+
+void rng_states(const JsonField& f) {
+  f.each_member([](const std::string&, const JsonField& v) { hex_string(v); });
+}
+
+void u64_map(const JsonField& f) {
+  f.each_member([](const std::string&, const JsonField& v) { (void)v.u64(); });
+}
+
+}  // namespace
+
+uint64_t block_count(uint64_t bytes, uint64_t block_bytes) {
+  return bytes / block_bytes + (bytes % block_bytes != 0 ? 1 : 0);
+}
+
+int64_t parse_pointer_text(const std::string& raw, const std::string& path) {
+  std::string text = raw;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  auto refuse = [&] {
+    throw CheckpointError(path + ": expected an iteration number in [0, " + std::to_string(kMaxCounter) +
+                          "], got '" + quote_text(raw) + "'");
+  };
+  if (text.empty() || text.size() > 13) refuse();
+  int64_t it = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') refuse();
+    it = it * 10 + (c - '0');
+  }
+  if (it > kMaxCounter) refuse();
+  return it;
+}
+
+int64_t read_pointer_file(const std::string& path) {
+  return parse_pointer_text(read_regular_file(path, kMaxPointerBytes), path);
+}
+
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = parse_json_bounded(text, "checkpoint file " + path);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(e.what());
+  }
+  const JsonField m(j, "checkpoint file " + path);
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
+      j["format"].get<std::string>() != "resume-harness-checkpoint")
+    throw CheckpointError("checkpoint file " + path + ": not a resume-harness-checkpoint manifest");
+  const int64_t ver = m["format_version"].i64();
+  if (ver != kManifestFormatVersion)
+    m["format_version"].fail("format version " + std::to_string(ver) + ", this build reads version " +
+                             std::to_string(kManifestFormatVersion));
+  const int64_t iteration = m["iteration"].i64(0, kMaxCounter);
+  if (m.has("dp_size")) (void)m["dp_size"].i64(1, 4096);
+  // The run config the checkpoint was saved with: an object, or null when the caller gave none.
+  if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object()) rc.fail("expected an object or null, got " + quote_json(rc.raw()));
+  (void)m["save_policy"]["kind"].str();
+
+  m["files"].each([](const JsonField& f) {
+    (void)f["name"].str();
+    const uint64_t bytes = f["bytes"].u64();
+    hex_string(f["xxh3"], 16);
+    (void)f["header_bytes"].u64(bytes);
+    if (f.has("block_xxh3") != f.has("block_bytes"))
+      f.fail("block_xxh3 and block_bytes come together (one is missing)");
+    if (f.has("block_xxh3")) {
+      const uint64_t bb = f["block_bytes"].u64(kMaxBlockBytes);
+      if (bb < kMinBlockBytes) f["block_bytes"].fail("expected at least " + std::to_string(kMinBlockBytes) + ", got " + std::to_string(bb));
+      const uint64_t want = block_count(bytes, bb);
+      if (f["block_xxh3"].size() != want)
+        f["block_xxh3"].fail(std::to_string(f["block_xxh3"].size()) + " block checksums, a file of " + std::to_string(bytes) +
+                             " bytes in blocks of " + std::to_string(bb) + " needs " + std::to_string(want));
+      f["block_xxh3"].each([](const JsonField& h) { hex_string(h, 16); });
+    }
+  });
+  m["tensors"].each([](const JsonField& t) {
+    for (const char* k : {"file", "key", "param", "kind", "dtype", "policy", "conversion"}) (void)t[k].str();
+    t["shape"].each([](const JsonField& d) { (void)d.i64(0, int64_t(1) << 40); });
+    (void)t["numel"].u64();
+    (void)t["bytes"].u64();
+    (void)t["exact"].boolean();
+  });
+  m["shards"].each([](const JsonField& sh) {
+    (void)sh["file"].str();
+    sh["param_ranges"].each([](const JsonField& r) {
+      (void)r["param"].str();
+      const int64_t b = r["begin"].i64(0, int64_t(1) << 50);
+      const int64_t e = r["end"].i64(0, int64_t(1) << 50);
+      if (e < b) r.fail("end " + std::to_string(e) + " < begin " + std::to_string(b));
+    });
+  });
+  const JsonField o = m["optimizer"];
+  o["params"].each([](const JsonField& p) { (void)p["name"].str(); });
+  o["groups"].each([](const JsonField& g) {
+    (void)g["name"].str();
+    (void)g["step"].i64(0, kMaxCounter);
+  });
+  const JsonField ts = m["train_state"];
+  const int64_t ts_iter = ts["iteration"].i64(0, kMaxCounter);
+  if (ts_iter != iteration) ts["iteration"].fail(std::to_string(ts_iter) + " differs from /iteration " + std::to_string(iteration));
+  (void)ts["consumed_samples"].i64(0, kMaxCounter);
+  const JsonField lr = ts["lr_schedule"];
+  (void)lr["max_lr"].number();
+  (void)lr["min_lr"].number();
+  (void)lr["warmup_iters"].i64(0, kMaxCounter);
+  (void)lr["decay_iters"].i64(0, kMaxCounter);
+  (void)lr["num_steps"].i64(0, kMaxCounter);
+  rng_states(ts["rng_states"]);
+  if (m.has("rank_states"))
+    m["rank_states"].each([](const JsonField& r) {
+      (void)r["dp_rank"].i64(0, 4095);
+      rng_states(r["rng_states"]);
+    });
+  const JsonField d = m["disk"];
+  (void)d["total_bytes"].u64();
+  u64_map(d["bytes_per_file"]);
+  u64_map(d["bytes_per_key"]);
+  u64_map(d["bytes_per_dtype"]);
+  (void)d["num_params"].u64();
+  (void)d["bytes_per_param"].number();
+  return j;
+}
+
+nlohmann::json read_manifest_file(const std::string& path) {
+  // Never through a symbolic link: nothing outside the checkpoint directory is read.
+  return parse_manifest_text(read_regular_file(path, kMaxManifestBytes, /*no_follow=*/true), path);
+}
+
+void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {
+  if (!run_config.is_object() || !run_config.contains("train") || !run_config["train"].is_object()) return;
+  const JsonField cfg(run_config, "the run config");
+  const JsonField m(manifest, "checkpoint file " + path);
+  const JsonField ts = m["train_state"];
+  const int64_t it = ts["iteration"].i64(0, kMaxCounter);
+  const JsonField train = cfg["train"];
+  if (train.has("iterations")) {
+    const int64_t n = train["iterations"].i64();
+    if (it > n)
+      ts["iteration"].fail("iteration " + std::to_string(it) + " is beyond the run's length (train.iterations = " +
+                           std::to_string(n) + "): nothing would be trained");
+  }
+  // The batch size the checkpoint was written with (its own run config), else the current one.
+  const JsonField saved = m["run_config"];
+  const JsonField* src = nullptr;
+  std::optional<JsonField> saved_train;
+  if (saved.has("train") && saved["train"].has("global_batch")) saved_train = saved["train"];
+  else if (train.has("global_batch")) saved_train = train;
+  src = saved_train ? &*saved_train : nullptr;
+  if (src) {
+    const int64_t gb = (*src)["global_batch"].i64(1, kMaxCounter);
+    int64_t want = 0;
+    if (__builtin_mul_overflow(it, gb, &want) || want > kMaxCounter)
+      ts["iteration"].fail("iteration " + std::to_string(it) + " * global_batch " + std::to_string(gb) + " overflows");
+    const int64_t got = ts["consumed_samples"].i64(0, kMaxCounter);
+    if (got != want)
+      ts["consumed_samples"].fail(std::to_string(got) + " samples, but " + std::to_string(it) + " iterations of " +
+                                  std::to_string(gb) + " samples consume " + std::to_string(want));
+  }
+  const int64_t ns = ts["lr_schedule"]["num_steps"].i64(0, kMaxCounter);
+  if (ns != it) ts["lr_schedule"]["num_steps"].fail(std::to_string(ns) + " scheduler steps after " + std::to_string(it) + " iterations");
+  m["optimizer"]["groups"].each([&](const JsonField& g) {
+    const int64_t s = g["step"].i64(0, kMaxCounter);
+    if (s > it) g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");
+  });
+}
+
+}  // namespace rh::ckpt::detail

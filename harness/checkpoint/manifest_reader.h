@@ -1,0 +1,44 @@
+// Reading a checkpoint's manifest and pointer from disk without trusting them (LibTorch-free, so
+// the fuzz targets build without it): size caps, regular files only, bounded JSON depth, and one
+// schema check of every field the loader, `inspect` and the disk accounting read, each through
+// the checked accessor (json_guard.h) that names the file, the JSON path and the expected type.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace rh::ckpt::detail {
+
+constexpr int kManifestFormatVersion = 2;
+constexpr uint64_t kMaxManifestBytes = 64ull << 20;   // our manifests are ~100 KB per 1M params
+constexpr uint64_t kMaxPointerBytes = 32;             // "<iteration>\n"
+// Counters (iteration, consumed samples, steps) above this are refused: far beyond any run, and
+// small enough that adding a batch or a step can never overflow int64.
+constexpr int64_t kMaxCounter = int64_t(1) << 40;
+// block_bytes of block checksums: at least 4 KiB, at most 1 TiB.
+constexpr uint64_t kMinBlockBytes = 4096, kMaxBlockBytes = 1ull << 40;
+
+// The iteration a pointer file's text names: decimal digits, optionally followed by "\n" (or
+// spaces), in [0, kMaxCounter]. Throws CheckpointError naming path, quoting at most 200 chars.
+int64_t parse_pointer_text(const std::string& text, const std::string& path);
+int64_t read_pointer_file(const std::string& path);   // regular file, <= kMaxPointerBytes
+
+// Parses manifest text (depth-bounded), then checks the schema: format name and version, and
+// every field's presence, type and range (files, tensors, shards, optimizer groups and params,
+// train_state with its counters and generator hex, rank_states, disk). Throws CheckpointError
+// "<path>: field /json/path: expected ..., got ...".
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path);
+nlohmann::json read_manifest_file(const std::string& path);   // regular file, <= kMaxManifestBytes
+
+// The number of block checksums a file of `bytes` needs with blocks of block_bytes (> 0), without
+// overflow: ceil(bytes / block_bytes).
+uint64_t block_count(uint64_t bytes, uint64_t block_bytes);
+
+// The counters of a loaded train_state checked against the current run's config (run_config's
+// "train" section, if it has one): the iteration within the run's length, consumed_samples equal
+// to iteration * global_batch, lr num_steps equal to the iteration, every group's step at most
+// the iteration. Throws CheckpointError naming the manifest and the field.
+void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path);
+
+}  // namespace rh::ckpt::detail

@@ -1,0 +1,321 @@
+// Hostile input (issue 17): each case is an input that crashed, hung, exhausted memory, read
+// outside the checkpoint or slipped past a checksum before; now every one is refused with a
+// CheckpointError naming the file and what was expected, and the target state is untouched.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "checkpoint_fixture.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
+#include "harness/checkpoint/safetensors.h"
+
+using namespace ckfix;
+using namespace rh::ckpt;
+
+namespace {
+
+const char* kShard = "optim_rank_00000.safetensors";
+const char* kModel = "model.safetensors";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
+void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
+
+// A test that used to hang (a FIFO opened for reading blocks until a writer comes): if it ever
+// blocks again, the alarm ends the process instead of CTest's 10-minute timeout.
+struct HangGuard {
+  HangGuard() { ::alarm(20); }
+  ~HangGuard() { ::alarm(0); }
+};
+
+std::string deep(size_t n) { return std::string(n, '[') + std::string(n, ']'); }
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ------------------------------------------------------------------ JSON, bounded
+
+TEST(JsonGuard, DepthIsCheckedBeforeParsingAndQuotesAreCapped) {
+  EXPECT_EQ(json_depth_violation("[[1]]", 5, 2), std::string::npos);
+  EXPECT_EQ(json_depth_violation("[[[1]]]", 7, 2), 2u);
+  EXPECT_EQ(json_depth_violation("[\"[[[[\"]", 8, 1), std::string::npos);   // brackets in strings
+  EXPECT_EQ(json_depth_violation("[\"\\\"[[\"]", 9, 1), std::string::npos);  // escaped quote
+  const std::string d = deep(100000);
+  const std::string msg = error_of([&] { parse_json_bounded(d, "x.json"); });
+  EXPECT_NE(msg.find("x.json: nesting deeper than 64 levels"), std::string::npos) << msg;
+  EXPECT_NE(error_of([] { parse_json_bounded(std::string("{}\0garbage", 10), "y.json"); }).find("NUL byte at offset 2"),
+            std::string::npos);
+  const std::string q = quote_text(std::string(1 << 20, 'A'));
+  EXPECT_LT(q.size(), 260u);
+  EXPECT_NE(q.find("(1048576 bytes)"), std::string::npos) << q;
+  EXPECT_EQ(quote_text("a\nb"), "a\\x0ab");
+  EXPECT_EQ(quote_json(nlohmann::json("\xff")), "\"\xef\xbf\xbd\"");   // invalid UTF-8 replaced, no throw
+}
+
+TEST(JsonGuard, CheckedAccessorNamesFilePathAndType) {
+  const nlohmann::json j = nlohmann::json::parse(R"({"a":{"b":[1,"x",-3]},"big":4294967298})");
+  const JsonField f(j, "m.json");
+  EXPECT_EQ(f["a"]["b"][0].i64(), 1);
+  EXPECT_EQ(error_of([&] { f["a"]["c"].str(); }), "m.json: field /a/c: missing");
+  EXPECT_EQ(error_of([&] { f["a"]["b"][1].i64(); }),
+            "m.json: field /a/b/1: expected an integer in [-9223372036854775808, 9223372036854775807], got \"x\"");
+  EXPECT_EQ(error_of([&] { f["a"]["b"][2].u64(); }), "m.json: field /a/b/2: expected an integer in [0, 18446744073709551615], got -3");
+  EXPECT_NE(error_of([&] { f["a"]["b"][7].i64(); }).find("/a/b: has 3 elements, element 7 is missing"), std::string::npos);
+  EXPECT_NE(error_of([&] { f["big"].i64(0, 100); }).find("expected an integer in [0, 100], got 4294967298"), std::string::npos);
+  EXPECT_NE(error_of([&] { f["a"].str(); }).find("expected a string, got {\"b\":[1,\"x\",-3]}"), std::string::npos);
+}
+
+// ------------------------------------------------------------------ safetensors headers
+
+void write_st(const std::string& path, const std::string& header, const std::string& buffer) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  spit(path, out + header + buffer);
+}
+
+TEST(HostileSafetensors, DeeplyNestedShapeIsRefusedNotACrash) {
+  TmpDir dir;
+  const std::string path = (dir.p / "deep.safetensors").string();
+  write_st(path, R"({"t":{"dtype":"F32","shape":)" + deep(100000) + R"(,"data_offsets":[0,0]}})", "");
+  const std::string msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nesting deeper than 64 levels"), std::string::npos) << msg;
+  // A shape of one deep but huge value: quoted at most ~200 characters.
+  write_st(path, R"({"t":{"dtype":"F32","shape":[")" + std::string(1 << 20, 'x') + R"("],"data_offsets":[0,0]}})", "");
+  const std::string msg2 = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg2.find("shape entries must be integers >= 0"), std::string::npos) << msg2.substr(0, 400);
+  EXPECT_LT(msg2.size(), 600u);
+}
+
+TEST(HostileSafetensors, HeaderFollowedByNulAndGarbageIsRefused) {
+  TmpDir dir;
+  const std::string path = (dir.p / "nul.safetensors").string();
+  write_st(path, std::string(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") + std::string("\0\0garbage", 9),
+           std::string(8, '\1'));
+  const std::string msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("NUL byte"), std::string::npos) << msg;
+}
+
+TEST(HostileSafetensors, FifoAndDeviceAreRefusedWithoutBlocking) {
+  HangGuard guard;
+  TmpDir dir;
+  const std::string fifo = (dir.p / "fifo.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string msg = error_of([&] { SafetensorsFile::open(fifo); });
+  EXPECT_NE(msg.find(fifo + ": is a FIFO, expected a regular file"), std::string::npos) << msg;
+  msg = error_of([&] { SafetensorsFile::open("/dev/zero"); });
+  EXPECT_NE(msg.find("/dev/zero: is a character device"), std::string::npos) << msg;
+  msg = error_of([&] { SafetensorsFile::open(dir.str()); });
+  EXPECT_NE(msg.find("is a directory"), std::string::npos) << msg;
+}
+
+// ------------------------------------------------------------------ pointer and manifest files
+
+TEST(HostilePointer, GarbageFifoAndDevZeroAreRefusedBriefly) {
+  HangGuard guard;
+  TmpDir root;
+  const fs::path ptr = root.p / "latest_checkpointed_iteration.txt";
+  spit(ptr, std::string(10 << 20, 'g'));   // 10 MB of garbage: refused by size, not echoed
+  std::string msg = error_of([&] { rh::ckpt::detail::resolve_checkpoint_dir(root.str()); });
+  EXPECT_NE(msg.find(ptr.string()), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 400u);
+  spit(ptr, std::string(20, 'g'));
+  msg = error_of([&] { rh::ckpt::detail::resolve_checkpoint_dir(root.str()); });
+  EXPECT_NE(msg.find("expected an iteration number"), std::string::npos) << msg;
+  for (const char* bad : {"-3\n", "4294967298999999\n", "+5\n", "0x10\n", ""})
+    EXPECT_THROW(rh::ckpt::detail::parse_pointer_text(bad, "p"), CheckpointError) << bad;
+  EXPECT_EQ(rh::ckpt::detail::parse_pointer_text("10\n", "p"), 10);
+  fs::remove(ptr);
+  fs::create_symlink("/dev/zero", ptr);
+  msg = error_of([&] { rh::ckpt::detail::resolve_checkpoint_dir(root.str()); });
+  EXPECT_NE(msg.find("is a character device"), std::string::npos) << msg;
+  fs::remove(ptr);
+  ASSERT_EQ(::mkfifo(ptr.c_str(), 0600), 0);
+  msg = error_of([&] { rh::ckpt::detail::resolve_checkpoint_dir(root.str()); });
+  EXPECT_NE(msg.find("is a FIFO"), std::string::npos) << msg;
+}
+
+// One good checkpoint per test, damaged by `apply`, must be refused by load (naming `expect`) and
+// by inspect (the same validation), with the target untouched.
+struct Hostile {
+  std::string name;
+  std::function<void(const fs::path& dir)> apply;
+  std::string expect;
+};
+
+void PrintTo(const Hostile& h, std::ostream* os) { *os << h.name; }
+
+class HostileManifest : public ::testing::TestWithParam<Hostile> {};
+
+TEST_P(HostileManifest, LoadAndInspectRefuseIt) {
+  HangGuard guard;
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];
+  Rig a = make_rig(mode, 1);
+  train(a, 2);
+  const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+  GetParam().apply(dir);
+  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+  EXPECT_NE(msg.find(GetParam().expect), std::string::npos) << "want '" << GetParam().expect << "' in: " << msg.substr(0, 600);
+  EXPECT_LT(msg.size(), 1200u) << msg.substr(0, 600);
+  EXPECT_TRUE(same_state(c, fresh));
+  std::ostringstream out;
+  EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
+  EXPECT_NE(out.str().find(GetParam().expect), std::string::npos) << out.str().substr(0, 600);
+}
+
+std::function<void(const fs::path&)> edit(std::function<void(nlohmann::json&)> f) {
+  return [f](const fs::path& d) {
+    nlohmann::json m = read_manifest(d);
+    f(m);
+    write_manifest(d, m);
+  };
+}
+
+const std::vector<Hostile> kHostile = {
+    {"FormatVersionDeeplyNested", [](const fs::path& d) {
+       std::string s = slurp(d / "manifest.json");
+       const size_t i = s.find("\"format_version\":");
+       const size_t e = s.find(',', i);
+       s.replace(i, e - i, "\"format_version\": " + deep(100000));
+       spit(d / "manifest.json", s);
+     }, "nesting deeper than 64 levels"},
+    {"FormatVersionWraps", edit([](nlohmann::json& m) { m["format_version"] = 4294967298ull; }), "format version 4294967298"},
+    {"MissingExact", edit([](nlohmann::json& m) { m["tensors"][0].erase("exact"); }), "field /tensors/0/exact: missing"},
+    {"MissingGroupStep", edit([](nlohmann::json& m) { m["optimizer"]["groups"][0].erase("step"); }),
+     "field /optimizer/groups/0/step: missing"},
+    {"MissingDisk", edit([](nlohmann::json& m) { m.erase("disk"); }), "field /disk: missing"},
+    {"TotalBytesWrongType", edit([](nlohmann::json& m) { m["disk"]["total_bytes"] = "many"; }),
+     "field /disk/total_bytes: expected an integer in [0, 18446744073709551615], got \"many\""},
+    {"MissingTrainState", edit([](nlohmann::json& m) { m.erase("train_state"); }), "field /train_state: missing"},
+    {"BadGeneratorHex", edit([](nlohmann::json& m) { m["train_state"]["rng_states"]["dropout"] = "zz"; }),
+     "field /train_state/rng_states/dropout: expected hex digits"},
+    {"ConsumedSamplesNearInt64Max",
+     edit([](nlohmann::json& m) { m["train_state"]["consumed_samples"] = INT64_MAX - 3; }),
+     "field /train_state/consumed_samples: expected an integer in [0, 1099511627776]"},
+    {"GroupStepNearInt64Max", edit([](nlohmann::json& m) { m["optimizer"]["groups"][0]["step"] = INT64_MAX; }),
+     "field /optimizer/groups/0/step: expected an integer in [0, 1099511627776]"},
+    {"NumStepsNearInt64Max",
+     edit([](nlohmann::json& m) { m["train_state"]["lr_schedule"]["num_steps"] = INT64_MAX; }),
+     "field /train_state/lr_schedule/num_steps"},
+    {"BlockBytesWrapsToZeroBlocks", [](const fs::path& d) {
+       // A corrupted data byte, and block_bytes = 2^64-1 with an empty block list: the block
+       // arithmetic wrapped to zero blocks and the whole-file checksum was skipped.
+       std::string s = slurp(d / kShard);
+       s[s.size() - 7] ^= 0x10;
+       spit(d / kShard, s);
+       nlohmann::json m = read_manifest(d);
+       for (auto& f : m["files"])
+         if (f["name"] == kShard) f["block_bytes"] = UINT64_MAX, f["block_xxh3"] = nlohmann::json::array();
+       write_manifest(d, m);
+     }, "block_bytes: expected an integer in [0, 1099511627776]"},
+    {"BlockListTooShort", edit([](nlohmann::json& m) {
+       m["files"][0]["block_bytes"] = 4096;
+       m["files"][0]["block_xxh3"] = nlohmann::json::array();
+       for (int i = 0; i < 100000; ++i) m["files"][0]["block_xxh3"].push_back("0000000000000000");
+     }), "block checksums, a file of"},
+    {"BlockBytesWithoutList", edit([](nlohmann::json& m) { m["files"][0].erase("block_xxh3"); }),
+     "block_xxh3 and block_bytes come together"},
+    {"ManifestIsFifo", [](const fs::path& d) {
+       fs::remove(d / "manifest.json");
+       ASSERT_EQ(::mkfifo((d / "manifest.json").c_str(), 0600), 0);
+     }, "manifest.json: is a FIFO"},
+    {"ManifestLinksToDevZero", [](const fs::path& d) {
+       fs::remove(d / "manifest.json");
+       fs::create_symlink("/dev/zero", d / "manifest.json");
+     }, "manifest.json: is a symbolic link; refused"},
+    {"ManifestTooLarge", [](const fs::path& d) {
+       std::ofstream f(d / "manifest.json", std::ios::app);
+       f << std::string(rh::ckpt::detail::kMaxManifestBytes, ' ');
+     }, "-byte limit for this file"},
+    {"DataFileIsFifo", [](const fs::path& d) {
+       fs::remove(d / kModel);
+       ASSERT_EQ(::mkfifo((d / kModel).c_str(), 0600), 0);
+     }, "model.safetensors: is a FIFO, expected a regular file"},
+    {"DataFileLinksOutside", [](const fs::path& d) {
+       const fs::path outside = d.parent_path().parent_path() / ("rh_outside_" + std::to_string(::getpid()));
+       fs::copy_file(d / kModel, outside, fs::copy_options::overwrite_existing);
+       fs::remove(d / kModel);
+       fs::create_symlink(outside, d / kModel);
+     }, "model.safetensors: is a symbolic link; refused"},
+    {"IterationMismatch", edit([](nlohmann::json& m) { m["iteration"] = 7; }), "differs from /iteration 7"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, HostileManifest, ::testing::ValuesIn(kHostile), [](const auto& i) { return i.param.name; });
+
+// Counters are checked against the run being resumed (its config's train section).
+TEST(HostileCounters, CountersMustMatchTheRunConfig) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];
+  Rig a = make_rig(mode, 1);
+  train(a, 2);   // the fixture: 2 iterations of 8 samples, 2 scheduler steps
+  SaveInput in = save_input(a);
+  in.run_config["train"] = {{"iterations", 6}, {"global_batch", 8}};
+  a.state.iteration = 2;
+  const fs::path dir = save_checkpoint(root.str(), in).dir;
+  nlohmann::json cfg = in.run_config;
+  {
+    Rig c = make_rig(mode, 2);
+    load_checkpoint(root.str(), *c.model, *c.opt, c.state, cfg, {});   // consistent: loads
+    EXPECT_EQ(c.state.iteration, 2);
+  }
+  auto refused = [&](const std::string& want, const nlohmann::json& run_cfg) {
+    Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, run_cfg, {}); });
+    EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
+    EXPECT_TRUE(same_state(c, fresh));
+  };
+  nlohmann::json shorter = cfg;
+  shorter["train"]["iterations"] = 1;
+  refused("iteration 2 is beyond the run's length (train.iterations = 1)", shorter);
+  const nlohmann::json good = read_manifest(dir);
+  nlohmann::json m = good;
+  m["train_state"]["consumed_samples"] = 17;
+  write_manifest(dir, m);
+  refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", cfg);
+  m = good;
+  m["train_state"]["lr_schedule"]["num_steps"] = 5;
+  write_manifest(dir, m);
+  refused("field /train_state/lr_schedule/num_steps: 5 scheduler steps after 2 iterations", cfg);
+  m = good;
+  m["optimizer"]["groups"][0]["step"] = 3;
+  write_manifest(dir, m);
+  refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", cfg);
+}
+
+TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
+  TmpDir root;
+  Rig a = make_rig(all_modes()[0], 1);
+  a.state.iteration = -4;
+  std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(a)); });
+  EXPECT_NE(msg.find("iteration -4 is outside [0, "), std::string::npos) << msg;
+  a.state.iteration = 1;
+  msg = error_of([&] { save_checkpoint("", save_input(a)); });
+  EXPECT_NE(msg.find("the checkpoint root is an empty path"), std::string::npos) << msg;
+}
+
+}  // namespace
