@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: set-up (packages + build), the CI scenario matrix gated against the
-# committed golden metrics, then the whole unit-test suite through CTest (its summary last).
+# committed golden metrics, the parser and checkpoint tests under ASan + UBSan (scripts/sanitize.sh;
+# RH_SKIP_SANITIZE=1 skips it for a quick local run), then the whole unit-test suite through CTest
+# (its summary last).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
@@ -11,9 +13,18 @@ echo "== scenario gate: matrix scenarios/ci.toml --golden scenarios/golden/ci"
 "$build/resume-harness" matrix scenarios/ci.toml -j "$(nproc)" --golden scenarios/golden/ci \
   --run-dir "$build/ci-run"
 matrix_rc=$?
+san_rc=0
+if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
+  echo "== parser and checkpoint tests under ASan + UBSan: scripts/sanitize.sh"
+  "$here/scripts/sanitize.sh" "$build" "${build}-asan-ci" > "$build/sanitize.log" 2>&1
+  san_rc=$?
+  grep -E "tests passed|tests failed|^sanitize:" "$build/sanitize.log"
+  [ $san_rc -ne 0 ] && tail -60 "$build/sanitize.log"
+fi
 echo "== unit tests (CTest)"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
 ctest_rc=$?
 [ $matrix_rc -ne 0 ] && echo "scenario gate FAILED (exit $matrix_rc): see $build/ci-run/summary.csv"
-[ $matrix_rc -eq 0 ] && [ $ctest_rc -eq 0 ]
+[ $san_rc -ne 0 ] && echo "sanitizer step FAILED (exit $san_rc): see $build/sanitize.log"
+[ $matrix_rc -eq 0 ] && [ $san_rc -eq 0 ] && [ $ctest_rc -eq 0 ]

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -154,6 +155,37 @@ TEST(HostilePointer, GarbageFifoAndDevZeroAreRefusedBriefly) {
   ASSERT_EQ(::mkfifo(ptr.c_str(), 0600), 0);
   msg = error_of([&] { rh::ckpt::detail::resolve_checkpoint_dir(root.str()); });
   EXPECT_NE(msg.find("is a FIFO"), std::string::npos) << msg;
+}
+
+// A pointer that cannot be written (ENOSPC, EIO; here its path is a non-empty directory, so the
+// rename over it fails the same way) fails the save after iter_<new>/ was published: that
+// directory, which nothing references, is removed again, no temp file of the pointer is left, and
+// the previous checkpoint stays the one the root resolves to and loads.
+TEST(HostilePointer, FailedPointerWriteLeavesNoOrphanAndKeepsThePreviousCheckpoint) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];
+  Rig a = make_rig(mode, 1);
+  train(a, 1);
+  const fs::path first = save_checkpoint(root.str(), save_input(a)).dir;
+  const fs::path ptr = root.p / "latest_checkpointed_iteration.txt";
+  const std::string ptr_text = slurp(ptr);
+  fs::remove(ptr);
+  fs::create_directories(ptr / "blocker");
+  train(a, 1);
+  const std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(a)); });
+  EXPECT_NE(msg.find("latest_checkpointed_iteration.txt"), std::string::npos) << msg;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root.p)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{first.filename().string(), "latest_checkpointed_iteration.txt"}))
+      << "only the first checkpoint and the (blocked) pointer may remain";
+  fs::remove_all(ptr);
+  spit(ptr, ptr_text);
+  Rig c = make_rig(mode, 2);
+  EXPECT_EQ(rh::ckpt::detail::resolve_checkpoint_dir(root.str()), first.string());
+  EXPECT_NO_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}));
+  EXPECT_EQ(c.state.iteration, 1);
 }
 
 // One good checkpoint per test, damaged by `apply`, must be refused by load (naming `expect`) and

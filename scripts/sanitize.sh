@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The CI's sanitizer step: builds the checkpoint room (safetensors and manifest parsers, save, load,
+# publish) and the parser and checkpoint tests (test_safetensors, test_checkpoint_*: hostile input,
+# corruption, crash points, round trips, the fuzz corpus replay) with ASan + UBSan (gcc), and runs
+# them through CTest. The models and optimizer rooms are linked uninstrumented from the release
+# build's librh_core.a (RH_SANITIZE_REUSE), so only the code under test is compiled twice.
+# UBSan stops at the first report; leak detection is off because LibTorch never frees its start-up
+# allocations (tests/sanitizer_options.cpp); nothing of ours is suppressed.
+#
+#   scripts/sanitize.sh [RELEASE_BUILD_DIR] [SANITIZER_BUILD_DIR]   (default: build, build-asan-ci)
+#
+# The full instrumented build (every room) is the "asan" CMake preset.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+release=${1:-$here/build}
+build=${2:-$here/build-asan-ci}
+[ -f "$release/librh_core.a" ] || { echo "sanitize: no $release/librh_core.a (run scripts/setup.sh $release first)"; exit 2; }
+start=$(date +%s)
+mkdir -p "$build"
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRH_SANITIZE=ON \
+  -DRH_SANITIZE_REUSE="$release" > "$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; echo "sanitize: configure failed"; exit 2; }
+cmake --build "$build" -j "$(nproc)" || { echo "sanitize: build failed"; exit 2; }
+built=$(date +%s)
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" --timeout 900
+rc=$?
+echo "sanitize: build $((built - start)) s, tests $(( $(date +%s) - built )) s, ctest exit $rc"
+exit $rc
