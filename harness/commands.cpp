@@ -29,9 +29,9 @@ CommandState& state() {
   return s;
 }
 
-void add_matrix_options(CLI::App& c, MatrixOptions& o) {
-  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time")->check(CLI::Range(1, 64));
-  c.add_option("--run-dir", o.run_dir, "run directory (default reports/runs/<file stem>)");
+void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& default_run_dir) {
+  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time")->check(CLI::Range(1, 64))->capture_default_str();
+  c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
   c.add_flag("--keep-checkpoints", o.keep_checkpoints, "keep each scenario's checkpoint in the run directory");
   c.add_option("--golden", o.golden_dir, "compare each baseline's metrics bitwise with golden CSVs in DIR");
   c.add_flag("--update-golden", o.update_golden, "rewrite the golden CSVs instead of comparing");
@@ -57,18 +57,19 @@ ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::
 
 void register_commands(CLI::App& app) {
   auto& st = state();
+  // Both take the scenario file as -f/--file; matrix also as its first argument (matrix FILE).
   st.check.file = "scenarios/default.toml";
   st.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
   st.check_cmd->add_option("SCENARIO", st.check.filter,
                            "canonical scenario name, a substring of names, or a glob with *")->required();
-  st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->check(CLI::ExistingFile);
-  add_matrix_options(*st.check_cmd, st.check);
+  st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
+  add_matrix_options(*st.check_cmd, st.check, "reports/runs/check");
   st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
-  st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml")
-      ->required()->check(CLI::ExistingFile);
+  auto* pos = st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml");
+  st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
   st.matrix_cmd->add_option("--filter", st.matrix.filter, "only scenarios matching this name/substring/glob");
   st.matrix_cmd->add_flag("--no-report", st.no_report, "do not write report.md / report.html at the end");
-  add_matrix_options(*st.matrix_cmd, st.matrix);
+  add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>");
   register_report_command(app, st.report);
 }
 
@@ -76,6 +77,8 @@ int run_commands(CLI::App&) {
   auto& st = state();
   for (auto [cmd, opts] : {std::pair{st.check_cmd, &st.check}, std::pair{st.matrix_cmd, &st.matrix}}) {
     if (!*cmd) continue;
+    if (opts->file.empty())
+      throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
     opts->tool = self_executable();
     opts->progress_tty = isatty(STDOUT_FILENO) != 0;
     if (cmd == st.check_cmd && opts->run_dir.empty()) opts->run_dir = "reports/runs/check";

@@ -228,25 +228,64 @@ RunConfig load_run_config_file(const std::string& path) {
   return run_config_from_json(ckpt::parse_json_bounded(text, path), path);
 }
 
+namespace {
+
+// The valid values of a field, from its help text ("param dtype: bf16 | fp32" -> {bf16, fp32}), so
+// the help shows them, the parser checks them, and the two never disagree. Empty: any value.
+std::vector<std::string> choices_of(const std::string& help) {
+  const auto colon = help.rfind(':');
+  const std::string tail = colon == std::string::npos ? help : help.substr(colon + 1);
+  if (tail.find(" | ") == std::string::npos) return {};
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= tail.size()) {
+    const auto bar = tail.find('|', pos);
+    std::string w = tail.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
+    w.erase(0, w.find_first_not_of(' '));
+    w.erase(w.find_last_not_of(' ') + 1);
+    if (w.empty() || w.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos) return {};
+    out.push_back(w);
+    if (bar == std::string::npos) break;
+    pos = bar + 1;
+  }
+  return out;
+}
+
+std::string default_text(const FieldPtr& p) {
+  const nlohmann::json j = field_to_json(p);
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+}  // namespace
+
 void add_run_options(CLI::App& app, RunConfig& cfg) {
   for (const auto& f : fields(cfg)) {
-    std::string group = std::string(f.section) + " options";
+    const std::string group = std::string(f.section) + " options";
+    const std::string def = default_text(f.ptr);
     std::visit(
         [&](auto* dst) {
           using T = std::remove_pointer_t<decltype(dst)>;
           if constexpr (std::is_same_v<T, bool>) {
-            std::string name = std::string(f.flag) + ",!--no-" + (f.flag + 2);
-            app.add_flag(name, *dst, f.help)->group(group);
+            // Two plain flags instead of CLI11's "--x,!--no-x", whose help shows "{false}" for the
+            // negation and reads as the default.
+            const std::string help = std::string(f.help) + " (default: " + def + ")";
+            app.add_flag_callback(f.flag, [dst] { *dst = true; }, help)->group(group);
+            app.add_flag_callback(std::string("--no-") + (f.flag + 2), [dst] { *dst = false; },
+                                  std::string("set ") + f.flag + " false")
+                ->group(group);
           } else if constexpr (std::is_same_v<T, optim::Dtype>) {
+            const auto valid = choices_of(f.help);
             app.add_option_function<std::string>(
                    f.flag, [dst, flag = std::string(f.flag)](const std::string& s) {
                      *dst = optim::parse_dtype(s, flag);
                    },
                    f.help)
-                ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}))
+                ->check(CLI::IsMember(valid))
+                ->default_str(def)
                 ->group(group);
           } else {
-            app.add_option(f.flag, *dst, f.help)->group(group);
+            auto* opt = app.add_option(f.flag, *dst, f.help)->default_str(def)->group(group);
+            if (const auto valid = choices_of(f.help); !valid.empty()) opt->check(CLI::IsMember(valid));
           }
         },
         f.ptr);

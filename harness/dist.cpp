@@ -267,8 +267,10 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (first_rank < 0) return 0;
+  // The first failing rank's own code (2 bad input, 3 a peer failed); a rank killed by a signal
+  // is a peer failure for the launcher: 3, as documented in main.cpp.
   if (WIFEXITED(first_status)) return WEXITSTATUS(first_status);
-  return 1;
+  return 3;
 }
 
 }  // namespace rh::dist

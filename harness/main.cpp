@@ -12,6 +12,7 @@
 #include "harness/dist.h"
 #include "harness/env.h"
 #include "harness/run.h"
+#include "harness/version.h"
 
 namespace {
 
@@ -24,12 +25,30 @@ void add_save_options(CLI::App& app, rh::TrainJob& job, std::string& policy,
                  "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
 }
 
+// "resume-harness frobnicate": CLI11 would say only that an argument was not expected.
+std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return "";
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->check_name(argv[1])) return "";
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return std::string("unknown subcommand '") + argv[1] + "'; the subcommands are " + names +
+         " (resume-harness --help)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   rh::pin_cross_machine_numerics(argv);
   CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return rh::describe(rh::runtime_info()); },
+                       "print the version, git commit, LibTorch, BLAS and its core, then exit");
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string where = a->get_parent() ? a->get_name() + " " : "";
+    return std::string(rh::kErrorPrefix) + where + e.what() + " (run with --help for the options)\n";
+  });
 
   rh::TrainJob job;
   std::string policy = "native", fault = "none";
@@ -45,7 +64,9 @@ int main(int argc, char** argv) {
   train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
   train->add_option("--stop-at", job.stop_at, "stop after this iteration (default: --train-iters)");
   train->add_option("--load", job.load, "resume from this checkpoint root or iter_ directory");
-  train->add_option("--fault", fault, "deliberate fault on load (for the resume check)");
+  train->add_option("--fault", fault, "deliberate fault on load (for the resume check; needs --load)")
+      ->check(CLI::IsMember(rh::fault_names()))
+      ->default_str("none");
   train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
   train->add_flag("--quiet", job.quiet, "print nothing but errors");
@@ -66,14 +87,22 @@ int main(int argc, char** argv) {
 
   rh::register_commands(app);
 
+  if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty()) {
+    std::cerr << rh::kErrorPrefix << bad << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::exception& e) {   // thrown while parsing, e.g. by --config's loader
+    std::cerr << rh::kErrorPrefix << e.what() << "\n";
+    return 2;
   }
   try {
     if (*train) {
       job.fault = rh::parse_fault(fault);
+      job.remainders_flag_given = train->get_option("--store-param-remainders")->count() > 0;
       job.policy = rh::parse_policy(policy, overrides);
       if (nproc > 1) {
         if (rh::dist::launched_by_environment())
@@ -93,10 +122,10 @@ int main(int argc, char** argv) {
     if (*inspect) return rh::ckpt::inspect_checkpoint(inspect_dir, std::cout);
     return rh::run_commands(app);
   } catch (const rh::dist::DistError& e) {   // a peer failed: not this rank's input
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << rh::kErrorPrefix << e.what() << "\n";
     return 3;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << rh::kErrorPrefix << e.what() << "\n";
     return 2;
   }
 }

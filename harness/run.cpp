@@ -103,6 +103,21 @@ int run_train(const TrainJob& job) {
   if (stop > cfg.train.iterations || stop < 0)
     throw std::invalid_argument("--stop-at " + std::to_string(stop) + " is outside [0, " +
                                 std::to_string(cfg.train.iterations) + "]");
+  // Every flag is checked before anything is built or written (config.json, the model).
+  if (job.save_at < -1 || job.save_at == 0)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + ": expected an iteration >= 1");
+  if (job.save_at >= 0 && job.save_root.empty())
+    throw std::invalid_argument("--save-at needs --save (the checkpoint root)");
+  if (job.save_at > stop)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + " is after the last iteration " +
+                                std::to_string(stop));
+  if (job.fault != Fault::none && job.load.empty())
+    throw std::invalid_argument("--fault " + to_string(job.fault) + " acts on load: it needs --load");
+  if (!job.load.empty()) {
+    std::error_code ec;
+    if (!fs::exists(job.load, ec))
+      throw std::invalid_argument("--load " + job.load + ": no such file or directory");
+  }
   std::unique_ptr<dist::Group> group;
   const dist::Placement place = dist::placement_from_environment();
   if (place.world_size > 1)
@@ -124,6 +139,8 @@ int run_train(const TrainJob& job) {
   if (!quiet) {
     if (group) std::cout << "data parallel: " << place.world_size << " ranks (" << place.source << ")\n";
     std::cout << tr.model().describe() << "\n" << tr.optimizer().describe() << "\n";
+    if (job.remainders_flag_given && !tr.optimizer().remainders_note().empty())
+      std::cout << "WARNING: --store-param-remainders: " << tr.optimizer().remainders_note() << "\n";
   }
   if (write_out) write_text(out / "config.json", to_json(cfg).dump(2) + "\n");
   auto fingerprint_now = [&](int64_t iteration) {
@@ -180,13 +197,6 @@ int run_train(const TrainJob& job) {
       std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
                   static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
   };
-  if (job.save_at < -1 || job.save_at == 0)
-    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + ": expected an iteration >= 1");
-  if (job.save_at >= 0 && job.save_root.empty())
-    throw std::invalid_argument("--save-at needs --save (the checkpoint root)");
-  if (job.save_at > stop)
-    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + " is after the last iteration " +
-                                std::to_string(stop));
 
   std::vector<IterMetrics> rows;
   while (tr.iteration() < stop) {

@@ -38,6 +38,7 @@ struct TrainJob {
   bool allow_lossy = false;       // accept lossy conversions on load
   bool dump_states = false;       // write state dumps (at save / right after load) for comparison
   bool quiet = false;
+  bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect
   // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
   // `--nproc` launcher, see dist.h); rendezvous and every collective time out after this.
   double dist_timeout_s = 120;

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <set>
 
+#include "harness/version.h"
 #include "reports/compare_runs.h"
 #include "reports/document.h"
 #include "reports/projection.h"
@@ -236,12 +237,12 @@ int run_report_command(const ReportCommand& rc, std::ostream& out) {
     try {
       return report::compare_runs(rc.compare_a, rc.compare_b, out);
     } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << "\n";
+      std::cerr << kErrorPrefix << e.what() << "\n";
       return 2;
     }
   }
   if (rc.run_dir.empty()) {
-    std::cerr << "error: report: give RUN_DIR, or --compare RUN_A RUN_B\n";
+    std::cerr << kErrorPrefix << "report: give RUN_DIR, or --compare RUN_A RUN_B\n";
     return 2;
   }
   return write_report(rc.run_dir, rc.models_file, out);
@@ -254,7 +255,7 @@ int write_report(const std::string& run_dir, const std::string& models_file, std
     report::generate_report(run_dir, models_file, out);
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "error: report: " << e.what() << "\n";
+    std::cerr << kErrorPrefix << "report: " << e.what() << "\n";
     return 2;
   }
 }

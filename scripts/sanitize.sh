@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The CI's sanitizer step: builds the checkpoint room (safetensors and manifest parsers, save, load,
-# publish) and the parser and checkpoint tests (test_safetensors, test_checkpoint_*: hostile input,
-# corruption, crash points, round trips, the fuzz corpus replay) with ASan + UBSan (gcc), and runs
-# them through CTest. The models and optimizer rooms are linked uninstrumented from the release
+# publish) and the parser and checkpoint tests (test_safetensors, test_checkpoint_hostile,
+# test_checkpoint_corruption, test_checkpoint_fuzz_corpus: every hostile input, damaged file and
+# corpus file) with ASan + UBSan (gcc), and runs them through CTest. RH_SANITIZE_ALL=1 takes every
+# checkpoint test (round trips, crash points, data parallel, the Python reader too: about twice
+# the time). The models and optimizer rooms are linked uninstrumented from the release
 # build's librh_core.a (RH_SANITIZE_REUSE), so only the code under test is compiled twice.
 # UBSan stops at the first report; leak detection is off because LibTorch never frees its start-up
 # allocations (tests/sanitizer_options.cpp); nothing of ours is suppressed.
@@ -15,10 +17,12 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 release=${1:-$here/build}
 build=${2:-$here/build-asan-ci}
 [ -f "$release/librh_core.a" ] || { echo "sanitize: no $release/librh_core.a (run scripts/setup.sh $release first)"; exit 2; }
+tests='test_(safetensors|checkpoint_(hostile|corruption|fuzz_corpus))'
+[ "${RH_SANITIZE_ALL:-0}" = 1 ] && tests='test_(safetensors|checkpoint)[^/]*'
 start=$(date +%s)
 mkdir -p "$build"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRH_SANITIZE=ON \
-  -DRH_SANITIZE_REUSE="$release" > "$build/configure.log" 2>&1 ||
+  -DRH_SANITIZE_REUSE="$release" -DRH_SANITIZE_TESTS="$tests" > "$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; echo "sanitize: configure failed"; exit 2; }
 cmake --build "$build" -j "$(nproc)" || { echo "sanitize: build failed"; exit 2; }
 built=$(date +%s)

@@ -13,8 +13,8 @@ build=${1:-$here/build}
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
-  libeigen3-dev libfccp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libxxhash-dev
+  libeigen3-dev libfccp-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
   python3-matplotlib python3-numpy
 )
 missing=()

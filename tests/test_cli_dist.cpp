@@ -127,7 +127,7 @@ Outcome disturb_rank1(const fs::path& d, int sig, const std::string& timeout) {
 TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
   const fs::path d = fresh_dir("killed");
   const Outcome o = disturb_rank1(d, SIGKILL, "60");
-  EXPECT_NE(o.code, 0) << o.log;
+  EXPECT_EQ(o.code, 3) << "a peer killed by a signal is exit 3 (main.cpp's exit codes): " << o.log;
   EXPECT_NE(o.log.find("launcher: rank 1 of 2 was killed by signal 9"), std::string::npos) << o.log;
   EXPECT_LT(o.seconds, 45) << o.log;   // a dead peer breaks the connection: no waiting on a timeout
   fs::remove_all(d);
@@ -136,7 +136,7 @@ TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
 TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
   const fs::path d = fresh_dir("hung");
   const Outcome o = disturb_rank1(d, SIGSTOP, "4");   // rank 1 stops answering
-  EXPECT_NE(o.code, 0) << o.log;
+  EXPECT_EQ(o.code, 3) << "rank 0's collective timed out: exit 3, passed on by the launcher: " << o.log;
   EXPECT_NE(o.log.find("data-parallel"), std::string::npos) << o.log;           // rank 0's collective error
   EXPECT_NE(o.log.find("launcher: rank 0 of 2 exited with code 3"), std::string::npos) << o.log;
   EXPECT_NE(o.log.find("killing it"), std::string::npos) << o.log;             // the hung rank is killed

@@ -91,8 +91,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
                            const nlohmann::json& run_config, const LoadOptions& opts);
 
 // Verifies structure and checksums of a checkpoint directory and prints every tensor (key,
-// dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; otherwise prints
-// the damaged file and returns 1.
+// dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; 1 (printing the
+// damaged file) if damaged; 2 if `dir` does not exist or names no checkpoint at all.
 int inspect_checkpoint(const std::string& dir, std::ostream& out);
 
 }  // namespace rh::ckpt

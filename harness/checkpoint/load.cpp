@@ -32,6 +32,7 @@
 #include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/policy.h"
 #include "harness/optim/storage_codecs.h"
+#include "harness/version.h"
 
 namespace rh::ckpt {
 
@@ -455,6 +456,21 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 }
 
 int inspect_checkpoint(const std::string& dir, std::ostream& out) {
+  // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
+  // checkpoint (1): an iter_ directory without its manifest or a dangling pointer is damage.
+  std::error_code ec;
+  const fs::path p(dir);
+  const bool is_dir = fs::is_directory(p, ec);
+  if (!is_dir || (!fs::exists(p / detail::kManifestFile, ec) && !fs::exists(p / detail::kPointerFile, ec) &&
+                  p.filename().string().rfind("iter_", 0) != 0)) {
+    out << kErrorPrefix << dir << ": "
+        << (!fs::exists(p, ec) ? "no such file or directory"
+            : !is_dir          ? "not a directory"
+                               : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
+                                     ") nor a checkpoint root (no " + detail::kPointerFile + ")")
+        << "\n";
+    return 2;
+  }
   try {
     const std::string d = detail::resolve_checkpoint_dir(dir);
     detail::Verified v = detail::verify_checkpoint_dir(d);   // the manifest's whole schema, as load

@@ -184,14 +184,18 @@ std::string PrecisionAdam::describe() const {
      << " main_grads=" << to_string(c.main_grads_dtype) << " params=" << c10::toString(I.param_dtype)
      << " beta1=" << c.beta1 << " beta2=" << c.beta2 << " eps=" << c.eps;
   if (I.dp_size() > 1) os << " distributed(" << I.layout.describe() << ")";
-  if (c.store_param_remainders && I.mode != MasterMode::remainders) {
-    os << " store_param_remainders=true NOT in effect ("
-       << (!c.use_precision_aware_optimizer ? "needs --use-precision-aware-optimizer"
-           : c.main_params_dtype != Dtype::fp32 ? "needs fp32 --main-params-dtype"
-                                                : "needs bf16 params")
-       << ")";
-  }
   return os.str();
+}
+
+std::string PrecisionAdam::remainders_note() const {
+  const Impl& I = *impl_;
+  const auto& c = I.cfg;
+  if (!c.store_param_remainders || I.mode == MasterMode::remainders) return "";
+  return std::string("store_param_remainders=true NOT in effect (") +
+         (!c.use_precision_aware_optimizer ? "needs --use-precision-aware-optimizer"
+          : c.main_params_dtype != Dtype::fp32 ? "needs fp32 --main-params-dtype"
+                                               : "needs bf16 params") +
+         ")";
 }
 
 void PrecisionAdam::accumulate_grads() {

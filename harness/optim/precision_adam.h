@@ -98,6 +98,9 @@ class PrecisionAdam {
   const OptimizerConfig& config() const;
   MasterMode master_mode() const;        // the mode in effect (reported, never silently changed)
   std::string describe() const;          // one line: mode, dtypes
+  // Why store_param_remainders (default true, as upstream) has no effect in this configuration,
+  // or "" when it has or is off; the tool prints it only when the user set the flag.
+  std::string remainders_note() const;
 
   // --- gradients (main_grad buffers, in main_grads_dtype) ---
   void accumulate_grads();               // main_grad += param.grad for params with a grad; then

@@ -1,0 +1,153 @@
+// The command line as a new user meets it (issue 14): every bad input exits 2 with one line that
+// starts with the tool's error prefix and names the file, flag or key; nothing is written before
+// the flags are checked; --version and --help say what the tool and its options are.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "harness/process.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ToolRun {
+  int code = -1;
+  std::string log;   // stdout and stderr
+};
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("rh_cli_errors_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+ToolRun tool(const fs::path& dir, std::vector<std::string> args) {
+  std::vector<std::string> argv{RH_TOOL};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log = (dir / "log").string();
+  fs::remove(log);
+  const auto r = rh::run_process(argv, log, 120);
+  return {r.exit_code, rh::tail_of_file(log, 200000)};
+}
+
+const std::string kPrefix = "resume-harness: error: ";
+
+// Exit 2, exactly one line, the prefix, and `needle` in it.
+void expect_bad_input(const ToolRun& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_EQ(r.log.rfind(kPrefix, 0), 0u) << r.log;
+  EXPECT_EQ(std::count(r.log.begin(), r.log.end(), '\n'), 1) << r.log;
+  EXPECT_NE(r.log.find(needle), std::string::npos) << "want '" << needle << "' in: " << r.log;
+}
+
+TEST(CliErrors, MissingConfigFileIsBadInputNamingIt) {
+  const fs::path d = fresh_dir("config");
+  expect_bad_input(tool(d, {"train", "--config", (d / "missing.json").string()}), (d / "missing.json").string());
+}
+
+TEST(CliErrors, ConfigWithAnUnknownKeyNamesTheFileAndKey) {
+  const fs::path d = fresh_dir("badkey");
+  std::ofstream(d / "c.json") << R"({"model": {"no_such_key": 1}})";
+  const ToolRun r = tool(d, {"train", "--config", (d / "c.json").string()});
+  expect_bad_input(r, (d / "c.json").string());
+  EXPECT_NE(r.log.find("no_such_key"), std::string::npos) << r.log;
+}
+
+TEST(CliErrors, UnknownSubcommandListsTheValidOnes) {
+  const fs::path d = fresh_dir("sub");
+  const ToolRun r = tool(d, {"frobnicate"});
+  expect_bad_input(r, "unknown subcommand 'frobnicate'");
+  for (const char* s : {"train", "inspect", "check", "matrix", "report"})
+    EXPECT_NE(r.log.find(s), std::string::npos) << s << " missing from: " << r.log;
+}
+
+TEST(CliErrors, Cli11ParseErrorsCarryTheSamePrefix) {
+  const fs::path d = fresh_dir("cli11");
+  expect_bad_input(tool(d, {"train", "--lr", "abc"}), "--lr");
+  expect_bad_input(tool(d, {"train", "--no-such-flag"}), "--no-such-flag");
+  // Values the optimizer would refuse are refused by the parser, with the valid ones.
+  expect_bad_input(tool(d, {"train", "--main-params-dtype", "bf16"}), "--main-params-dtype");
+  expect_bad_input(tool(d, {"train", "--fault", "frobnicate"}), "--fault");
+}
+
+TEST(CliErrors, SaveAtWithoutSaveWritesNothing) {
+  const fs::path d = fresh_dir("saveat");
+  const fs::path out = d / "out";
+  expect_bad_input(tool(d, {"train", "--out", out.string(), "--save-at", "2"}), "--save-at needs --save");
+  EXPECT_FALSE(fs::exists(out)) << "config.json was written before the flags were checked";
+  expect_bad_input(tool(d, {"train", "--out", out.string(), "--load", (d / "nothing").string()}),
+                   (d / "nothing").string());
+  EXPECT_FALSE(fs::exists(out));
+  expect_bad_input(tool(d, {"train", "--out", out.string(), "--fault", "skip_rng_restore"}), "needs --load");
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST(CliErrors, InspectOfAMissingPathIsBadInputNotDamage) {
+  const fs::path d = fresh_dir("inspect");
+  ToolRun r = tool(d, {"inspect", (d / "nonexistent").string()});
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_NE(r.log.find("no such file or directory"), std::string::npos) << r.log;
+  r = tool(d, {"inspect", d.string()});   // a directory that is no checkpoint
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_NE(r.log.find("neither a checkpoint directory"), std::string::npos) << r.log;
+  fs::create_directories(d / "iter_0000007");   // an incomplete save: that is damage
+  r = tool(d, {"inspect", (d / "iter_0000007").string()});
+  EXPECT_EQ(r.code, 1) << r.log;
+}
+
+TEST(CliErrors, ScenarioFileThatCannotBeOpenedIsNamedWithoutALineNumber) {
+  const fs::path d = fresh_dir("scen");
+  const std::string f = (d / "none.toml").string();
+  for (const auto& args : std::vector<std::vector<std::string>>{{"matrix", f}, {"matrix", "-f", f}, {"check", "x", "-f", f}}) {
+    const ToolRun r = tool(d, args);
+    expect_bad_input(r, f);
+    EXPECT_EQ(r.log.find(f + ":0"), std::string::npos) << r.log;
+  }
+}
+
+TEST(CliHelp, VersionNamesVersionCommitLibTorchAndBlasCore) {
+  const fs::path d = fresh_dir("version");
+  const ToolRun r = tool(d, {"--version"});
+  EXPECT_EQ(r.code, 0) << r.log;
+  for (const char* s : {"resume-harness 0.", "LibTorch 1.", "BLAS: ", " core "})
+    EXPECT_NE(r.log.find(s), std::string::npos) << s << " missing from: " << r.log;
+}
+
+TEST(CliHelp, TrainHelpShowsDefaultsAndValidValues) {
+  const fs::path d = fresh_dir("help");
+  const ToolRun r = tool(d, {"train", "--help"});
+  EXPECT_EQ(r.code, 0) << r.log;
+  const auto line_of = [&](const std::string& flag) {
+    const auto at = r.log.find("  " + flag + " ");
+    if (at == std::string::npos) return std::string("(no line for " + flag + ")");
+    return r.log.substr(at, r.log.find('\n', at) - at);
+  };
+  EXPECT_NE(line_of("--store-param-remainders").find("(default: true)"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("{false}"), std::string::npos) << "a negated flag's {false} reads as its default";
+  const std::string mp = line_of("--main-params-dtype");
+  EXPECT_NE(mp.find("fp16"), std::string::npos) << mp;
+  EXPECT_EQ(mp.find("fp8"), std::string::npos) << "fp8 is refused for the master: " << mp;
+  EXPECT_NE(r.log.find("skip_rng_restore"), std::string::npos) << "--fault lists its values";
+  EXPECT_NE(line_of("--lr").find("0.0"), std::string::npos) << "--lr shows its default: " << line_of("--lr");
+}
+
+TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {
+  const fs::path d = fresh_dir("warn");
+  ToolRun r = tool(d, {"train", "--train-iters", "1", "--micro-batch-size", "4", "--out", (d / "o").string()});
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_EQ(r.log.find("NOT in effect"), std::string::npos) << r.log;
+  r = tool(d, {"train", "--train-iters", "1", "--micro-batch-size", "4", "--store-param-remainders", "--out",
+               (d / "o").string()});
+  EXPECT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("WARNING: --store-param-remainders: store_param_remainders=true NOT in effect"),
+            std::string::npos) << r.log;
+}
+
+}  // namespace
