@@ -11,10 +11,13 @@
 
 #include "harness/matrix.h"
 #include "harness/process.h"
+#include "reports/data_files.h"
 #include "reports/report.h"
 
 namespace rh {
 namespace {
+
+constexpr const char* kDefaultScenarioFile = "scenarios/default.toml";
 
 struct CommandState {
   MatrixOptions check, matrix;
@@ -58,7 +61,7 @@ ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::
 void register_commands(CLI::App& app) {
   auto& st = state();
   // Both take the scenario file as -f/--file; matrix also as its first argument (matrix FILE).
-  st.check.file = "scenarios/default.toml";
+  st.check.file = kDefaultScenarioFile;
   st.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
   st.check_cmd->add_option("SCENARIO", st.check.filter,
                            "canonical scenario name, a substring of names, or a glob with *")->required();
@@ -79,6 +82,9 @@ int run_commands(CLI::App&) {
     if (!*cmd) continue;
     if (opts->file.empty())
       throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
+    // check's default file: ./scenarios/default.toml, else the copy beside the tool (an install).
+    if (cmd == st.check_cmd && opts->file == kDefaultScenarioFile && !std::filesystem::exists(opts->file))
+      opts->file = data_file(kDefaultScenarioFile);
     opts->tool = self_executable();
     opts->progress_tty = isatty(STDOUT_FILENO) != 0;
     if (cmd == st.check_cmd && opts->run_dir.empty()) opts->run_dir = "reports/runs/check";

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "harness/process.h"
+#include "reports/data_files.h"
 
 namespace fs = std::filesystem;
 
@@ -87,7 +88,7 @@ void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
 PlotOutcome run_plots(const RunData& run) {
   PlotOutcome out;
   const std::string python = env_or("RH_PYTHON", "/usr/bin/python3");
-  const std::string script = env_or("RH_PLOTS_SCRIPT", std::string(RH_SOURCE_DIR) + "/reports/plots.py");
+  const std::string script = env_or("RH_PLOTS_SCRIPT", data_file("reports/plots.py"));
   const fs::path dir = fs::path(run.dir) / "plots";
   const std::string log = (dir / "plots.log").string();
   fs::remove(log);

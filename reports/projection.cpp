@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "reports/data_files.h"
+
 namespace rh::report {
 namespace {
 
@@ -51,7 +53,7 @@ const PublishedSize* published_fp32(const ModelSize& m) {
 
 }  // namespace
 
-std::string default_models_file() { return std::string(RH_SOURCE_DIR) + "/reports/models.toml"; }
+std::string default_models_file() { return data_file("reports/models.toml"); }
 
 std::vector<ModelSize> load_models(const std::string& path) {
   toml::table doc;
