@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +19,17 @@
 namespace ckfix {
 
 namespace fs = std::filesystem;
+
+// The files of a checkpoint directory, and whole-file reads and writes for tests that damage them.
+inline const char* kShard = "optim_rank_00000.safetensors";
+inline const char* kModel = "model.safetensors";
+inline std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+inline void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+inline nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
+inline void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
 using rh::optim::Dtype;
 using rh::optim::OptimizerConfig;
 using rh::optim::PrecisionAdam;

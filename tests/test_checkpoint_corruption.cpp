@@ -17,17 +17,7 @@ using namespace rh::ckpt;
 
 namespace {
 
-const char* kShard = "optim_rank_00000.safetensors";
-const char* kModel = "model.safetensors";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-
-nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
-void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
 
 // Rewrites `file` and updates the manifest's recorded size and checksum to match.
 void reseal(const fs::path& dir, const std::string& file, const std::string& bytes) {

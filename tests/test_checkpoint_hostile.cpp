@@ -24,16 +24,6 @@ using namespace rh::ckpt;
 
 namespace {
 
-const char* kShard = "optim_rank_00000.safetensors";
-const char* kModel = "model.safetensors";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
-nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
-void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
 
 // A test that used to hang (a FIFO opened for reading blocks until a writer comes): if it ever
 // blocks again, the alarm ends the process instead of CTest's 10-minute timeout.

@@ -39,9 +39,6 @@ const DtypeRow& row(StDtype d) {
   throw std::logic_error("unknown StDtype");
 }
 
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
-  throw CheckpointError("safetensors file " + path + ": " + what);
-}
 
 // Hashes then writes in slices, so each slice is still in cache when write() copies it.
 constexpr size_t kSlice = 8u << 20;
@@ -95,11 +92,11 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   std::vector<const WriteTensor*> order;
   std::set<std::string> seen;
   for (const auto& t : tensors) {
-    if (t.key.empty() || t.key == "__metadata__") bad(path, "invalid tensor key '" + t.key + "'");
-    if (!seen.insert(t.key).second) bad(path, "duplicate tensor key '" + t.key + "'");
-    if (!t.data.defined()) bad(path, "tensor '" + t.key + "' is undefined");
+    if (t.key.empty() || t.key == "__metadata__") bad_safetensors(path, "invalid tensor key '" + t.key + "'");
+    if (!seen.insert(t.key).second) bad_safetensors(path, "duplicate tensor key '" + t.key + "'");
+    if (!t.data.defined()) bad_safetensors(path, "tensor '" + t.key + "' is undefined");
     if (t.data.scalar_type() != st_scalar_type(t.dtype))
-      bad(path, "tensor '" + t.key + "' has torch dtype " +
+      bad_safetensors(path, "tensor '" + t.key + "' has torch dtype " +
                     std::string(c10::toString(t.data.scalar_type())) + ", expected " +
                     c10::toString(st_scalar_type(t.dtype)) + " for " + st_name(t.dtype));
     order.push_back(&t);
@@ -121,7 +118,7 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');   // 8 + N stays a multiple of 8
-  if (json.size() > kMaxHeaderBytes) bad(path, "header of " + std::to_string(json.size()) +
+  if (json.size() > kMaxHeaderBytes) bad_safetensors(path, "header of " + std::to_string(json.size()) +
                                                    " bytes exceeds the 100 MB cap");
   std::string prefix(8, '\0');
   uint64_t n = json.size();
@@ -257,7 +254,7 @@ const TensorInfo* SafetensorsFile::find(const std::string& key) const {
 
 const TensorInfo& SafetensorsFile::info(const std::string& key) const {
   const TensorInfo* t = find(key);
-  if (!t) bad(path_, "has no tensor '" + key + "'");
+  if (!t) bad_safetensors(path_, "has no tensor '" + key + "'");
   return *t;
 }
 

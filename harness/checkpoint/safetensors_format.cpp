@@ -30,9 +30,6 @@ const DtypeRow& row(StDtype d) {
   throw std::logic_error("unknown StDtype");
 }
 
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
-  throw CheckpointError("safetensors file " + path + ": " + what);
-}
 
 // Parses the header, rejecting duplicate keys at any depth (nlohmann keeps the last silently),
 // nesting beyond kMaxJsonDepth and NUL bytes (nlohmann stops at the first NUL).
@@ -53,9 +50,9 @@ nlohmann::json parse_header(const std::string& path, const char* p, size_t n) {
   try {
     j = parse_json_bounded(p, n, "header", cb);
   } catch (const std::invalid_argument& e) {
-    bad(path, e.what());
+    bad_safetensors(path, e.what());
   }
-  if (!dup.empty()) bad(path, "duplicate key '" + quote_text(dup) + "' in the header");
+  if (!dup.empty()) bad_safetensors(path, "duplicate key '" + quote_text(dup) + "' in the header");
   return j;
 }
 
@@ -80,34 +77,34 @@ uint64_t TensorInfo::numel() const {
 
 ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data, uint64_t size) {
   ParsedSafetensors f;
-  if (size < 8) bad(path, "file has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
+  if (size < 8) bad_safetensors(path, "file has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
   uint64_t n;
   std::memcpy(&n, data, 8);
-  if (n < 2) bad(path, "header length " + std::to_string(n) + " < 2");
-  if (n > kMaxHeaderBytes) bad(path, "header length " + std::to_string(n) + " exceeds the 100 MB cap");
+  if (n < 2) bad_safetensors(path, "header length " + std::to_string(n) + " < 2");
+  if (n > kMaxHeaderBytes) bad_safetensors(path, "header length " + std::to_string(n) + " exceeds the 100 MB cap");
   if (n > size - 8)
-    bad(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+    bad_safetensors(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
                   std::to_string(size) + " bytes)");
   f.header_len = n;
   const char* h = reinterpret_cast<const char*>(data + 8);
-  if (h[0] != '{') bad(path, "header does not start with '{'");
+  if (h[0] != '{') bad_safetensors(path, "header does not start with '{'");
   nlohmann::json j = parse_header(path, h, n);
-  if (!j.is_object()) bad(path, "header is not a JSON object");
+  if (!j.is_object()) bad_safetensors(path, "header is not a JSON object");
   const uint64_t buffer = size - 8 - n;
 
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& e = it.value();
     if (key == "__metadata__") {
-      if (!e.is_object()) bad(path, "__metadata__ is not an object");
+      if (!e.is_object()) bad_safetensors(path, "__metadata__ is not an object");
       for (auto m = e.begin(); m != e.end(); ++m) {
-        if (!m.value().is_string()) bad(path, "__metadata__ value of '" + quote_text(m.key()) + "' is not a string");
+        if (!m.value().is_string()) bad_safetensors(path, "__metadata__ value of '" + quote_text(m.key()) + "' is not a string");
         f.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    auto tb = [&](const std::string& what) { bad(path, "tensor '" + quote_text(key) + "': " + what); };
-    if (key.empty()) bad(path, "empty tensor key");
+    auto tb = [&](const std::string& what) { bad_safetensors(path, "tensor '" + quote_text(key) + "': " + what); };
+    if (key.empty()) bad_safetensors(path, "empty tensor key");
     if (!e.is_object()) tb("entry is not an object");
     for (auto m = e.begin(); m != e.end(); ++m)
       if (m.key() != "dtype" && m.key() != "shape" && m.key() != "data_offsets")
@@ -155,18 +152,22 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
   const TensorInfo* prev = nullptr;
   for (const TensorInfo* t : by_off) {
     if (t->begin < cursor)
-      bad(path, "tensor '" + quote_text(t->key) + "' [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
+      bad_safetensors(path, "tensor '" + quote_text(t->key) + "' [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
                     ") overlaps tensor '" + quote_text(prev->key) + "' ending at " + std::to_string(cursor));
     if (t->begin > cursor)
-      bad(path, "hole of " + std::to_string(t->begin - cursor) + " bytes before tensor '" + quote_text(t->key) +
+      bad_safetensors(path, "hole of " + std::to_string(t->begin - cursor) + " bytes before tensor '" + quote_text(t->key) +
                     "' at offset " + std::to_string(cursor));
     cursor = t->end;
     prev = t;
   }
   if (cursor != buffer)
-    bad(path, "file size " + std::to_string(size) + " != 8 + header " + std::to_string(n) +
+    bad_safetensors(path, "file size " + std::to_string(size) + " != 8 + header " + std::to_string(n) +
                   " + tensor bytes " + std::to_string(cursor));
   return f;   // tensors are sorted by key: the JSON object iterates in key order
+}
+
+[[noreturn]] void bad_safetensors(const std::string& path, const std::string& what) {
+  throw CheckpointError("safetensors file " + path + ": " + what);
 }
 
 }  // namespace rh::ckpt

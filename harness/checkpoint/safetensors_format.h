@@ -37,4 +37,7 @@ struct ParsedSafetensors {
 // size == 8 + N + buffer. Throws CheckpointError "safetensors file <path>: ..." naming the tensor.
 ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data, uint64_t size);
 
+// Throws CheckpointError "safetensors file <path>: <what>", the one message shape of this format.
+[[noreturn]] void bad_safetensors(const std::string& path, const std::string& what);
+
 }  // namespace rh::ckpt
