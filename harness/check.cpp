@@ -119,6 +119,7 @@ void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r)
                       {"after_load_differs", r.after_load_differs},
                       {"iterations", s.cfg.train.iterations},
                       {"save_policy", ckpt::to_string(s.policy.kind)},
+                      {"compress", ckpt::to_string(s.policy.compress)},
                       {"fault", to_string(s.fault)},
                       {"config", to_json(s.cfg)}};
   write_text(dir / "result.json", j.dump(2) + "\n");
@@ -196,7 +197,7 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     if (s.dp_size > 1) {
       auto ba = train_args(o, cfg, dir / "baseline");
       ba.insert(ba.end(), {"--save", ckroot.string(), "--save-at", std::to_string(K), "--save-policy",
-                           ckpt::to_string(s.policy.kind)});
+                           ckpt::to_string(s.policy.kind), "--save-compress", ckpt::to_string(s.policy.compress)});
       for (const auto& [k, d] : s.policy.overrides) ba.insert(ba.end(), {"--save-override", k + "=" + optim::to_string(d)});
       for (const auto& a : nproc_args(s.dp_size)) ba.push_back(a);
       run_child(ba, dir / "baseline.log", o.timeout_s, "baseline");

@@ -16,7 +16,9 @@
 namespace {
 
 void add_save_options(CLI::App& app, rh::TrainJob& job, std::string& policy,
-                      std::vector<std::string>& overrides) {
+                      std::vector<std::string>& overrides, std::string& compress) {
+  app.add_option("--save-compress", compress, "none | zstd: byte planes + zstd blocks, lossless")
+      ->check(CLI::IsMember({"none", "zstd"}));
   app.add_option("--save", job.save_root, "checkpoint root to save into when stopping");
   app.add_option("--save-policy", policy, "native | fp32 | per_key")
       ->check(CLI::IsMember({"native", "fp32", "per_key"}));
@@ -32,7 +34,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   rh::TrainJob job;
-  std::string policy = "native", fault = "none";
+  std::string policy = "native", fault = "none", compress = "none";
   std::vector<std::string> overrides;
   auto* train = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
   train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
   train->add_option("--dist-timeout", job.dist_timeout_s,
                     "seconds a data-parallel rendezvous or collective waits before failing")
       ->check(CLI::PositiveNumber);
-  add_save_options(*train, job, policy, overrides);
+  add_save_options(*train, job, policy, overrides, compress);
   rh::add_run_options(*train, job.cfg);
 
   std::string inspect_dir;
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
     if (*train) {
       job.fault = rh::parse_fault(fault);
       job.policy = rh::parse_policy(policy, overrides);
+      job.policy.compress = rh::ckpt::parse_compression(compress);
       if (nproc > 1) {
         if (rh::dist::launched_by_environment())
           throw std::invalid_argument("--nproc " + std::to_string(nproc) +
