@@ -2,8 +2,10 @@
 #define ZSTD_STATIC_LINKING_ONLY   // ZSTD_c_literalCompressionMode (a parameter of the stable setter)
 #include "harness/checkpoint/compress.h"
 
+#include <sys/mman.h>
 #include <xxhash.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <algorithm>
 #include <atomic>
@@ -134,7 +136,23 @@ struct DCtx {
 
 }  // namespace
 
-EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt) {
+Arena::Arena(uint64_t bytes) : n_(bytes) {
+  constexpr uint64_t kHuge = 2u << 20;
+  map_ = (bytes + kHuge - 1) / kHuge * kHuge + kHuge;   // room to align to a huge page
+  void* a = ::mmap(nullptr, map_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (a == MAP_FAILED) throw std::bad_alloc();
+  uint8_t* base = static_cast<uint8_t*>(a);
+  p_ = base + (kHuge - reinterpret_cast<uintptr_t>(base) % kHuge) % kHuge;
+  ::madvise(p_, map_ - static_cast<uint64_t>(p_ - base), MADV_HUGEPAGE);   // a hint; ignored where unsupported
+  base_ = base;
+}
+
+Arena::~Arena() {
+  if (base_) ::munmap(base_, map_);
+}
+
+EncodedBlock encode_block_into(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt,
+                               uint8_t* dst) {
   thread_local CCtx cctx;
   thread_local std::vector<uint8_t> planes;
   const int k = opt.byte_planes ? itemsize : 1;
@@ -143,31 +161,44 @@ EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, co
   split_planes(raw, n, k, planes.data());
   EncodedBlock b;
   b.xxh3_raw = XXH3_64bits(raw, raw_len);
-  const size_t cap = ZSTD_compressBound(n);
-  b.bytes.reserve(raw_len + 64);
-  std::vector<uint8_t> frame(cap);
   ZSTD_CCtx_reset(cctx.c, ZSTD_reset_session_and_parameters);
   ZSTD_CCtx_setParameter(cctx.c, ZSTD_c_compressionLevel, opt.level);
   ZSTD_CCtx_setParameter(cctx.c, ZSTD_c_contentSizeFlag, 1);
   if (opt.huffman_literals) ZSTD_CCtx_setParameter(cctx.c, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+  if (opt.min_match > 0) ZSTD_CCtx_setParameter(cctx.c, ZSTD_c_minMatch, opt.min_match);
+  uint64_t at = 0;
   for (int j = 0; j < k; ++j) {
     const uint8_t* pl = planes.data() + uint64_t(j) * n;
     size_t got = 0;
-    if (n > 0 && byte_entropy(pl, n) < opt.raw_entropy_bits) {
-      got = ZSTD_compress2(cctx.c, frame.data(), cap, pl, n);
-      if (ZSTD_isError(got)) throw std::runtime_error(std::string("zstd: ") + ZSTD_getErrorName(got));
+    if (n > 1 && byte_entropy(pl, n) < opt.raw_entropy_bits) {
+      // Room for one byte less than raw: a frame that does not fit is not worth storing.
+      got = ZSTD_compress2(cctx.c, dst + at, n - 1, pl, n);
+      if (ZSTD_isError(got)) {
+        if (ZSTD_getErrorCode(got) != ZSTD_error_dstSize_tooSmall)
+          throw std::runtime_error(std::string("zstd: ") + ZSTD_getErrorName(got));
+        got = 0;
+      }
     }
-    if (got > 0 && got < n) {
+    if (got > 0) {
       b.modes += 'z';
-      b.plane_bytes.push_back(got);
-      b.bytes.insert(b.bytes.end(), frame.data(), frame.data() + got);
     } else {
       b.modes += 'r';
-      b.plane_bytes.push_back(n);
-      b.bytes.insert(b.bytes.end(), pl, pl + n);
+      std::memcpy(dst + at, pl, n);
+      got = n;
     }
+    b.plane_bytes.push_back(got);
+    at += got;
   }
-  b.xxh3_stored = XXH3_64bits(b.bytes.data(), b.bytes.size());
+  b.stored_len = at;
+  b.xxh3_stored = XXH3_64bits(dst, at);
+  return b;
+}
+
+EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt) {
+  std::vector<uint8_t> buf(raw_len);
+  EncodedBlock b = encode_block_into(raw, raw_len, itemsize, opt, buf.data());
+  buf.resize(b.stored_len);
+  b.bytes = std::move(buf);
   return b;
 }
 

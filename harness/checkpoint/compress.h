@@ -34,21 +34,45 @@ struct CodecOptions {
   // (mantissa planes of trained values are near 8 bits: zstd would spend time to gain < 1 %).
   double raw_entropy_bits = 7.9;
   bool huffman_literals = false;  // force zstd's Huffman coding of literals (matters at levels < 0)
+  int min_match = 0;              // > 0: zstd's minimum match length (7: nearly literals-only)
 };
 
 struct EncodedBlock {
   std::string modes;                // one char per plane: 'z' zstd frame, 'r' raw
   std::vector<uint64_t> plane_bytes;   // stored bytes per plane
   uint64_t xxh3_stored = 0, xxh3_raw = 0;
-  std::vector<uint8_t> bytes;       // the block's stored bytes
+  std::vector<uint8_t> bytes;       // the block's stored bytes (encode_block / encode_tensor)
+  uint64_t stored_len = 0;          // encode_block_into: its stored bytes are dst[0, stored_len)
+};
+
+// Anonymous memory for whole files' worth of blocks, mapped with transparent huge pages where the
+// kernel offers them (page faults are most of the cost of fresh buffers on this VM). Zeroed.
+class Arena {
+ public:
+  explicit Arena(uint64_t bytes);   // throws std::bad_alloc
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  uint8_t* data() const { return p_; }
+  uint64_t size() const { return n_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  uint8_t* base_ = nullptr;
+  uint64_t n_ = 0, map_ = 0;
 };
 
 // Byte-plane split / join of n elements of itemsize k: dst[j * n + i] = src[i * k + j].
 void split_planes(const uint8_t* src, uint64_t n, int k, uint8_t* dst);
 void join_planes(const uint8_t* src, uint64_t n, int k, uint8_t* dst);
 
-// Encodes one block of raw bytes (raw_len a multiple of itemsize, at most kCompressBlockBytes).
-// Throws std::runtime_error on a zstd failure.
+// Encodes one block of raw bytes (raw_len a multiple of itemsize, at most kCompressBlockBytes)
+// into dst, which has room for raw_len bytes: a block never grows (a plane zstd cannot shrink is
+// stored raw). Returns the table entry with stored_len set and `bytes` empty. Throws
+// std::runtime_error on a zstd failure.
+EncodedBlock encode_block_into(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt,
+                               uint8_t* dst);
+// The same into the block's own `bytes`.
 EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt);
 
 // One tensor's blocks, encoded on `threads` threads (0: all cores).

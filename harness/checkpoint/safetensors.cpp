@@ -99,6 +99,11 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   for (const auto& t : tensors) {
     if (t.key.empty() || t.key == "__metadata__") bad(path, "invalid tensor key '" + t.key + "'");
     if (!seen.insert(t.key).second) bad(path, "duplicate tensor key '" + t.key + "'");
+    if (!t.pieces.empty()) {
+      if (t.dtype != StDtype::U8) bad(path, "tensor '" + t.key + "' given as byte pieces must be U8");
+      order.push_back(&t);
+      continue;
+    }
     if (!t.data.defined()) bad(path, "tensor '" + t.key + "' is undefined");
     if (t.data.scalar_type() != st_scalar_type(t.dtype))
       bad(path, "tensor '" + t.key + "' has torch dtype " +
@@ -115,9 +120,17 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const WriteTensor* t : order) {
-    uint64_t bytes = static_cast<uint64_t>(t->data.numel()) * st_itemsize(t->dtype);
+    uint64_t bytes = 0;
+    std::vector<int64_t> shape;
+    if (!t->pieces.empty()) {
+      for (const auto& pc : t->pieces) bytes += pc.second;
+      shape = {static_cast<int64_t>(bytes)};
+    } else {
+      bytes = static_cast<uint64_t>(t->data.numel()) * st_itemsize(t->dtype);
+      shape = t->data.sizes().vec();
+    }
     header[t->key] = {{"dtype", st_name(t->dtype)},
-                      {"shape", t->data.sizes().vec()},
+                      {"shape", shape},
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -164,9 +177,15 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
     WriteBack wb(fd);
     uint64_t written = head.size();
     for (const WriteTensor* t : order) {
-      torch::Tensor c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
-      const char* p = static_cast<const char*>(c.data_ptr());
-      size_t left = static_cast<size_t>(c.numel()) * st_itemsize(t->dtype);
+      std::vector<std::pair<const uint8_t*, uint64_t>> pieces = t->pieces;
+      torch::Tensor c;
+      if (pieces.empty()) {
+        c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
+        pieces.push_back({static_cast<const uint8_t*>(c.data_ptr()), static_cast<uint64_t>(c.numel()) * st_itemsize(t->dtype)});
+      }
+      for (const auto& [piece, piece_len] : pieces) {
+      const char* p = reinterpret_cast<const char*>(piece);
+      size_t left = static_cast<size_t>(piece_len);
       while (left > 0) {
         size_t k = std::min(left, kSlice);
         hash(p, k);
@@ -175,6 +194,7 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
         if (do_fsync) wb.wrote(written);
         p += k;
         left -= k;
+      }
       }
     }
     if (do_fsync) fsync_fd(fd, path);
@@ -199,9 +219,10 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
 struct SafetensorsFile::Mapping {
   void* addr = nullptr;
   size_t len = 0;
-  std::unique_ptr<uint8_t[]> owned;   // a decoded (compressed) file's buffer instead of a mapping
+  std::unique_ptr<Arena> owned;   // a decoded (compressed) file's buffer instead of a mapping
+  bool borrowed = false;          // bytes someone else owns (locating damage in a check callback)
   ~Mapping() {
-    if (addr && len && !owned) ::munmap(addr, len);
+    if (addr && len && !owned && !borrowed) ::munmap(addr, len);
   }
   const uint8_t* bytes() const { return static_cast<const uint8_t*>(addr); }
 };
@@ -310,9 +331,13 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
     size_t t;
     uint64_t off, len;
   };
+  // Every block is encoded into one arena at its raw offset (a block never grows), and written
+  // from there: no per-block buffers, no joined blob.
   std::vector<torch::Tensor> raw(tensors.size());
   std::vector<std::vector<EncodedBlock>> enc(tensors.size());
+  std::vector<uint64_t> base(tensors.size());
   std::vector<Job> jobs;
+  uint64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const WriteTensor& t = tensors[i];
     if (!t.data.defined()) bad(path, "tensor '" + t.key + "' is undefined");
@@ -322,8 +347,16 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
     raw[i] = t.data.contiguous().cpu();
     const uint64_t bytes = static_cast<uint64_t>(raw[i].numel()) * st_itemsize(t.dtype);
     enc[i].resize((bytes + kCompressBlockBytes - 1) / kCompressBlockBytes);
+    base[i] = total;
+    total += bytes;
     for (uint64_t off = 0; off < bytes; off += kCompressBlockBytes)
       jobs.push_back({i, off, std::min(kCompressBlockBytes, bytes - off)});
+  }
+  std::unique_ptr<Arena> arena;
+  try {
+    arena = std::make_unique<Arena>(std::max<uint64_t>(total, 1));
+  } catch (const std::bad_alloc&) {
+    bad(path, "cannot allocate " + std::to_string(total) + " bytes to compress into");
   }
   std::atomic<size_t> next{0};
   std::vector<std::string> errs(jobs.size());
@@ -332,8 +365,9 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
       const Job& jb = jobs[j];
       try {
         enc[jb.t][jb.off / kCompressBlockBytes] =
-            encode_block(static_cast<const uint8_t*>(raw[jb.t].data_ptr()) + jb.off, jb.len,
-                         static_cast<int>(st_itemsize(tensors[jb.t].dtype)), opt);
+            encode_block_into(static_cast<const uint8_t*>(raw[jb.t].data_ptr()) + jb.off, jb.len,
+                              static_cast<int>(st_itemsize(tensors[jb.t].dtype)), opt,
+                              arena->data() + base[jb.t] + jb.off);
       } catch (const std::exception& e) {
         errs[j] = e.what();
       }
@@ -352,23 +386,18 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
   for (size_t i = 0; i < tensors.size(); ++i) {
     uint64_t stored = 0;
     nlohmann::json blocks = nlohmann::json::array();
-    for (const EncodedBlock& b : enc[i]) {
-      stored += b.bytes.size();
-      blocks.push_back(block_json(b));
-    }
-    torch::Tensor blob = torch::empty({static_cast<int64_t>(stored)}, torch::kByte);
-    uint8_t* dst = blob.data_ptr<uint8_t>();
-    for (EncodedBlock& b : enc[i]) {
-      std::memcpy(dst, b.bytes.data(), b.bytes.size());
-      dst += b.bytes.size();
-      std::vector<uint8_t>().swap(b.bytes);
+    WriteTensor w{tensors[i].key, torch::Tensor(), StDtype::U8};
+    for (size_t b = 0; b < enc[i].size(); ++b) {
+      stored += enc[i][b].stored_len;
+      blocks.push_back(block_json(enc[i][b]));
+      w.pieces.push_back({arena->data() + base[i] + b * kCompressBlockBytes, enc[i][b].stored_len});
     }
     const uint64_t rawb = static_cast<uint64_t>(raw[i].numel()) * st_itemsize(tensors[i].dtype);
     table[tensors[i].key] = {{"dtype", st_name(tensors[i].dtype)}, {"shape", raw[i].sizes().vec()},
                              {"raw_bytes", rawb}, {"blocks", blocks}};
     if (per_key) (*per_key)[tensors[i].key] = {rawb, stored, enc[i].size()};
-    raw[i] = torch::Tensor();
-    blobs.push_back({tensors[i].key, blob, StDtype::U8});
+    if (w.pieces.empty()) w.data = torch::empty({0}, torch::kByte);   // an empty tensor: an empty blob
+    blobs.push_back(std::move(w));
   }
   std::map<std::string, std::string> meta = metadata;
   meta["rh_codec"] = kCodecName;
@@ -495,12 +524,11 @@ SafetensorsFile SafetensorsFile::decoded() const {
   f.data_offset_ = 0;
   f.map_ = std::make_shared<Mapping>();
   try {
-    f.map_->owned.reset(new uint8_t[total + 64]);
+    f.map_->owned = std::make_unique<Arena>(std::max<uint64_t>(total, 1));
   } catch (const std::bad_alloc&) {
     bad(path_, "cannot allocate " + std::to_string(total) + " bytes to decode it");
   }
-  uint8_t* base = f.map_->owned.get();
-  base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
+  uint8_t* base = f.map_->owned->data();
   f.map_->addr = base;
   f.map_->len = total;
   struct Job {
@@ -564,7 +592,7 @@ std::string SafetensorsFile::locate_damaged_block(const std::string& path, const
     SafetensorsFile f;
     f.path_ = path;
     f.map_ = std::make_shared<Mapping>();
-    f.map_->owned.reset(new uint8_t[1]);   // not ours to unmap
+    f.map_->borrowed = true;   // not ours to unmap
     f.map_->addr = const_cast<uint8_t*>(data);
     f.map_->len = size;
     f.header_len_ = ps.header_len;

@@ -27,6 +27,9 @@ struct WriteTensor {
   std::string key;
   torch::Tensor data;   // any device/layout; written as contiguous CPU bytes
   StDtype dtype;        // must have data's element size and agree with its scalar type
+  // Instead of data: a U8 tensor of these byte ranges, in order (compressed blocks, written
+  // where they were encoded without joining them first).
+  std::vector<std::pair<const uint8_t*, uint64_t>> pieces = {};
 };
 
 struct WriteStats {
