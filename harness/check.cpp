@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/metrics.h"
 #include "harness/process.h"
@@ -111,6 +112,7 @@ void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r)
                       {"control_k_differs", r.control_k_differs},
                       {"checkpoint_bytes", r.checkpoint_bytes},
                       {"bytes_per_param", r.bytes_per_param},
+                      {"raw_bytes_per_param", r.raw_bytes_per_param},
                       {"num_params", r.num_params},
                       {"seconds", r.seconds},
                       {"save_at", s.save_at},
@@ -233,6 +235,11 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     r.checkpoint_bytes = dir_bytes(ckroot, &r.num_params);
     r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
     const fs::path iter = ckpt::detail::resolve_checkpoint_dir(ckroot.string());
+    r.raw_checkpoint_bytes = r.checkpoint_bytes;
+    for (const auto& f : ckpt::detail::read_manifest_file((iter / ckpt::detail::kManifestFile).string())["files"])
+      if (f.contains("compress")) r.raw_checkpoint_bytes += f["raw_bytes"].get<uint64_t>() - f["stored_bytes"].get<uint64_t>();
+    r.raw_bytes_per_param =
+        r.num_params ? static_cast<double>(r.raw_checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
     if (fs::exists(iter / "disk.csv")) fs::copy_file(iter / "disk.csv", dir / "disk.csv");
 
     const auto fb = read_fingerprints((dir / "baseline" / "fingerprints.csv").string());

@@ -163,6 +163,20 @@ TEST_P(CompressedRoundTrip, LoadsBitForBit) {
   }
   for (const auto& t : m["tensors"]) EXPECT_TRUE(t.contains("stored_bytes")) << t["key"];
   EXPECT_TRUE(m["disk"].contains("raw_bytes_per_param"));
+  // disk.csv: bytes (on disk) add up to the directory's total, raw_bytes to the uncompressed one.
+  std::ifstream csv(fs::path(res.dir) / "disk.csv");
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes,raw_bytes");
+  uint64_t on_disk = 0, raw = 0;
+  while (std::getline(csv, line)) {
+    const size_t last = line.rfind(','), prev = line.rfind(',', last - 1);
+    on_disk += std::stoull(line.substr(prev + 1, last - prev - 1));
+    raw += std::stoull(line.substr(last + 1));
+  }
+  EXPECT_EQ(on_disk, res.total_bytes);
+  EXPECT_EQ(raw, m["disk"]["raw_total_bytes"].get<uint64_t>());
+  EXPECT_LE(on_disk, raw);
   std::ostringstream out;
   EXPECT_EQ(inspect_checkpoint(res.dir, out), 0) << out.str();
   EXPECT_NE(out.str().find("compression per key"), std::string::npos) << out.str();

@@ -46,7 +46,9 @@ struct EncodedBlock {
 };
 
 // Anonymous memory for whole files' worth of blocks, mapped with transparent huge pages where the
-// kernel offers them (page faults are most of the cost of fresh buffers on this VM). Zeroed.
+// kernel offers them, and given back to a small process-wide pool when destroyed so the next save
+// or load reuses memory already touched (fresh pages are most of the cost on this VM: see
+// compress.cpp). Contents are undefined (not zeroed when reused).
 class Arena {
  public:
   explicit Arena(uint64_t bytes);   // throws std::bad_alloc
@@ -54,6 +56,7 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   uint8_t* data() const { return p_; }
+  static void release_pool();   // unmaps every pooled mapping (the next Arena starts cold)
   uint64_t size() const { return n_; }
 
  private:
