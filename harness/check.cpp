@@ -74,6 +74,7 @@ uint64_t dir_bytes(const fs::path& p, int64_t* num_params) {
   if (num_params) {
     *num_params = 0;
     auto f = ckpt::SafetensorsFile::open((iter / "model.safetensors").string());
+    if (f.compressed()) f = f.decoded();   // blobs of stored bytes: count the decoded tensors' elements
     for (const auto& t : f.tensors()) *num_params += static_cast<int64_t>(t.numel());
   }
   return total;
@@ -236,7 +237,8 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
     const fs::path iter = ckpt::detail::resolve_checkpoint_dir(ckroot.string());
     r.raw_checkpoint_bytes = r.checkpoint_bytes;
-    for (const auto& f : ckpt::detail::read_manifest_file((iter / ckpt::detail::kManifestFile).string())["files"])
+    const nlohmann::json manifest = ckpt::detail::read_manifest_file((iter / ckpt::detail::kManifestFile).string());
+    for (const auto& f : manifest["files"])
       if (f.contains("compress")) r.raw_checkpoint_bytes += f["raw_bytes"].get<uint64_t>() - f["stored_bytes"].get<uint64_t>();
     r.raw_bytes_per_param =
         r.num_params ? static_cast<double>(r.raw_checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
