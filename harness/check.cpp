@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/metrics.h"
 #include "harness/process.h"
@@ -73,6 +74,7 @@ uint64_t dir_bytes(const fs::path& p, int64_t* num_params) {
   if (num_params) {
     *num_params = 0;
     auto f = ckpt::SafetensorsFile::open((iter / "model.safetensors").string());
+    if (f.compressed()) f = f.decoded();   // blobs of stored bytes: count the decoded tensors' elements
     for (const auto& t : f.tensors()) *num_params += static_cast<int64_t>(t.numel());
   }
   return total;
@@ -111,6 +113,7 @@ void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r)
                       {"control_k_differs", r.control_k_differs},
                       {"checkpoint_bytes", r.checkpoint_bytes},
                       {"bytes_per_param", r.bytes_per_param},
+                      {"raw_bytes_per_param", r.raw_bytes_per_param},
                       {"num_params", r.num_params},
                       {"seconds", r.seconds},
                       {"save_at", s.save_at},
@@ -119,6 +122,7 @@ void write_outputs(const fs::path& dir, const Scenario& s, const CheckResult& r)
                       {"after_load_differs", r.after_load_differs},
                       {"iterations", s.cfg.train.iterations},
                       {"save_policy", ckpt::to_string(s.policy.kind)},
+                      {"compress", ckpt::to_string(s.policy.compress)},
                       {"fault", to_string(s.fault)},
                       {"config", to_json(s.cfg)}};
   write_text(dir / "result.json", j.dump(2) + "\n");
@@ -196,7 +200,7 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     if (s.dp_size > 1) {
       auto ba = train_args(o, cfg, dir / "baseline");
       ba.insert(ba.end(), {"--save", ckroot.string(), "--save-at", std::to_string(K), "--save-policy",
-                           ckpt::to_string(s.policy.kind)});
+                           ckpt::to_string(s.policy.kind), "--save-compress", ckpt::to_string(s.policy.compress)});
       for (const auto& [k, d] : s.policy.overrides) ba.insert(ba.end(), {"--save-override", k + "=" + optim::to_string(d)});
       for (const auto& a : nproc_args(s.dp_size)) ba.push_back(a);
       run_child(ba, dir / "baseline.log", o.timeout_s, "baseline");
@@ -232,6 +236,12 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
     r.checkpoint_bytes = dir_bytes(ckroot, &r.num_params);
     r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
     const fs::path iter = ckpt::detail::resolve_checkpoint_dir(ckroot.string());
+    r.raw_checkpoint_bytes = r.checkpoint_bytes;
+    const nlohmann::json manifest = ckpt::detail::read_manifest_file((iter / ckpt::detail::kManifestFile).string());
+    for (const auto& f : manifest["files"])
+      if (f.contains("compress")) r.raw_checkpoint_bytes += f["raw_bytes"].get<uint64_t>() - f["stored_bytes"].get<uint64_t>();
+    r.raw_bytes_per_param =
+        r.num_params ? static_cast<double>(r.raw_checkpoint_bytes) / static_cast<double>(r.num_params) : 0;
     if (fs::exists(iter / "disk.csv")) fs::copy_file(iter / "disk.csv", dir / "disk.csv");
 
     const auto fb = read_fingerprints((dir / "baseline" / "fingerprints.csv").string());

@@ -43,6 +43,9 @@ struct CheckResult {
   bool control_k_differs = false;      // negative control: state at K != state at K-1
   uint64_t checkpoint_bytes = 0;
   double bytes_per_param = 0;
+  // The same checkpoint uncompressed (== the above unless compress = "zstd").
+  uint64_t raw_checkpoint_bytes = 0;
+  double raw_bytes_per_param = 0;
   int64_t num_params = 0;
   double seconds = 0;
   std::vector<MetricDiff> metric_diffs;

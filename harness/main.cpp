@@ -17,7 +17,9 @@
 namespace {
 
 void add_save_options(CLI::App& app, rh::TrainJob& job, std::string& policy,
-                      std::vector<std::string>& overrides) {
+                      std::vector<std::string>& overrides, std::string& compress) {
+  app.add_option("--save-compress", compress, "none | zstd: byte planes + zstd blocks, lossless")
+      ->check(CLI::IsMember({"none", "zstd"}));
   app.add_option("--save", job.save_root, "checkpoint root to save into when stopping");
   app.add_option("--save-policy", policy, "native | fp32 | per_key")
       ->check(CLI::IsMember({"native", "fp32", "per_key"}));
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
   });
 
   rh::TrainJob job;
-  std::string policy = "native", fault = "none";
+  std::string policy = "native", fault = "none", compress = "none";
   std::vector<std::string> overrides;
   auto* train = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
   train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
@@ -78,7 +80,7 @@ int main(int argc, char** argv) {
   train->add_option("--dist-timeout", job.dist_timeout_s,
                     "seconds a data-parallel rendezvous or collective waits before failing")
       ->check(CLI::PositiveNumber);
-  add_save_options(*train, job, policy, overrides);
+  add_save_options(*train, job, policy, overrides, compress);
   rh::add_run_options(*train, job.cfg);
 
   std::string inspect_dir;
@@ -104,6 +106,7 @@ int main(int argc, char** argv) {
       job.fault = rh::parse_fault(fault);
       job.remainders_flag_given = train->get_option("--store-param-remainders")->count() > 0;
       job.policy = rh::parse_policy(policy, overrides);
+      job.policy.compress = rh::ckpt::parse_compression(compress);
       if (nproc > 1) {
         if (rh::dist::launched_by_environment())
           throw std::invalid_argument("--nproc " + std::to_string(nproc) +

@@ -182,7 +182,7 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
       "scenario,expectation,passed,outcome,verdict,first_divergence,max_abs_dloss,max_ulp_model,"
       "max_ulp_master_param,max_ulp_remainder,max_ulp_exp_avg,max_ulp_exp_avg_sq,max_ulp_scale,"
       "checkpoint_bytes,bytes_per_param,num_params,save_policy,fault,exp_avg_dtype,exp_avg_sq_dtype,"
-      "master_mode,seconds\n";
+      "master_mode,seconds,compress,raw_bytes_per_param\n";
   nlohmann::json js = nlohmann::json::array();
   size_t failed = 0;
   for (size_t i = 0; i < sel.size(); ++i) {
@@ -201,7 +201,8 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
            ulp("exp_avg_sq") + "," + ulp("scale") + "," + std::to_string(r.checkpoint_bytes) + "," +
            exact_decimal(r.bytes_per_param) + "," + std::to_string(r.num_params) + "," + ckpt::to_string(s.policy.kind) + "," +
            to_string(s.fault) + "," + optim::to_string(s.cfg.optim.exp_avg_dtype) + "," +
-           optim::to_string(s.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," + exact_decimal(r.seconds) + "\n";
+           optim::to_string(s.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," + exact_decimal(r.seconds) + "," +
+           ckpt::to_string(s.policy.compress) + "," + exact_decimal(r.raw_bytes_per_param) + "\n";
     nlohmann::json one = nlohmann::json::parse(
         std::ifstream(run_dir / "scenarios" / safe_name(r.name) / "result.json"), nullptr, false);
     if (one.is_discarded()) one = {{"name", r.name}};

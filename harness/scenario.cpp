@@ -84,6 +84,8 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       s.save_at = need_int(file, v, key);
     } else if (key == "save_policy") {
       s.policy.kind = ckpt::parse_save_policy(need_string(file, v, key));
+    } else if (key == "compress") {
+      s.policy.compress = ckpt::parse_compression(need_string(file, v, key));
     } else if (key == "save_overrides") {
       for (const auto& [k, val] : need_table(file, v, key)) {
         const std::string sub(k.str());
@@ -128,7 +130,7 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       }
     } else {
       fail(file, v, key, "unknown key (expected model, optimizer, train, description, save_at, "
-                         "save_policy, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance)");
+                         "save_policy, compress, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance)");
     }
   } catch (const ScenarioError&) {
     throw;

@@ -146,7 +146,22 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
     r.master_mode = f[20];
     r.seconds = parse_num(f[21], path, line, "seconds");
     if (r.scenario.empty()) bad_field(path, line, "scenario", "a scenario name", "");
+    r.raw_bytes_per_param = r.bytes_per_param;
     out.push_back(r);
+  }
+  std::string header;
+  {
+    std::ifstream hf(path);
+    std::getline(hf, header);
+  }
+  if (header.find(",raw_bytes_per_param") != std::string::npos) {
+    const auto extra = read_csv<2>(path, {"compress", "raw_bytes_per_param"});
+    for (size_t i = 0; i < extra.size() && i < out.size(); ++i) {
+      const auto& [line, f] = extra[i];
+      if (f[0] != "none" && f[0] != "zstd") bad_field(path, line, "compress", "none or zstd", f[0]);
+      out[i].compress = f[0];
+      out[i].raw_bytes_per_param = parse_num(f[1], path, line, "raw_bytes_per_param");
+    }
   }
   return out;
 }

@@ -42,6 +42,10 @@ struct SummaryRow {
   Num checkpoint_bytes, bytes_per_param, num_params;
   std::string save_policy, fault, exp_avg_dtype, exp_avg_sq_dtype, master_mode;
   Num seconds;
+  // Optional columns (runs before compression had none): "none" / "zstd", and the bytes/param
+  // the same checkpoint takes uncompressed.
+  std::string compress = "none";
+  Num raw_bytes_per_param;
 };
 
 // One row of disk.csv (a tensor, a safetensors header, or the manifest).

@@ -191,7 +191,11 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   Table t;
   t.header = {"scenario", "expectation", "outcome", "verdict", "first divergence", "max |d loss| after resume"};
   for (const auto& k : kinds) t.header.push_back("max ULP " + k);
-  for (const char* h : {"checkpoint bytes", "bytes/param", "reduction vs fp32 policy"}) t.header.push_back(h);
+  bool compressed = false;   // a column for bytes/param without compression, when any cell compresses
+  for (const auto& s : run.scenarios) compressed = compressed || s.row.compress != "none";
+  for (const char* h : {"checkpoint bytes", "bytes/param"}) t.header.push_back(h);
+  if (compressed) t.header.push_back("bytes/param uncompressed");
+  t.header.push_back("reduction vs fp32 policy");
   t.right.assign(t.header.size(), true);
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
@@ -203,6 +207,7 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
     row.push_back(r.checkpoint_bytes.text);
     row.push_back(r.bytes_per_param.text);
+    if (compressed) row.push_back(r.compress != "none" ? r.raw_bytes_per_param.text + " (" + r.compress + ")" : kDash);
     if (refs[i] == static_cast<int>(i)) {
       row.push_back("reference");
     } else if (refs[i] >= 0 && r.checkpoint_bytes.value > 0) {

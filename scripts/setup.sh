@@ -14,7 +14,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libeigen3-dev libfccp-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev
   python3-matplotlib python3-numpy
 )
 missing=()

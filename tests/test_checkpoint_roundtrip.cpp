@@ -268,10 +268,15 @@ TEST(Checkpoint, DiskAccountingAddsUp) {
   std::ifstream csv(fs::path(r.dir) / "disk.csv");
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes");
-  uint64_t csv_sum = 0;
-  while (std::getline(csv, line)) csv_sum += std::stoull(line.substr(line.rfind(',') + 1));
+  EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes,raw_bytes");
+  uint64_t csv_sum = 0, raw_sum = 0;
+  while (std::getline(csv, line)) {
+    const size_t last = line.rfind(','), prev = line.rfind(',', last - 1);
+    csv_sum += std::stoull(line.substr(prev + 1, last - prev - 1));
+    raw_sum += std::stoull(line.substr(last + 1));
+  }
   EXPECT_EQ(csv_sum, r.total_bytes);
+  EXPECT_EQ(raw_sum, r.total_bytes);   // uncompressed: raw == on disk
 }
 
 TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {

@@ -38,7 +38,13 @@ const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::strin
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 7; 2 named.
-  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u + 6u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies)
+  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u + 6u + 4u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies), compressed (2 sizes x 2 moments)
+  const auto& z = by_name(all, "compressed/dp=2,moments=fp8");
+  EXPECT_EQ(z.policy.compress, rh::ckpt::Compression::zstd);
+  EXPECT_EQ(z.policy.kind, rh::ckpt::SavePolicyKind::native);
+  EXPECT_TRUE(z.cfg.optim.store_param_remainders);
+  EXPECT_EQ(z.expect.kind, rh::Expectation::Kind::exact);
+  EXPECT_EQ(by_name(all, "seed-protocol").policy.compress, rh::ckpt::Compression::none);
   const auto& s = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
   EXPECT_EQ(s.policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(s.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
@@ -67,6 +73,13 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
   EXPECT_EQ(faults.size(), rh::fault_names().size());
   EXPECT_EQ(policies.size(), 3u);
   EXPECT_EQ(rh::select_scenarios(all, "states/").size(), 24u);
+  // compressed: every master mode (fp32, remainders, fp16) x every moment dtype, all exact.
+  const auto z = rh::select_scenarios(all, "compressed/");
+  EXPECT_EQ(z.size(), 12u);
+  for (const auto& s : z) {
+    EXPECT_EQ(s.policy.compress, rh::ckpt::Compression::zstd) << s.name;
+    EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact) << s.name;
+  }
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {

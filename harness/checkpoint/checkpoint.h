@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/checkpoint/compress.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/train_state.h"
 #include "harness/optim/precision_adam.h"
@@ -32,6 +33,9 @@ struct SavePolicy {
   // Per-key dtype overrides ("master_param", "exp_avg", "exp_avg_sq" -> dtype), applied on top
   // of the policy; used for deliberate faults (e.g. fp32 moments written as bf16).
   std::map<std::string, optim::Dtype> overrides;
+  // Orthogonal to the kind: every data file's tensors stored as byte planes + zstd blocks
+  // (compress.h), lossless; the loader decodes and checks every block before anything else.
+  Compression compress = Compression::none;
 };
 
 // How the data-parallel ranks of one save agree (harness/dist.h implements it over c10d). Every

@@ -476,10 +476,14 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
     detail::Verified v = detail::verify_checkpoint_dir(d);   // the manifest's whole schema, as load
     (void)detail::shard_index(v);                           // and the shards' coverage, as load
     out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
-        << v.manifest["save_policy"].value("kind", std::string("?")) << ", harness "
+        << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
+        << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
     detail::print_tensor_table(v.manifest, out);
-    out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure)\n";
+    out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure"
+        << (v.manifest["save_policy"].value("compress", std::string("none")) != "none"
+                ? "; every compressed block's XXH3-64, stored and decoded)\n"
+                : ")\n");
     return 0;
   } catch (const std::exception& e) {
     out << "DAMAGED: " << e.what() << "\n";

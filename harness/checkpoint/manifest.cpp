@@ -93,6 +93,9 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     uint64_t size;
     uint64_t block_bytes = 0;            // > 0: verify block_hash (in parallel) instead of hash
     std::vector<std::string> block_hash;
+    bool compressed = false;             // "compress": "zstd": decoded after every check
+    uint64_t header_bytes = 0;
+    std::string header_hash;             // compressed files: damage is located to a block
   };
   std::vector<Want> wants;
   std::set<std::string> names;
@@ -106,23 +109,37 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     if (::lstat(path.c_str(), &st) != 0) fail(path, "missing (listed in " + mpath + ")");
     if (S_ISLNK(st.st_mode))
       fail(path, "is a symbolic link; refused (checkpoint files must be regular files inside " + dir + ")");
-    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}};
+    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}, false, 0, {}};
     if (f.has("block_xxh3")) {   // the schema check bounded block_bytes and matched the count
       w.block_bytes = f["block_bytes"].u64();
       f["block_xxh3"].each([&](const JsonField& h) { w.block_hash.push_back(h.str()); });
+    }
+    if (f.has("compress")) {   // the schema check allowed "zstd" only, with header_xxh3
+      w.compressed = true;
+      w.header_bytes = f["header_bytes"].u64();
+      w.header_hash = f["header_xxh3"].str();
     }
     wants.push_back(std::move(w));
   });
   // Size and checksum before the structure, so damage is reported as damage. Files are hashed
   // concurrently (hashing is most of a load's CPU time); the first failure in list order wins.
   auto open_one = [](const Want& w) {
+    // A compressed file whose header is intact names the damaged block (tensor, block index).
+    auto located = [&](const uint8_t* data, uint64_t size) -> std::string {
+      if (!w.compressed || w.header_bytes > size || hex64(XXH3_64bits(data, w.header_bytes)) != w.header_hash) return "";
+      const std::string loc = SafetensorsFile::locate_damaged_block(w.path, data, size);
+      return loc.empty() ? "" : loc + " (file is corrupted; ";
+    };
     auto check = [&](const uint8_t* data, uint64_t size) {
       if (size != w.size)
         fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
                          (size < w.size ? " (truncated)" : ""));
       if (w.block_bytes == 0) {
         const std::string got = hex64(XXH3_64bits(data, size));
-        if (got != w.hash) fail(w.path, "XXH3-64 checksum " + got + " != manifest " + w.hash + " (file is corrupted)");
+        if (got != w.hash) {
+          const std::string loc = located(data, size);
+          fail(w.path, loc + "XXH3-64 checksum " + got + " != manifest " + w.hash + (loc.empty() ? " (file is corrupted)" : ")"));
+        }
         return;
       }
       // Every byte is covered by exactly one block; blocks are hashed on all cores. The count was
@@ -145,12 +162,18 @@ Verified verify_checkpoint_dir(const std::string& dir) {
       worker(0, nt);
       for (auto& t : pool) t.join();
       for (size_t b = 0; b < nb; ++b)
-        if (!bad[b].empty())
-          fail(w.path, "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
+        if (!bad[b].empty()) {
+          const std::string loc = located(data, size);
+          fail(w.path, loc + "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
                            std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + bad[b] +
-                           " != manifest " + w.block_hash[b] + " (file is corrupted)");
+                           " != manifest " + w.block_hash[b] + (loc.empty() ? " (file is corrupted)" : ")"));
+        }
     };
-    return SafetensorsFile::open(w.path, check);
+    SafetensorsFile sf = SafetensorsFile::open(w.path, check);
+    if (sf.compressed() != w.compressed)
+      fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
+                                   : "the manifest says compressed, but the file names no codec (rh_codec)");
+    return w.compressed ? sf.decoded() : sf;   // every block checked and decoded on all cores
   };
   std::vector<std::future<SafetensorsFile>> jobs;
   for (size_t i = 1; i < wants.size(); ++i) jobs.push_back(std::async(std::launch::async, open_one, wants[i]));
@@ -184,6 +207,10 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     if (!ti) fail(path, "has no tensor '" + quote_text(key) + "' (listed in the manifest)");
     std::vector<int64_t> shape;
     t["shape"].each([&](const JsonField& d) { shape.push_back(d.i64()); });
+    const uint64_t stored = t.has("stored_bytes") ? t["stored_bytes"].u64() : t["bytes"].u64();
+    if (it->second.stored_bytes(key) != stored)
+      fail(path, "tensor '" + key + "' takes " + std::to_string(it->second.stored_bytes(key)) +
+                     " bytes in the file, manifest says " + std::to_string(stored));
     if (st_name(ti->dtype) != t["dtype"].str() || ti->shape != shape || ti->end - ti->begin != t["bytes"].u64())
       fail(path, "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
                      ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()));
@@ -291,10 +318,19 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
     data_total += f["bytes"].get<uint64_t>();
     headers += f["header_bytes"].get<uint64_t>();
   }
+  // On-disk bytes (a compressed tensor's stored bytes); raw_*: the same without compression.
+  std::map<std::string, uint64_t> raw_kind;
+  uint64_t raw_minus_stored = 0;
   for (const auto& t : m["tensors"]) {
-    per_kind[t["kind"].get<std::string>()] += t["bytes"].get<uint64_t>();
-    per_dtype[t["dtype"].get<std::string>()] += t["bytes"].get<uint64_t>();
+    const uint64_t raw = t["bytes"].get<uint64_t>();
+    const uint64_t stored = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
+    per_kind[t["kind"].get<std::string>()] += stored;
+    raw_kind[t["kind"].get<std::string>()] += raw;
+    per_dtype[t["dtype"].get<std::string>()] += stored;
+    raw_minus_stored += raw - stored;   // signed in effect: a block that grew is stored raw, never larger
   }
+  const bool compressed = raw_minus_stored != 0 ||
+                          std::any_of(m["files"].begin(), m["files"].end(), [](const nlohmann::json& f) { return f.contains("compress"); });
   // The manifest counts itself. Its length depends on the numbers in it (bytes_per_param's
   // digits can flip back and forth), so grow the assumed size until the text fits, then pad the
   // text with spaces (valid JSON whitespace) to exactly that size. `self` only grows: this ends.
@@ -312,6 +348,14 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
                  {"bytes_per_dtype", per_dtype},
                  {"num_params", num_model_params},
                  {"bytes_per_param", num_model_params ? double(total) / double(num_model_params) : 0.0}};
+    if (compressed) {   // what the same tensors take uncompressed (headers and manifest as they are)
+      auto rk = raw_kind;
+      rk["metadata"] = headers + self;
+      const uint64_t raw_total = total + raw_minus_stored;
+      m["disk"]["raw_total_bytes"] = raw_total;
+      m["disk"]["raw_bytes_per_key"] = rk;
+      m["disk"]["raw_bytes_per_param"] = num_model_params ? double(raw_total) / double(num_model_params) : 0.0;
+    }
     text = m.dump(1);
     if (text.size() + 1 <= self) return text + std::string(self - text.size() - 1, ' ') + "\n";
     self = text.size() + 1;
@@ -321,25 +365,52 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
 
 std::string disk_csv(const nlohmann::json& m) {
   std::ostringstream o;
-  o << "file,key,kind,dtype,numel,bytes\n";
-  for (const auto& t : m["tensors"])
+  // bytes: on disk (compressed when the file is); raw_bytes: the same data uncompressed.
+  o << "file,key,kind,dtype,numel,bytes,raw_bytes\n";
+  for (const auto& t : m["tensors"]) {
+    const uint64_t raw = t["bytes"].get<uint64_t>();
     o << t["file"].get<std::string>() << ',' << t["key"].get<std::string>() << ','
       << t["kind"].get<std::string>() << ',' << t["dtype"].get<std::string>() << ','
-      << t["numel"].get<uint64_t>() << ',' << t["bytes"].get<uint64_t>() << '\n';
+      << t["numel"].get<uint64_t>() << ',' << (t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw)
+      << ',' << raw << '\n';
+  }
   for (const auto& f : m["files"])
-    o << f["name"].get<std::string>() << ",<header>,metadata,,0," << f["header_bytes"].get<uint64_t>() << '\n';
-  o << kManifestFile << ",<manifest>,metadata,,0,"
-    << m["disk"]["bytes_per_file"][kManifestFile].get<uint64_t>() << '\n';
+    o << f["name"].get<std::string>() << ",<header>,metadata,,0," << f["header_bytes"].get<uint64_t>() << ','
+      << f["header_bytes"].get<uint64_t>() << '\n';
+  const uint64_t mb = m["disk"]["bytes_per_file"][kManifestFile].get<uint64_t>();
+  o << kManifestFile << ",<manifest>,metadata,,0," << mb << ',' << mb << '\n';
   return o.str();
 }
 
 void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
+  // Compressed checkpoints add the stored bytes and the ratio stored/raw per tensor and per key.
+  bool comp = false;
+  for (const auto& t : m["tensors"]) comp = comp || t.contains("stored_bytes");
   out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape"
-      << std::right << std::setw(12) << "bytes" << "  file\n";
-  for (const auto& t : m["tensors"])
+      << std::right << std::setw(12) << "bytes";
+  if (comp) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
+  out << "  file\n";
+  std::map<std::string, std::pair<uint64_t, uint64_t>> per_key;   // kind -> raw, stored
+  for (const auto& t : m["tensors"]) {
+    const uint64_t raw = t["bytes"].get<uint64_t>();
+    const uint64_t st = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
+    per_key[t["kind"].get<std::string>()].first += raw;
+    per_key[t["kind"].get<std::string>()].second += st;
     out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9)
         << t["dtype"].get<std::string>() << std::setw(18) << t["shape"].dump() << std::right
-        << std::setw(12) << t["bytes"].get<uint64_t>() << "  " << t["file"].get<std::string>() << '\n';
+        << std::setw(12) << raw;
+    if (comp)
+      out << std::setw(12) << st << std::setw(8) << std::fixed << std::setprecision(3)
+          << (raw ? double(st) / double(raw) : 1.0) << std::defaultfloat;
+    out << "  " << t["file"].get<std::string>() << '\n';
+  }
+  if (comp) {
+    out << "compression per key (raw -> stored bytes, ratio stored/raw):\n";
+    for (const auto& [k, rs] : per_key)
+      out << "  " << std::left << std::setw(32) << k << std::right << std::setw(14) << rs.first << std::setw(14)
+          << rs.second << std::setw(8) << std::fixed << std::setprecision(3)
+          << (rs.first ? double(rs.second) / double(rs.first) : 1.0) << std::defaultfloat << '\n';
+  }
   const auto& d = m["disk"];
   auto section = [&](const char* title, const nlohmann::json& map) {
     out << title << ":\n";
@@ -353,6 +424,9 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
   out << "total " << d["total_bytes"].get<uint64_t>() << " bytes, " << d["num_params"].get<uint64_t>()
       << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
       << " bytes/parameter\n";
+  if (d.contains("raw_total_bytes"))
+    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, " << d["raw_bytes_per_param"].get<double>()
+        << " bytes/parameter\n";
   out.unsetf(std::ios::fixed);
 }
 

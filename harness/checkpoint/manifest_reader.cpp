@@ -75,6 +75,10 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   // The run config the checkpoint was saved with: an object, or null when the caller gave none.
   if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object()) rc.fail("expected an object or null, got " + quote_json(rc.raw()));
   (void)m["save_policy"]["kind"].str();
+  if (m["save_policy"].has("compress")) {
+    const std::string c = m["save_policy"]["compress"].str();
+    if (c != "none" && c != "zstd") m["save_policy"]["compress"].fail("expected none or zstd, got " + quote_text(c));
+  }
 
   m["files"].each([](const JsonField& f) {
     (void)f["name"].str();
@@ -92,12 +96,19 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
                              " bytes in blocks of " + std::to_string(bb) + " needs " + std::to_string(want));
       f["block_xxh3"].each([](const JsonField& h) { hex_string(h, 16); });
     }
+    if (f.has("compress")) {
+      if (f["compress"].str() != "zstd") f["compress"].fail("expected \"zstd\", got " + quote_json(f["compress"].raw()));
+      hex_string(f["header_xxh3"], 16);
+      (void)f["raw_bytes"].u64();
+      (void)f["stored_bytes"].u64(bytes);
+    }
   });
   m["tensors"].each([](const JsonField& t) {
     for (const char* k : {"file", "key", "param", "kind", "dtype", "policy", "conversion"}) (void)t[k].str();
     t["shape"].each([](const JsonField& d) { (void)d.i64(0, int64_t(1) << 40); });
     (void)t["numel"].u64();
     (void)t["bytes"].u64();
+    if (t.has("stored_bytes")) (void)t["stored_bytes"].u64();
     (void)t["exact"].boolean();
   });
   m["shards"].each([](const JsonField& sh) {
@@ -138,6 +149,11 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   u64_map(d["bytes_per_dtype"]);
   (void)d["num_params"].u64();
   (void)d["bytes_per_param"].number();
+  if (d.has("raw_total_bytes")) {   // compressed checkpoints
+    (void)d["raw_total_bytes"].u64();
+    u64_map(d["raw_bytes_per_key"]);
+    (void)d["raw_bytes_per_param"].number();
+  }
   return j;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/checkpoint/compress.h"
 #include "harness/checkpoint/safetensors_format.h"
 
 namespace rh::ckpt {
@@ -26,12 +27,16 @@ struct WriteTensor {
   std::string key;
   torch::Tensor data;   // any device/layout; written as contiguous CPU bytes
   StDtype dtype;        // must have data's element size and agree with its scalar type
+  // Instead of data: a U8 tensor of these byte ranges, in order (compressed blocks, written
+  // where they were encoded without joining them first).
+  std::vector<std::pair<const uint8_t*, uint64_t>> pieces = {};
 };
 
 struct WriteStats {
   uint64_t file_bytes = 0;     // whole file
   uint64_t header_bytes = 0;   // 8 + N: length prefix plus JSON header (with padding)
   uint64_t xxh3 = 0;           // XXH3-64 of the whole file, computed while writing
+  uint64_t header_xxh3 = 0;    // XXH3-64 of the first header_bytes (trusted header: damage is located)
   std::vector<uint64_t> block_xxh3;   // XXH3-64 of each kHashBlock bytes of the file (the last
                                       // block shorter): verifiable in parallel on load
 };
@@ -41,6 +46,19 @@ constexpr uint64_t kHashBlock = 32ull << 20;
 // file and key on duplicate/empty keys, dtype mismatches or I/O errors.
 WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
                              const std::map<std::string, std::string>& metadata, bool do_fsync);
+
+// Compressed files (compress.h, README "Compressed checkpoints"): a standard safetensors file in
+// which every tensor is stored as a U8 blob of its compressed blocks under its own key, and
+// __metadata__ holds "rh_codec" (kCodecName), "rh_block_bytes" and "rh_tensors": a JSON object
+// per key {"dtype", "shape", "raw_bytes", "blocks": [[modes, [plane bytes], xxh3 stored, xxh3 raw],
+// ...]}. Blocks are encoded on all cores.
+struct CompressedKeyStats {
+  uint64_t raw_bytes = 0, stored_bytes = 0, blocks = 0;
+};
+WriteStats write_safetensors_compressed(const std::string& path, const std::vector<WriteTensor>& tensors,
+                                        const std::map<std::string, std::string>& metadata, bool do_fsync,
+                                        const CodecOptions& opt,
+                                        std::map<std::string, CompressedKeyStats>* per_key);
 
 // A mapped, validated safetensors file. Cheap to copy (shares the mapping).
 class SafetensorsFile {
@@ -66,14 +84,34 @@ class SafetensorsFile {
   // XXH3-64 of the whole mapped file.
   uint64_t xxh3() const;
 
+  // True if __metadata__ names a codec (rh_codec): the tensors are compressed blobs.
+  bool compressed() const { return metadata_.count("rh_codec") != 0; }
+  // The decoded view of a compressed file: the logical tensors (dtype, shape from rh_tensors) in
+  // one owned buffer, every block checked (stored XXH3-64, zstd frame sizes, raw XXH3-64) and
+  // decoded on all cores. Validates the table first (dtypes, shapes, sizes, block counts, blobs
+  // covered exactly, decoded size below physical memory). Throws CheckpointError naming file,
+  // tensor and block.
+  SafetensorsFile decoded() const;
+  // Bytes a tensor takes in the file: its compressed blob's size in a decoded view, else its size.
+  uint64_t stored_bytes(const std::string& key) const;
+  bool is_decoded() const { return !stored_bytes_.empty(); }
+  // For a compressed file whose stored bytes fail a file-level checksum: the first block whose
+  // stored XXH3-64 differs, as "tensor 'K' compressed block I of N (stored bytes [a, b) of the
+  // file): ...", or "" if none does (or the table cannot be read).
+  std::string locate_damaged_block() const;
+  // Locating without a validated file: parses data (a whole file) itself; "" on any problem.
+  static std::string locate_damaged_block(const std::string& path, const uint8_t* data, uint64_t size);
+
  struct Mapping;   // the mmap, shared by every tensor handed out (defined in the .cpp)
 
  private:
   std::string path_;
   std::shared_ptr<Mapping> map_;
   uint64_t header_len_ = 0;
+  uint64_t data_offset_ = 0;   // where the data buffer starts in the mapping (8 + N; 0 decoded)
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, uint64_t> stored_bytes_;   // decoded view only
 };
 
 // XXH3-64 of a whole file, read through a mapping; throws CheckpointError naming the file.

@@ -99,6 +99,35 @@ nlohmann::json file_entry(const std::string& name, const char* kind, const Write
           {"xxh3", hex64(ws.xxh3)}, {"block_bytes", kHashBlock}, {"block_xxh3", blocks}};
 }
 
+// Writes a data file as the policy says (plain or compressed). For a compressed one, adds to the
+// file entry "compress", "header_xxh3", "raw_bytes" (its tensors' bytes decoded) and
+// "stored_bytes" (their bytes in the file), and "stored_bytes" to each of its tensor entries.
+WriteStats write_data_file(const std::string& path, const std::vector<WriteTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata, const SavePolicy& policy,
+                           nlohmann::json& tensor_entries, nlohmann::json& file_json, const char* kind,
+                           const std::string& name) {
+  if (policy.compress == Compression::none) {
+    WriteStats ws = write_safetensors(path, tensors, metadata, true);
+    file_json = file_entry(name, kind, ws);
+    return ws;
+  }
+  std::map<std::string, CompressedKeyStats> per_key;
+  WriteStats ws = write_safetensors_compressed(path, tensors, metadata, true, CodecOptions{}, &per_key);
+  file_json = file_entry(name, kind, ws);
+  uint64_t raw = 0, stored = 0;
+  for (const auto& [k, st] : per_key) {
+    raw += st.raw_bytes;
+    stored += st.stored_bytes;
+  }
+  file_json["compress"] = to_string(policy.compress);
+  file_json["header_xxh3"] = hex64(ws.header_xxh3);
+  file_json["raw_bytes"] = raw;
+  file_json["stored_bytes"] = stored;
+  for (auto& t : tensor_entries)
+    if (t["file"] == name) t["stored_bytes"] = per_key.at(t["key"].get<std::string>()).stored_bytes;
+  return ws;
+}
+
 // Rank `rank`'s optimizer shard: writes the file into tmp, verifies it (read back, XXH3), and
 // returns its part of the manifest: {"tensors", "file", "shard", "rng_states"}.
 nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, bool verify) {
@@ -126,17 +155,18 @@ nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, b
   }
   const std::string path = (tmp / shard).string();
   const int size = in.group ? in.group->size() : 1;
-  const WriteStats ws = write_safetensors(path, opt_t,
-                                          {{"format", "pt"}, {"dp_rank", std::to_string(rank)},
-                                           {"dp_size", std::to_string(size)}},
-                                          true);
+  nlohmann::json fentry;
+  const WriteStats ws = write_data_file(path, opt_t,
+                                        {{"format", "pt"}, {"dp_rank", std::to_string(rank)},
+                                         {"dp_size", std::to_string(size)}},
+                                        in.policy, part["tensors"], fentry, "optimizer_shard", shard);
   if (verify) {   // what reached the file system, not what we meant to write
     SafetensorsFile::open(path, [&](const uint8_t* data, uint64_t n) {
       if (n != ws.file_bytes || XXH3_64bits(data, n) != ws.xxh3)
         throw CheckpointError("checkpoint file " + path + ": read-back verification failed (size or XXH3-64 differ)");
     });
   }
-  part["file"] = file_entry(shard, "optimizer_shard", ws);
+  part["file"] = fentry;
   part["shard"] = {{"file", shard}, {"dp_rank", rank}, {"param_ranges", ranges}};
   part["rng_states"] = train_state_json(*in.state)["rng_states"];
   return part;
@@ -151,7 +181,8 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
   m["git_commit"] = rh::git_commit();
   m["iteration"] = in.state->iteration;
   m["run_config"] = in.run_config;
-  m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()}};
+  m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()},
+                      {"compress", to_string(in.policy.compress)}};
   for (const auto& [k, d] : in.policy.overrides) m["save_policy"]["overrides"][k] = optim::to_string(d);
   m["train_state"] = train_state_json(*in.state);
   m["tensors"] = nlohmann::json::array();
@@ -166,8 +197,10 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
     m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
                                                 info_of(item.key(), p, d), "native", "stored", true));
   }
-  WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
-  m["files"].push_back(file_entry(detail::kModelFile, "model", ws));
+  nlohmann::json fentry;
+  write_data_file((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, in.policy, m["tensors"], fentry,
+                  "model", detail::kModelFile);
+  m["files"].push_back(fentry);
   m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
   const optim::PrecisionAdam& opt = *in.optimizer;
   nlohmann::json groups = nlohmann::json::array();
