@@ -1,6 +1,7 @@
 // The deterministic trainer: synthetic data, micro-batches with gradient accumulation into the
-// optimizer's main-grad buffers, global-norm clipping in fp32, linear-warmup + cosine LR schedule
-// whose length is fixed by config, and the precision-aware Adam. It trains any models::CausalLM
+// optimizer's main-grad buffers, global-norm clipping in fp32, Megatron's optimizer-param scheduler
+// (schedule.h: LR warmup and decay, weight-decay increment, lengths fixed by config), and the
+// precision-aware Adam. It trains any models::CausalLM
 // through its loss() and named parameters; it knows nothing of a particular model's layers.
 #pragma once
 #include <torch/torch.h>
@@ -16,13 +17,10 @@
 #include "harness/data.h"
 #include "harness/metrics.h"
 #include "harness/optim/precision_adam.h"
+#include "harness/schedule.h"
 #include "models/model.h"
 
 namespace rh {
-
-// Learning rate for the step taken after `num_steps` steps: linear warmup from lr/warmup to lr,
-// then cosine to min_lr at decay_iters, min_lr after.
-double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps);
 
 class Trainer {
  public:
@@ -59,6 +57,7 @@ class Trainer {
   std::unique_ptr<optim::PrecisionAdam> optimizer_;
   SyntheticCorpus corpus_;
   torch::Generator dropout_gen_;
+  SchedulerArgs sched_args_;
   ckpt::TrainState state_;
 };
 

@@ -123,12 +123,18 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
   try {
     s.iteration = j.at("iteration").get<int64_t>();
     s.consumed_samples = j.at("consumed_samples").get<int64_t>();
-    const auto& lr = j.at("lr_schedule");
-    s.lr.max_lr = lr.at("max_lr").get<double>();
-    s.lr.min_lr = lr.at("min_lr").get<double>();
-    s.lr.warmup_iters = lr.at("warmup_iters").get<int64_t>();
-    s.lr.decay_iters = lr.at("decay_iters").get<int64_t>();
-    s.lr.num_steps = lr.at("num_steps").get<int64_t>();
+    const auto& sc = j.at("opt_param_scheduler");
+    auto& o = s.opt_param_scheduler;
+    o.max_lr = sc.at("max_lr").get<double>();
+    o.lr_warmup_steps = sc.at("lr_warmup_steps").get<int64_t>();
+    o.num_steps = sc.at("num_steps").get<int64_t>();
+    o.lr_decay_style = sc.at("lr_decay_style").get<std::string>();
+    o.lr_decay_steps = sc.at("lr_decay_steps").get<int64_t>();
+    o.min_lr = sc.at("min_lr").get<double>();
+    o.start_wd = sc.at("start_wd").get<double>();
+    o.end_wd = sc.at("end_wd").get<double>();
+    o.wd_incr_style = sc.at("wd_incr_style").get<std::string>();
+    o.wd_incr_steps = sc.at("wd_incr_steps").get<int64_t>();
     s.rng_states = parse_rng_states(j.at("rng_states"), mpath);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(mpath + ": bad train_state: " + e.what());

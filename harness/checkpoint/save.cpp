@@ -48,9 +48,19 @@ nlohmann::json train_state_json(const TrainState& s) {
   for (const auto& [name, bytes] : s.rng_states) rng[name] = hex_encode(bytes);
   return {{"iteration", s.iteration},
           {"consumed_samples", s.consumed_samples},
-          {"lr_schedule", {{"max_lr", s.lr.max_lr}, {"min_lr", s.lr.min_lr},
-                           {"warmup_iters", s.lr.warmup_iters}, {"decay_iters", s.lr.decay_iters},
-                           {"num_steps", s.lr.num_steps}}},
+          // Megatron's OptimizerParamScheduler.state_dict(), its keys and values
+          // (megatron/core/optimizer_param_scheduler.py state_dict; checkpointing.py saves it as
+          // state_dict['opt_param_scheduler']).
+          {"opt_param_scheduler", {{"max_lr", s.opt_param_scheduler.max_lr},
+                                   {"lr_warmup_steps", s.opt_param_scheduler.lr_warmup_steps},
+                                   {"num_steps", s.opt_param_scheduler.num_steps},
+                                   {"lr_decay_style", s.opt_param_scheduler.lr_decay_style},
+                                   {"lr_decay_steps", s.opt_param_scheduler.lr_decay_steps},
+                                   {"min_lr", s.opt_param_scheduler.min_lr},
+                                   {"start_wd", s.opt_param_scheduler.start_wd},
+                                   {"end_wd", s.opt_param_scheduler.end_wd},
+                                   {"wd_incr_style", s.opt_param_scheduler.wd_incr_style},
+                                   {"wd_incr_steps", s.opt_param_scheduler.wd_incr_steps}}},
           {"rng_states", rng}};
 }
 
