@@ -22,7 +22,7 @@ const std::vector<std::string>& fault_names() {
   static const std::vector<std::string> names = {
       "none",           "skip_rng_restore",  "skip_data_position_restore", "reset_step_counter",
       "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders", "lossy_dtype_override",
-      "reset_wd_schedule", "wrong_lr_decay_style"};
+      "reset_wd_schedule", "wrong_lr_decay_style", "skip_expert_bias_restore"};
   return names;
 }
 
@@ -141,6 +141,7 @@ int run_train(const TrainJob& job) {
     opts.allow_lossy = job.allow_lossy;
     if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
     if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
+    if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");
     ckpt::TrainState st = tr.state();
     ckpt::LoadReport report;
     std::string err;

@@ -25,6 +25,8 @@ enum class Fault {
                                // optimizer.weight_decay (start = end = it, style constant)
   wrong_lr_decay_style,        // the LR schedule is saved, but restored with another decay style
                                // (cosine <-> linear, any other -> cosine), past upstream's check
+  skip_expert_bias_restore,    // the model's persistent buffers (routers' expert_bias) keep their
+                               // fresh value (0)
 };
 std::string to_string(Fault f);
 Fault parse_fault(const std::string& s);   // throws std::invalid_argument listing the names

@@ -108,6 +108,7 @@ IterMetrics Trainer::train_iteration() {
     aux_sum += out.aux_loss.detach().to(torch::kCPU, torch::kFloat);
   }
   optimizer_->reduce_grads();
+  update_expert_bias();
   // Megatron steps every param (main grads in a buffer, zero for an expert without tokens).
   optimizer_->mark_all_grads();
   if (group_) {   // the loss sums over the group (in rank order, see PrecisionAdam::reduce_grads)
@@ -141,6 +142,39 @@ IterMetrics Trainer::train_iteration() {
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(cfg_.train.global_batch * T) / m.seconds;
   return m;
+}
+
+torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
+                                  double rate) {
+  // moe_utils.py get_updated_expert_bias, after its all-reduce
+  const int64_t E = tokens_per_expert.size(-1);
+  auto average_tokens = tokens_per_expert.sum(-1, /*keepdim=*/true) / E;
+  auto offset = average_tokens - tokens_per_expert;
+  return expert_bias + torch::sign(offset) * rate;
+}
+
+// megatron/core/distributed/finalize_model_grads.py _update_router_expert_bias (run once per
+// iteration after the micro-batches, before the optimizer step) and moe_utils.py
+// get_updated_expert_bias: the routers' token counters stacked (L, E), all-reduced over the
+// data-parallel group (fp32 sums of integer counts: exact, so every group size gets the same
+// bias), average = sum / E, bias += sign(average - tokens) * rate, then the counters are zeroed.
+void Trainer::update_expert_bias() {
+  auto states = model_->expert_bias_states();
+  if (states.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> tokens, biases;
+  for (const auto& s : states) {
+    tokens.push_back(s.local_tokens_per_expert);
+    biases.push_back(s.expert_bias);
+  }
+  auto stacked_tokens = torch::stack(tokens, 0).to(torch::kCPU);   // (L, E) fp32
+  if (group_) group_->all_reduce_sum(stacked_tokens);
+  auto stacked_bias = torch::stack(biases, 0).to(torch::kCPU);     // (L, E) fp32
+  auto updated = updated_expert_bias(stacked_tokens, stacked_bias, cfg_.model.bias_update_rate);
+  for (size_t i = 0; i < states.size(); ++i) {
+    states[i].local_tokens_per_expert.zero_();
+    states[i].expert_bias.copy_(updated[static_cast<int64_t>(i)]);
+  }
 }
 
 ckpt::TrainState Trainer::state() const {
@@ -201,6 +235,8 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
     out.emplace_back("state/step." + optimizer_->group_name(g), bytes_hash(&step, sizeof step));
   }
   for (const auto& item : model_->named_parameters(true))
+    out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
+  for (const auto& item : model_->named_buffers(true))   // persistent model state (expert_bias)
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
   const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
                                   optim::StateKey::exp_avg_sq};

@@ -57,9 +57,15 @@ class Trainer {
   std::unique_ptr<optim::PrecisionAdam> optimizer_;
   SyntheticCorpus corpus_;
   torch::Generator dropout_gen_;
+  void update_expert_bias();   // after the micro-batches of an iteration (see trainer.cpp)
   SchedulerArgs sched_args_;
   ckpt::TrainState state_;
 };
+
+// Megatron's get_updated_expert_bias (moe_utils.py) on (L, E) fp32 counts already all-reduced:
+// bias + sign(sum(tokens) / E - tokens) * rate, in fp32.
+torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
+                                  double rate);
 
 // XXH3-64 over a tensor's bytes (made contiguous, on CPU).
 uint64_t tensor_xxh3(const torch::Tensor& t);

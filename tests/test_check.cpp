@@ -92,6 +92,17 @@ name = "sched"
   linear = { train = { lr_decay_style = "linear", start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_style = "linear" } }
   inverse-square-root = { train = { lr_decay_style = "inverse-square-root", start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_style = "cosine" } }
   WSD = { train = { lr_decay_style = "WSD", lr_wsd_decay_iters = 3, lr_wsd_decay_style = "minus_sqrt" } }
+
+# Aux-loss-free balancing: the routers' expert_bias resumes bit for bit; skipping it is caught.
+[[matrix]]
+name = "expert-bias"
+model = { score_function = "sigmoid", enable_expert_bias = true, bias_update_rate = 1e-2 }
+  [[matrix.axis]]
+  name = "fault"
+  values = ["none", "skip_expert_bias_restore"]
+  [matrix.axis.presets]
+  none = { expect = "exact" }
+  skip_expert_bias_restore = { fault = "skip_expert_bias_restore", expect = "diverge", reason = "deliberate fault" }
 )";
 
 class Check : public ::testing::Test {
@@ -165,6 +176,16 @@ TEST_F(Check, SchedulerFaultsAreCaughtNamingTheKey) {
     EXPECT_EQ(r.outcome, "diverged") << fault;
     EXPECT_NE(r.first_divergence.find(key), std::string::npos) << fault << ": " << r.first_divergence;
   }
+}
+
+TEST_F(Check, ExpertBiasResumesBitForBitAndASkippedRestoreIsNamed) {
+  auto ok = run("expert-bias/fault=none");
+  EXPECT_TRUE(ok.passed) << ok.verdict;
+  EXPECT_EQ(ok.outcome, "identical");
+  auto r = run("expert-bias/fault=skip_expert_bias_restore");
+  EXPECT_TRUE(r.passed) << r.verdict;
+  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_NE(r.first_divergence.find("model/layers.0.moe.router.expert_bias"), std::string::npos) << r.first_divergence;
 }
 
 TEST_F(Check, EveryDecayStyleResumesBitForBit) {

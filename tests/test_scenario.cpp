@@ -39,8 +39,13 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 9; 2 named.
   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
-  // schedule (2 LR decay styles)
-  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u);
+  // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u);
+  const auto& eb = by_name(all, "expert-bias/dp=2,moments=bf16");
+  EXPECT_TRUE(eb.cfg.model.enable_expert_bias);
+  EXPECT_EQ(eb.cfg.model.score_function, "sigmoid");
+  EXPECT_EQ(eb.dp_size, 2);
+  EXPECT_EQ(by_name(all, "expert-bias/fault=skip_expert_bias_restore").fault, rh::Fault::skip_expert_bias_restore);
   const auto& wsd = by_name(all, "schedule/lr=WSD");
   EXPECT_EQ(wsd.cfg.train.lr_decay_style, "WSD");
   EXPECT_EQ(wsd.cfg.train.lr_wsd_decay_iters, 12);
@@ -83,6 +88,8 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
   EXPECT_EQ(lr, (std::set<std::string>{"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
   EXPECT_EQ(wd, (std::set<std::string>{"constant", "linear", "cosine"}));
   EXPECT_EQ(rh::select_scenarios(all, "schedule/").size(), 15u);
+  EXPECT_EQ(rh::select_scenarios(all, "expert-bias/").size(), 8u + 2u);
+  EXPECT_TRUE(by_name(all, "expert-bias/reshard=2to1").resharded());
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {

@@ -176,9 +176,20 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
     m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
                                                 info_of(item.key(), p, d), "native", "stored", true));
   }
+  // Persistent buffers (a router's expert_bias) go into the model file beside the weights, as in
+  // a PyTorch state_dict; they are not parameters and not counted as such.
+  nlohmann::json buffer_names = nlohmann::json::array();
+  for (const auto& item : in.model->named_buffers(/*recurse=*/true)) {
+    const torch::Tensor& b = item.value();
+    buffer_names.push_back(item.key());
+    StDtype d = st_from_scalar_type(b.scalar_type(), "model buffer " + item.key());
+    model_t.push_back({item.key(), b.detach(), d});
+    m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
+                                                info_of(item.key(), b, d), "native", "stored", true));
+  }
   WriteStats ws = write_safetensors((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, true);
   m["files"].push_back(file_entry(detail::kModelFile, "model", ws));
-  m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
+  m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}, {"buffers", buffer_names}};
   const optim::PrecisionAdam& opt = *in.optimizer;
   nlohmann::json groups = nlohmann::json::array();
   for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
