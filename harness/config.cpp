@@ -4,9 +4,11 @@
 
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/json_guard.h"
+#include "harness/schedule.h"
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <cmath>
 #include <functional>
@@ -42,6 +44,10 @@ std::vector<Field> fields(RunConfig& c) {
       {"model", "top_k", "--moe-router-topk", "experts per token K", &m.top_k},
       {"model", "dead_expert", "--moe-dead-expert",
        "not upstream: an expert the router never selects (-1 = none), a dead expert", &m.dead_expert},
+      {"model", "score_function", "--moe-router-score-function", "router scores: softmax | sigmoid", &m.score_function},
+      {"model", "enable_expert_bias", "--moe-router-enable-expert-bias",
+       "aux-loss-free balancing: a per-router expert bias updated from token counts (sigmoid only)", &m.enable_expert_bias},
+      {"model", "bias_update_rate", "--moe-router-bias-update-rate", "expert-bias update rate", &m.bias_update_rate},
       {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
       {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
       {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
@@ -74,6 +80,22 @@ std::vector<Field> fields(RunConfig& c) {
       {"train", "min_lr", "--min-lr", "cosine floor", &t.min_lr},
       {"train", "lr_warmup_iters", "--lr-warmup-iters", "linear warmup iterations", &t.lr_warmup_iters},
       {"train", "lr_decay_iters", "--lr-decay-iters", "schedule length", &t.lr_decay_iters},
+      {"train", "lr_warmup_init", "--lr-warmup-init", "learning rate at the start of warmup", &t.lr_warmup_init},
+      {"train", "lr_decay_style", "--lr-decay-style",
+       "constant | linear | cosine | inverse-square-root | WSD (Megatron's default: linear)", &t.lr_decay_style},
+      {"train", "lr_wsd_decay_style", "--lr-wsd-decay-style",
+       "WSD anneal: exponential | linear | cosine | minus_sqrt", &t.lr_wsd_decay_style},
+      {"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", "WSD anneal iterations (-1 = unset)", &t.lr_wsd_decay_iters},
+      {"train", "start_weight_decay", "--start-weight-decay",
+       "weight decay at the start of its schedule (-1 = --weight-decay)", &t.start_weight_decay},
+      {"train", "end_weight_decay", "--end-weight-decay",
+       "weight decay at the end of its schedule (-1 = --weight-decay)", &t.end_weight_decay},
+      {"train", "weight_decay_incr_style", "--weight-decay-incr-style", "constant | linear | cosine",
+       &t.weight_decay_incr_style},
+      {"train", "override_opt_param_scheduler", "--override-opt_param-scheduler",
+       "on resume, use this run's scheduler values, not the checkpoint's", &t.override_opt_param_scheduler},
+      {"train", "use_checkpoint_opt_param_scheduler", "--use-checkpoint-opt_param-scheduler",
+       "on resume, use the checkpoint's scheduler values", &t.use_checkpoint_opt_param_scheduler},
       {"train", "clip_grad", "--clip-grad", "global-norm clip (0 = off)", &t.clip_grad},
       {"train", "seed", "--seed", "init and dropout seed", &t.seed},
       {"train", "data_seed", "--data-seed", "synthetic corpus seed", &t.data_seed},
@@ -133,6 +155,44 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument(msg);
 }
 
+bool one_of(const std::string& v, const std::vector<std::string>& names, std::string* all) {
+  for (const auto& n : names) *all += (all->empty() ? "" : ", ") + n;
+  return std::find(names.begin(), names.end(), v) != names.end();
+}
+
+// The asserts of optimizer_param_scheduler.py OptimizerParamScheduler.__init__ / get_wd, and
+// arguments.py's choices, as bad input.
+void validate_scheduler(const RunConfig& c) {
+  const auto& t = c.train;
+  std::string all;
+  require(one_of(t.lr_decay_style, lr_decay_styles(), &all),
+          "train.lr_decay_style (--lr-decay-style) must be one of " + all + ", got '" + ckpt::quote_text(t.lr_decay_style) + "'");
+  all.clear();
+  require(one_of(t.lr_wsd_decay_style, lr_wsd_decay_styles(), &all),
+          "train.lr_wsd_decay_style (--lr-wsd-decay-style) must be one of " + all + ", got '" +
+              ckpt::quote_text(t.lr_wsd_decay_style) + "'");
+  all.clear();
+  require(one_of(t.weight_decay_incr_style, wd_incr_styles(), &all),
+          "train.weight_decay_incr_style (--weight-decay-incr-style) must be one of " + all + ", got '" +
+              ckpt::quote_text(t.weight_decay_incr_style) + "'");
+  require(t.lr_decay_style != "WSD" || t.lr_wsd_decay_iters >= 0,
+          "train.lr_decay_style WSD needs train.lr_wsd_decay_iters (--lr-wsd-decay-iters) >= 0");
+  require(t.lr_wsd_decay_iters >= -1 && t.lr_wsd_decay_iters <= t.lr_decay_iters,
+          "train.lr_wsd_decay_iters must be -1 (unset) or in [0, train.lr_decay_iters]");
+  require(std::isfinite(t.lr_warmup_init) && t.lr_warmup_init >= 0 && t.lr_warmup_init <= t.lr,
+          "train.lr_warmup_init (--lr-warmup-init) must be in [0, train.lr]");
+  for (auto [name, v] : {std::pair{"train.start_weight_decay", t.start_weight_decay},
+                         std::pair{"train.end_weight_decay", t.end_weight_decay}})
+    require(std::isfinite(v) && (v >= 0 || v == -1), std::string(name) + " must be >= 0 or -1 (= optimizer.weight_decay)");
+  const auto s = scheduler_from_config(c);
+  require(s.end_wd >= s.start_wd, "train.end_weight_decay must be >= train.start_weight_decay (upstream asserts end_wd >= start_wd)");
+  require(t.weight_decay_incr_style != "constant" || s.start_wd == s.end_wd,
+          "train.weight_decay_incr_style constant needs start and end weight decay equal (upstream get_wd asserts it)");
+  require(!(t.override_opt_param_scheduler && t.use_checkpoint_opt_param_scheduler),
+          "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: both override and "
+          "use-checkpoint are set.");
+}
+
 }  // namespace
 
 void validate(const RunConfig& c) {
@@ -147,6 +207,7 @@ void validate(const RunConfig& c) {
   require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
           "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
   require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
+  validate_scheduler(c);
   require(t.threads >= 1 && t.threads <= kMaxThreads,
           "train.threads (--threads) must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(t.threads));
   require(t.iterations <= kMaxIterations,

@@ -11,6 +11,7 @@
 
 #include "harness/dist.h"
 #include "harness/env.h"
+#include "harness/schedule.h"
 #include "harness/trainer.h"
 
 namespace fs = std::filesystem;
@@ -20,7 +21,8 @@ namespace rh {
 const std::vector<std::string>& fault_names() {
   static const std::vector<std::string> names = {
       "none",           "skip_rng_restore",  "skip_data_position_restore", "reset_step_counter",
-      "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders", "lossy_dtype_override"};
+      "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders", "lossy_dtype_override",
+      "reset_wd_schedule", "wrong_lr_decay_style", "skip_expert_bias_restore"};
   return names;
 }
 
@@ -156,6 +158,7 @@ int run_train(const TrainJob& job) {
     opts.allow_lossy = job.allow_lossy;
     if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
     if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
+    if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");
     ckpt::TrainState st = tr.state();
     ckpt::LoadReport report;
     std::string err;
@@ -171,8 +174,19 @@ int run_train(const TrainJob& job) {
         if (!all[r].empty()) throw ckpt::CheckpointError("rank " + std::to_string(r) + ": " + all[r]);
       tr.optimizer().sync_params();   // a conversion may have written only the owned parts
     }
+    // Megatron's load_checkpoint hands state_dict['opt_param_scheduler'] to the scheduler this
+    // run built (checkpointing.py load_checkpoint -> OptimizerParamScheduler.load_state_dict):
+    // every saved value is checked against this run's, or taken from one side by the flags.
+    st.opt_param_scheduler = load_scheduler_state(scheduler_from_config(cfg), st.opt_param_scheduler,
+                                                  scheduler_args_from_config(cfg), "checkpoint " + report.dir);
     if (job.fault == Fault::skip_data_position_restore) st.consumed_samples = 0;
-    if (job.fault == Fault::reset_lr_schedule) st.lr.num_steps = 0;
+    if (job.fault == Fault::reset_lr_schedule) st.opt_param_scheduler.num_steps = 0;
+    if (job.fault == Fault::reset_wd_schedule) {
+      st.opt_param_scheduler.start_wd = st.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
+      st.opt_param_scheduler.wd_incr_style = "constant";
+    }
+    if (job.fault == Fault::wrong_lr_decay_style)
+      st.opt_param_scheduler.lr_decay_style = st.opt_param_scheduler.lr_decay_style == "cosine" ? "linear" : "cosine";
     if (job.fault == Fault::reset_step_counter)
       for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
     tr.set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);

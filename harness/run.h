@@ -18,9 +18,15 @@ enum class Fault {
   skip_data_position_restore,  // data restarts at sample 0
   reset_step_counter,          // optimizer step counters back to 0
   skip_exp_avg_restore,        // exp_avg stays at its fresh value (0)
-  reset_lr_schedule,           // LR schedule counter back to 0
+  reset_lr_schedule,           // scheduler counter (num_steps) back to 0
   drop_remainders,             // load weights only: remainders stay 0
   lossy_dtype_override,        // save-side: a key written in a lossy dtype (set by the policy)
+  reset_wd_schedule,           // the scheduler's weight-decay part falls back to a constant
+                               // optimizer.weight_decay (start = end = it, style constant)
+  wrong_lr_decay_style,        // the LR schedule is saved, but restored with another decay style
+                               // (cosine <-> linear, any other -> cosine), past upstream's check
+  skip_expert_bias_restore,    // the model's persistent buffers (routers' expert_bias) keep their
+                               // fresh value (0)
 };
 std::string to_string(Fault f);
 Fault parse_fault(const std::string& s);   // throws std::invalid_argument listing the names

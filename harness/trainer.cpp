@@ -14,16 +14,6 @@
 
 namespace rh {
 
-double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps) {
-  if (s.warmup_iters > 0 && num_steps < s.warmup_iters)
-    return s.max_lr * static_cast<double>(num_steps + 1) / static_cast<double>(s.warmup_iters);
-  if (num_steps >= s.decay_iters) return s.min_lr;
-  const double progress = static_cast<double>(num_steps - s.warmup_iters) /
-                          static_cast<double>(s.decay_iters - s.warmup_iters);
-  const double coeff = 0.5 * (std::cos(M_PI * progress) + 1.0);
-  return s.min_lr + coeff * (s.max_lr - s.min_lr);
-}
-
 namespace {
 
 torch::Generator make_generator(const torch::Device& device, uint64_t seed) {
@@ -85,8 +75,8 @@ Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
   model_->train();
   optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay),
                                                       cfg_.optim, group_);
-  state_.lr = {cfg_.train.lr, cfg_.train.min_lr, cfg_.train.lr_warmup_iters,
-               cfg_.train.lr_decay_iters, 0};
+  state_.opt_param_scheduler = scheduler_from_config(cfg_);
+  sched_args_ = scheduler_args_from_config(cfg_);
 }
 
 IterMetrics Trainer::train_iteration() {
@@ -118,6 +108,7 @@ IterMetrics Trainer::train_iteration() {
     aux_sum += out.aux_loss.detach().to(torch::kCPU, torch::kFloat);
   }
   optimizer_->reduce_grads();
+  update_expert_bias();
   // Megatron steps every param (main grads in a buffer, zero for an expert without tokens).
   optimizer_->mark_all_grads();
   if (group_) {   // the loss sums over the group (in rank order, see PrecisionAdam::reduce_grads)
@@ -134,9 +125,16 @@ IterMetrics Trainer::train_iteration() {
   if (cfg_.train.clip_grad > 0 && m.grad_norm > cfg_.train.clip_grad)
     optimizer_->scale_grads(static_cast<float>(cfg_.train.clip_grad / (m.grad_norm + 1e-6)));
   m.num_zeros = optimizer_->count_zeros();
-  m.lr = lr_at(state_.lr, state_.lr.num_steps);
+  // The scheduler's values at its current num_steps are the ones this step uses (Megatron's
+  // train_step: optimizer.step(), then opt_param_scheduler.step(increment = global batch), which
+  // sets lr and weight_decay for the next step; its constructor's step(0) set the first ones).
+  // Groups other than "decay" have wd_mult 0 (Megatron's no-weight-decay groups).
+  m.lr = scheduler_lr(state_.opt_param_scheduler, sched_args_);
+  const double wd = scheduler_wd(state_.opt_param_scheduler);
+  for (size_t g = 0; g < optimizer_->num_groups(); ++g)
+    if (optimizer_->group_name(g) == "decay") optimizer_->set_weight_decay(g, wd * 1.0);
   optimizer_->step(m.lr);
-  state_.lr.num_steps += 1;
+  state_.opt_param_scheduler.num_steps += cfg_.train.global_batch;
   state_.consumed_samples += cfg_.train.global_batch;
   state_.iteration += 1;
   m.iteration = state_.iteration;
@@ -144,6 +142,39 @@ IterMetrics Trainer::train_iteration() {
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(cfg_.train.global_batch * T) / m.seconds;
   return m;
+}
+
+torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
+                                  double rate) {
+  // moe_utils.py get_updated_expert_bias, after its all-reduce
+  const int64_t E = tokens_per_expert.size(-1);
+  auto average_tokens = tokens_per_expert.sum(-1, /*keepdim=*/true) / E;
+  auto offset = average_tokens - tokens_per_expert;
+  return expert_bias + torch::sign(offset) * rate;
+}
+
+// megatron/core/distributed/finalize_model_grads.py _update_router_expert_bias (run once per
+// iteration after the micro-batches, before the optimizer step) and moe_utils.py
+// get_updated_expert_bias: the routers' token counters stacked (L, E), all-reduced over the
+// data-parallel group (fp32 sums of integer counts: exact, so every group size gets the same
+// bias), average = sum / E, bias += sign(average - tokens) * rate, then the counters are zeroed.
+void Trainer::update_expert_bias() {
+  auto states = model_->expert_bias_states();
+  if (states.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> tokens, biases;
+  for (const auto& s : states) {
+    tokens.push_back(s.local_tokens_per_expert);
+    biases.push_back(s.expert_bias);
+  }
+  auto stacked_tokens = torch::stack(tokens, 0).to(torch::kCPU);   // (L, E) fp32
+  if (group_) group_->all_reduce_sum(stacked_tokens);
+  auto stacked_bias = torch::stack(biases, 0).to(torch::kCPU);     // (L, E) fp32
+  auto updated = updated_expert_bias(stacked_tokens, stacked_bias, cfg_.model.bias_update_rate);
+  for (size_t i = 0; i < states.size(); ++i) {
+    states[i].local_tokens_per_expert.zero_();
+    states[i].expert_bias.copy_(updated[static_cast<int64_t>(i)]);
+  }
 }
 
 ckpt::TrainState Trainer::state() const {
@@ -181,12 +212,31 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
   out.emplace_back("state/rng.dropout", bytes_hash(st.rng_states.at("dropout").data(),
                                                     st.rng_states.at("dropout").size()));
   out.emplace_back("state/consumed_samples", bytes_hash(&st.consumed_samples, sizeof(int64_t)));
-  out.emplace_back("state/lr.num_steps", bytes_hash(&st.lr.num_steps, sizeof(int64_t)));
+  // The scheduler's state_dict, key by key, in upstream's order (a fault that breaks one is named).
+  const auto& sc = st.opt_param_scheduler;
+  auto num = [&](const char* k, const auto& v) {
+    out.emplace_back(std::string("state/opt_param_scheduler.") + k, bytes_hash(&v, sizeof v));
+  };
+  auto text = [&](const char* k, const std::string& v) {
+    out.emplace_back(std::string("state/opt_param_scheduler.") + k, bytes_hash(v.data(), v.size()));
+  };
+  num("max_lr", sc.max_lr);
+  num("lr_warmup_steps", sc.lr_warmup_steps);
+  num("num_steps", sc.num_steps);
+  text("lr_decay_style", sc.lr_decay_style);
+  num("lr_decay_steps", sc.lr_decay_steps);
+  num("min_lr", sc.min_lr);
+  num("start_wd", sc.start_wd);
+  num("end_wd", sc.end_wd);
+  text("wd_incr_style", sc.wd_incr_style);
+  num("wd_incr_steps", sc.wd_incr_steps);
   for (size_t g = 0; g < optimizer_->num_groups(); ++g) {
     const int64_t step = optimizer_->step_count(g);
     out.emplace_back("state/step." + optimizer_->group_name(g), bytes_hash(&step, sizeof step));
   }
   for (const auto& item : model_->named_parameters(true))
+    out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
+  for (const auto& item : model_->named_buffers(true))   // persistent model state (expert_bias)
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
   const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
                                   optim::StateKey::exp_avg_sq};

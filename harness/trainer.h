@@ -1,6 +1,7 @@
 // The deterministic trainer: synthetic data, micro-batches with gradient accumulation into the
-// optimizer's main-grad buffers, global-norm clipping in fp32, linear-warmup + cosine LR schedule
-// whose length is fixed by config, and the precision-aware Adam. It trains any models::CausalLM
+// optimizer's main-grad buffers, global-norm clipping in fp32, Megatron's optimizer-param scheduler
+// (schedule.h: LR warmup and decay, weight-decay increment, lengths fixed by config), and the
+// precision-aware Adam. It trains any models::CausalLM
 // through its loss() and named parameters; it knows nothing of a particular model's layers.
 #pragma once
 #include <torch/torch.h>
@@ -16,13 +17,10 @@
 #include "harness/data.h"
 #include "harness/metrics.h"
 #include "harness/optim/precision_adam.h"
+#include "harness/schedule.h"
 #include "models/model.h"
 
 namespace rh {
-
-// Learning rate for the step taken after `num_steps` steps: linear warmup from lr/warmup to lr,
-// then cosine to min_lr at decay_iters, min_lr after.
-double lr_at(const ckpt::LRScheduleState& s, int64_t num_steps);
 
 class Trainer {
  public:
@@ -59,8 +57,15 @@ class Trainer {
   std::unique_ptr<optim::PrecisionAdam> optimizer_;
   SyntheticCorpus corpus_;
   torch::Generator dropout_gen_;
+  void update_expert_bias();   // after the micro-batches of an iteration (see trainer.cpp)
+  SchedulerArgs sched_args_;
   ckpt::TrainState state_;
 };
+
+// Megatron's get_updated_expert_bias (moe_utils.py) on (L, E) fp32 counts already all-reduced:
+// bias + sign(sum(tokens) / E - tokens) * rate, in fp32.
+torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
+                                  double rate);
 
 // XXH3-64 over a tensor's bytes (made contiguous, on CPU).
 uint64_t tensor_xxh3(const torch::Tensor& t);

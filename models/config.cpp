@@ -57,6 +57,15 @@ void validate_config(const ModelConfig& cfg) {
   if (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)
     bad_field("top_k", std::to_string(cfg.top_k),
               "must be in [1, n_experts = " + std::to_string(cfg.n_experts) + "]");
+  if (cfg.score_function != "softmax" && cfg.score_function != "sigmoid")
+    bad_field("score_function", cfg.score_function, "must be softmax or sigmoid");
+  // transformer_config.py __post_init__: "Expert bias for aux-loss-free routing only supports
+  // sigmoid score function."
+  if (cfg.enable_expert_bias && cfg.score_function != "sigmoid")
+    bad_field("enable_expert_bias", "true",
+              "needs score_function sigmoid: expert bias for aux-loss-free routing only supports sigmoid score function "
+              "(Megatron's transformer_config.py refuses it with softmax)");
+  require_nonneg_finite("bias_update_rate", cfg.bias_update_rate);
   if (cfg.dead_expert < -1 || cfg.dead_expert >= cfg.n_experts)
     bad_field("dead_expert", std::to_string(cfg.dead_expert),
               "must be -1 (none) or an expert index in [0, n_experts = " + std::to_string(cfg.n_experts) + ")");

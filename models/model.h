@@ -24,6 +24,16 @@ struct ModelConfig {
   // Not a Megatron option: an expert index the router never selects (-1 = none), so that expert
   // receives no tokens and its gradients stay exactly zero, as a dead MoE expert's do.
   int64_t dead_expert = -1;
+  // Router scoring (Megatron --moe-router-score-function): "softmax" (over the top-k logits,
+  // Megatron's default without pre-softmax) or "sigmoid" (top-k of sigmoid scores, normalised to
+  // sum 1 when K > 1).
+  std::string score_function = "softmax";
+  // Aux-loss-free balancing (Megatron --moe-router-enable-expert-bias, sigmoid only): each router
+  // holds a persistent fp32 buffer expert_bias (E) added to the scores for choosing experts only,
+  // and counts the tokens routed to each expert; the trainer updates the bias after each
+  // iteration by bias_update_rate (--moe-router-bias-update-rate).
+  bool enable_expert_bias = false;
+  double bias_update_rate = 1e-3;
   int64_t ffn_hidden = 256;     // F, per expert (SwiGLU: gate+up are 2F wide)
   double aux_loss_coeff = 1e-2; // load-balancing loss coefficient
   double z_loss_coeff = 0.0;    // router z-loss coefficient (0 = off; 1e-3 usual)
@@ -48,6 +58,16 @@ struct LossOutput {
   std::vector<int64_t> tokens_per_expert; // summed over layers, for diagnostics
 };
 
+// One router's aux-loss-free balancing state, as views of the model's own tensors (updates in
+// place reach the model): expert_bias (E) fp32, a registered (persistent) buffer; the token
+// counter (E) fp32, not persistent (Megatron's local_tokens_per_expert, persistent=False).
+struct ExpertBiasState {
+  torch::Tensor expert_bias;
+  torch::Tensor local_tokens_per_expert;
+};
+
+// Every registered buffer of a CausalLM is persistent state (saved with the weights, as
+// PyTorch's persistent buffers are); non-persistent tensors are not registered.
 // A causal language model the harness can train. Dropout and router jitter draw only from the
 // generator passed in, so the caller owns (and can checkpoint) every random-number state.
 class CausalLM : public torch::nn::Module {
@@ -56,6 +76,8 @@ class CausalLM : public torch::nn::Module {
   virtual LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                           torch::Generator* gen) = 0;
   virtual std::string describe() const = 0;   // one line: architecture and parameter count
+  // The routers' expert-bias states (empty without expert bias), in layer order.
+  virtual std::vector<ExpertBiasState> expert_bias_states() { return {}; }
 };
 
 // Throws std::invalid_argument naming the first bad field (e.g. "ModelConfig.top_k (5) must be in

@@ -24,11 +24,18 @@ MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torc
     : n_experts(cfg.n_experts),
       top_k(cfg.top_k),
       dead_expert(cfg.dead_expert),
+      score_function(cfg.score_function),
+      enable_expert_bias(cfg.enable_expert_bias),
       aux_loss_coeff(cfg.aux_loss_coeff),
       z_loss_coeff(cfg.z_loss_coeff),
       router_jitter(cfg.router_jitter),
       num(n) {
   router = register_module("router", NoBiasLinear(cfg.d_model, cfg.n_experts, num, device));
+  if (enable_expert_bias) {   // router.py TopKRouter.__init__: both fp32 zeros
+    auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+    expert_bias = router->register_buffer("expert_bias", torch::zeros({n_experts}, f32));
+    local_tokens_per_expert = torch::zeros({n_experts}, f32);
+  }
   experts_list = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < n_experts; ++e) {
     experts.push_back(Expert(cfg.d_model, cfg.ffn_hidden, num, device));
@@ -55,18 +62,37 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   if (dead_expert >= 0)   // never chosen: its logit is -inf (softmax probability exactly 0)
     r.logits = r.logits.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(r.logits.device()),
                                    -std::numeric_limits<float>::infinity());
-  auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
-  r.top_idx = top_idx;
-  r.top_probs = torch::softmax(top_logits, -1);
-  auto counts = torch::bincount(top_idx.reshape(-1), {}, n_experts);  // (E) int64
+  torch::Tensor aux_scores;   // (N, E) the scores the load-balancing loss weighs
+  if (score_function == "sigmoid") {
+    auto scores = torch::sigmoid(r.logits);   // (N, E); a dead expert's -inf logit scores 0
+    auto for_routing = scores;
+    if (enable_expert_bias) for_routing = scores + expert_bias;
+    if (dead_expert >= 0)   // still never chosen, whatever its bias
+      for_routing = for_routing.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(scores.device()),
+                                           -std::numeric_limits<float>::infinity());
+    r.top_idx = std::get<1>(for_routing.topk(top_k, -1));   // (N, K)
+    auto top = scores.gather(1, r.top_idx);
+    r.top_probs = top_k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
+    aux_scores = top_k > 1 ? scores / (scores.sum(-1, true) + 1e-20) : scores;
+  } else {
+    auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
+    r.top_idx = top_idx;
+    r.top_probs = torch::softmax(top_logits, -1);
+    aux_scores = torch::softmax(r.logits, -1);
+  }
+  auto counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);  // (E) int64
   auto counts_cpu = counts.to(torch::kCPU);
   r.tokens_per_expert.assign(counts_cpu.data_ptr<int64_t>(),
                              counts_cpu.data_ptr<int64_t>() + n_experts);
+  if (enable_expert_bias && is_training() && torch::GradMode::is_enabled()) {
+    torch::NoGradGuard no_grad;
+    local_tokens_per_expert += counts.to(torch::kFloat);
+  }
 
   r.aux_loss = torch::zeros({}, r.logits.options());
   if (aux_loss_coeff > 0.0) {
     // Megatron's switch_load_balancing_loss_func; tokens_e carries no gradient.
-    auto prob_per_expert = torch::softmax(r.logits, -1).sum(0);  // (E)
+    auto prob_per_expert = aux_scores.sum(0);  // (E)
     const double scale =
         double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
     r.aux_loss = r.aux_loss + (prob_per_expert * counts.to(torch::kFloat)).sum() * scale;

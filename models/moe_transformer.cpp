@@ -118,8 +118,16 @@ std::string MoETransformer::describe() const {
   os << "moe-transformer L=" << cfg_.n_layers << " C=" << cfg_.d_model << " H=" << cfg_.n_heads
      << " E=" << cfg_.n_experts << " K=" << cfg_.top_k << " F=" << cfg_.ffn_hidden
      << " V=" << cfg_.vocab_size << " T=" << cfg_.seq_len << " params=" << num_parameters()
-     << " numerics=" << num_.name() << " device=" << device_.str();
+     << " numerics=" << num_.name() << " router=" << cfg_.score_function
+     << (cfg_.enable_expert_bias ? "+expert_bias" : "") << " device=" << device_.str();
   return os.str();
+}
+
+std::vector<ExpertBiasState> MoETransformer::expert_bias_states() {
+  std::vector<ExpertBiasState> out;
+  for (auto& l : layers)
+    if (l->moe->enable_expert_bias) out.push_back({l->moe->expert_bias, l->moe->local_tokens_per_expert});
+  return out;
 }
 
 std::shared_ptr<CausalLM> make_moe_transformer(const ModelConfig& cfg, uint64_t seed,

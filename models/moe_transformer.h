@@ -6,6 +6,7 @@
 //   layers.<l>.attention_norm.weight, layers.<l>.attention.qkv.weight,
 //   layers.<l>.attention.proj.weight layers.<l>.moe_norm.weight, layers.<l>.moe.router.weight
 //   layers.<l>.moe.experts.<e>.fc1.weight, layers.<l>.moe.experts.<e>.fc2.weight
+//   (buffer, with expert bias) layers.<l>.moe.router.expert_bias
 //   final_norm.weight, lm_head.weight
 #pragma once
 #include <torch/torch.h>
@@ -53,6 +54,7 @@ class MoETransformer : public CausalLM {
   LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                   torch::Generator* gen) override;
   std::string describe() const override;
+  std::vector<ExpertBiasState> expert_bias_states() override;
 
   int64_t num_parameters() const;
   const ModelConfig& config() const { return cfg_; }

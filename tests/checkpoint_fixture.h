@@ -120,7 +120,15 @@ inline Rig make_rig(const Mode& m, uint64_t seed, int64_t width = 16) {
   for (const auto& p : r.model->named_parameters(true))
     groups[p.key().find(".b") != std::string::npos || p.key() == "norm" ? 1 : 0].params.emplace_back(p.key(), p.value());
   r.opt = std::make_unique<PrecisionAdam>(std::move(groups), m.cfg);
-  r.state.lr = {1e-2, 1e-3, 2, 100, 0};
+  r.state.opt_param_scheduler.max_lr = 1e-2;
+  r.state.opt_param_scheduler.min_lr = 1e-3;
+  r.state.opt_param_scheduler.lr_warmup_steps = 16;
+  r.state.opt_param_scheduler.lr_decay_steps = 800;
+  r.state.opt_param_scheduler.lr_decay_style = "WSD";
+  r.state.opt_param_scheduler.start_wd = 0.0;
+  r.state.opt_param_scheduler.end_wd = 0.1;
+  r.state.opt_param_scheduler.wd_incr_style = "cosine";
+  r.state.opt_param_scheduler.wd_incr_steps = 800;
   return r;
 }
 
@@ -136,7 +144,7 @@ inline void train(Rig& r, int steps) {
     r.opt->zero_grads();
     r.state.iteration += 1;
     r.state.consumed_samples += 8;
-    r.state.lr.num_steps += 1;
+    r.state.opt_param_scheduler.num_steps += 8;
   }
   r.state.rng_states["data"] = {1, 2, 3, static_cast<uint8_t>(r.state.iteration)};
   r.state.rng_states["dropout"] = {0xde, 0xad, 0xbe, 0xef};

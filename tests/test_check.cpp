@@ -68,6 +68,41 @@ optimizer = { store_param_remainders = true }
   key = "fault"
   values = ["skip_rng_restore", "skip_data_position_restore", "reset_step_counter",
             "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders"]
+
+# The scheduler's faults need a schedule they can break: a weight decay rising 0 -> 0.1 (cosine)
+# while optimizer.weight_decay is 0.1, and a cosine LR decay.
+[[matrix]]
+name = "sched-faults"
+expect = "diverge"
+reason = "deliberate fault"
+train = { start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_style = "cosine" }
+  [[matrix.axis]]
+  name = "fault"
+  key = "fault"
+  values = ["reset_wd_schedule", "wrong_lr_decay_style"]
+
+# Every decay style and weight-decay style resumes bit for bit.
+[[matrix]]
+name = "sched"
+  [[matrix.axis]]
+  name = "lr"
+  values = ["constant", "linear", "inverse-square-root", "WSD"]
+  [matrix.axis.presets]
+  constant = { train = { lr_decay_style = "constant" } }
+  linear = { train = { lr_decay_style = "linear", start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_style = "linear" } }
+  inverse-square-root = { train = { lr_decay_style = "inverse-square-root", start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_style = "cosine" } }
+  WSD = { train = { lr_decay_style = "WSD", lr_wsd_decay_iters = 3, lr_wsd_decay_style = "minus_sqrt" } }
+
+# Aux-loss-free balancing: the routers' expert_bias resumes bit for bit; skipping it is caught.
+[[matrix]]
+name = "expert-bias"
+model = { score_function = "sigmoid", enable_expert_bias = true, bias_update_rate = 1e-2 }
+  [[matrix.axis]]
+  name = "fault"
+  values = ["none", "skip_expert_bias_restore"]
+  [matrix.axis.presets]
+  none = { expect = "exact" }
+  skip_expert_bias_restore = { fault = "skip_expert_bias_restore", expect = "diverge", reason = "deliberate fault" }
 )";
 
 class Check : public ::testing::Test {
@@ -129,7 +164,36 @@ TEST_F(Check, ToleranceCaseDiffersButStaysWithinItsDeclaredEnvelope) {
 TEST_F(Check, AFaultDeclaredExactFails) {
   auto r = run("fault-declared-exact");
   EXPECT_FALSE(r.passed) << r.verdict;
-  EXPECT_NE(r.first_divergence.find("lr.num_steps"), std::string::npos) << r.first_divergence;
+  EXPECT_NE(r.first_divergence.find("opt_param_scheduler.num_steps"), std::string::npos) << r.first_divergence;
+}
+
+// The scheduler's faults are caught, and the first divergence names the key they broke.
+TEST_F(Check, SchedulerFaultsAreCaughtNamingTheKey) {
+  for (auto [fault, key] : {std::pair{"reset_wd_schedule", "state/opt_param_scheduler.start_wd"},
+                            std::pair{"wrong_lr_decay_style", "state/opt_param_scheduler.lr_decay_style"}}) {
+    auto r = run(std::string("sched-faults/fault=") + fault);
+    EXPECT_TRUE(r.passed) << fault << ": " << r.verdict;
+    EXPECT_EQ(r.outcome, "diverged") << fault;
+    EXPECT_NE(r.first_divergence.find(key), std::string::npos) << fault << ": " << r.first_divergence;
+  }
+}
+
+TEST_F(Check, ExpertBiasResumesBitForBitAndASkippedRestoreIsNamed) {
+  auto ok = run("expert-bias/fault=none");
+  EXPECT_TRUE(ok.passed) << ok.verdict;
+  EXPECT_EQ(ok.outcome, "identical");
+  auto r = run("expert-bias/fault=skip_expert_bias_restore");
+  EXPECT_TRUE(r.passed) << r.verdict;
+  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_NE(r.first_divergence.find("model/layers.0.moe.router.expert_bias"), std::string::npos) << r.first_divergence;
+}
+
+TEST_F(Check, EveryDecayStyleResumesBitForBit) {
+  for (const char* name : {"sched/lr=constant", "sched/lr=linear", "sched/lr=inverse-square-root", "sched/lr=WSD"}) {
+    auto r = run(name);
+    EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
+    EXPECT_EQ(r.outcome, "identical") << name;
+  }
 }
 
 class CheckFault : public Check, public ::testing::WithParamInterface<std::string> {};

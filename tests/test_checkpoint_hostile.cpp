@@ -241,8 +241,8 @@ const std::vector<Hostile> kHostile = {
     {"GroupStepNearInt64Max", edit([](nlohmann::json& m) { m["optimizer"]["groups"][0]["step"] = INT64_MAX; }),
      "field /optimizer/groups/0/step: expected an integer in [0, 1099511627776]"},
     {"NumStepsNearInt64Max",
-     edit([](nlohmann::json& m) { m["train_state"]["lr_schedule"]["num_steps"] = INT64_MAX; }),
-     "field /train_state/lr_schedule/num_steps"},
+     edit([](nlohmann::json& m) { m["train_state"]["opt_param_scheduler"]["num_steps"] = INT64_MAX; }),
+     "field /train_state/opt_param_scheduler/num_steps"},
     {"BlockBytesWrapsToZeroBlocks", [](const fs::path& d) {
        // A corrupted data byte, and block_bytes = 2^64-1 with an empty block list: the block
        // arithmetic wrapped to zero blocks and the whole-file checksum was skipped.
@@ -320,9 +320,10 @@ TEST(HostileCounters, CountersMustMatchTheRunConfig) {
   write_manifest(dir, m);
   refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", cfg);
   m = good;
-  m["train_state"]["lr_schedule"]["num_steps"] = 5;
+  m["train_state"]["opt_param_scheduler"]["num_steps"] = 5;
   write_manifest(dir, m);
-  refused("field /train_state/lr_schedule/num_steps: 5 scheduler steps after 2 iterations", cfg);
+  refused("field /train_state/opt_param_scheduler/num_steps: 5 scheduler steps (samples) after 2 iterations of 8 "
+          "samples, expected 16", cfg);
   m = good;
   m["optimizer"]["groups"][0]["step"] = 3;
   write_manifest(dir, m);

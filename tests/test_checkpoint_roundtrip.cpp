@@ -151,8 +151,19 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   for (size_t g = 0; g < a.opt->num_groups(); ++g) EXPECT_EQ(c.opt->step_count(g), a.opt->step_count(g));
   EXPECT_EQ(c.state.iteration, a.state.iteration);
   EXPECT_EQ(c.state.consumed_samples, a.state.consumed_samples);
-  EXPECT_EQ(c.state.lr.num_steps, a.state.lr.num_steps);
-  EXPECT_EQ(c.state.lr.decay_iters, a.state.lr.decay_iters);
+  {   // the scheduler's state_dict, every key
+    const auto &x = c.state.opt_param_scheduler, &y = a.state.opt_param_scheduler;
+    EXPECT_EQ(x.num_steps, y.num_steps);
+    EXPECT_EQ(x.max_lr, y.max_lr);
+    EXPECT_EQ(x.min_lr, y.min_lr);
+    EXPECT_EQ(x.lr_warmup_steps, y.lr_warmup_steps);
+    EXPECT_EQ(x.lr_decay_steps, y.lr_decay_steps);
+    EXPECT_EQ(x.lr_decay_style, y.lr_decay_style);
+    EXPECT_EQ(x.start_wd, y.start_wd);
+    EXPECT_EQ(x.end_wd, y.end_wd);
+    EXPECT_EQ(x.wd_incr_style, y.wd_incr_style);
+    EXPECT_EQ(x.wd_incr_steps, y.wd_incr_steps);
+  }
   EXPECT_EQ(c.state.rng_states, a.state.rng_states);
   if (!lossy) {   // exact resume: the next step is identical too
     train(a, 1);

@@ -37,8 +37,21 @@ const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::strin
 
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
-  // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 7; 2 named.
-  EXPECT_EQ(all.size(), 9u + 6u + 7u + 2u + 4u + 2u + 1u + 6u + 4u);   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies), compressed (2 sizes x 2 moments)
+  // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 9; 2 named.
+  // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
+  // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault),
+  // compressed (2 sizes x 2 moments)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u);
+  const auto& eb = by_name(all, "expert-bias/dp=2,moments=bf16");
+  EXPECT_TRUE(eb.cfg.model.enable_expert_bias);
+  EXPECT_EQ(eb.cfg.model.score_function, "sigmoid");
+  EXPECT_EQ(eb.dp_size, 2);
+  EXPECT_EQ(by_name(all, "expert-bias/fault=skip_expert_bias_restore").fault, rh::Fault::skip_expert_bias_restore);
+  const auto& wsd = by_name(all, "schedule/lr=WSD");
+  EXPECT_EQ(wsd.cfg.train.lr_decay_style, "WSD");
+  EXPECT_EQ(wsd.cfg.train.lr_wsd_decay_iters, 12);
+  EXPECT_EQ(wsd.cfg.train.weight_decay_incr_style, "cosine");
+  EXPECT_EQ(by_name(all, "faults/fault=reset_wd_schedule").cfg.train.weight_decay_incr_style, "linear");
   const auto& z = by_name(all, "compressed/dp=2,moments=fp8");
   EXPECT_EQ(z.policy.compress, rh::ckpt::Compression::zstd);
   EXPECT_EQ(z.policy.kind, rh::ckpt::SavePolicyKind::native);
@@ -80,12 +93,23 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
     EXPECT_EQ(s.policy.compress, rh::ckpt::Compression::zstd) << s.name;
     EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact) << s.name;
   }
+  // every LR decay style, WSD anneal style used, and weight-decay increment style at least once
+  std::set<std::string> lr, wd;
+  for (const auto& s : all) {
+    lr.insert(s.cfg.train.lr_decay_style);
+    wd.insert(s.cfg.train.weight_decay_incr_style);
+  }
+  EXPECT_EQ(lr, (std::set<std::string>{"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
+  EXPECT_EQ(wd, (std::set<std::string>{"constant", "linear", "cosine"}));
+  EXPECT_EQ(rh::select_scenarios(all, "schedule/").size(), 15u);
+  EXPECT_EQ(rh::select_scenarios(all, "expert-bias/").size(), 8u + 2u);
+  EXPECT_TRUE(by_name(all, "expert-bias/reshard=2to1").resharded());
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   EXPECT_EQ(rh::select_scenarios(all, "seed-protocol").size(), 1u);
-  EXPECT_EQ(rh::select_scenarios(all, "faults/").size(), 7u);
+  EXPECT_EQ(rh::select_scenarios(all, "faults/").size(), 9u);
   EXPECT_EQ(rh::select_scenarios(all, "states/*policy=per_key").size(), 3u);
   EXPECT_TRUE(rh::select_scenarios(all, "no-such").empty());
   EXPECT_EQ(rh::safe_name("states/a=b,c=d"), "states__a=b+c=d");

@@ -1,4 +1,4 @@
-// The trainer: LR schedule, determinism of two runs, learning within 20 iterations, and state
+// The trainer: determinism of two runs, learning within 20 iterations, and state
 // capture/restore continuing bit-identically in-process (the cross-process check is check's job).
 #include <gtest/gtest.h>
 
@@ -35,16 +35,6 @@ bool same_bits(const rh::IterMetrics& a, const rh::IterMetrics& b) {
     if (std::memcmp(&x, &y, sizeof x) != 0) return false;
   }
   return a.iteration == b.iteration && a.consumed_samples == b.consumed_samples;
-}
-
-TEST(LRSchedule, WarmupThenCosineToFloor) {
-  rh::ckpt::LRScheduleState s{1.0, 0.1, 2, 10, 0};
-  EXPECT_DOUBLE_EQ(rh::lr_at(s, 0), 0.5);
-  EXPECT_DOUBLE_EQ(rh::lr_at(s, 1), 1.0);
-  EXPECT_DOUBLE_EQ(rh::lr_at(s, 2), 1.0);             // cosine starts at the peak
-  EXPECT_NEAR(rh::lr_at(s, 6), 0.55, 1e-15);          // halfway: (max + min) / 2
-  EXPECT_DOUBLE_EQ(rh::lr_at(s, 10), 0.1);
-  EXPECT_DOUBLE_EQ(rh::lr_at(s, 50), 0.1);
 }
 
 class TrainerByDtype : public ::testing::TestWithParam<std::string> {

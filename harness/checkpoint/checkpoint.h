@@ -20,7 +20,8 @@
 
 namespace rh::ckpt {
 
-constexpr int kFormatVersion = 2;   // 2: data-parallel shards (param_ranges within params, rank_states)
+constexpr int kFormatVersion = 3;   // 2: data-parallel shards (param_ranges within params, rank_states);
+                                     // 3: train_state.opt_param_scheduler = Megatron's scheduler state_dict
 
 // CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
 

@@ -63,7 +63,9 @@ void check_model(const detail::Verified& v, const torch::nn::Module& model, cons
   auto it = v.files.find(detail::kModelFile);
   if (it == v.files.end()) throw CheckpointError("checkpoint " + v.dir + ": manifest lists no " + detail::kModelFile);
   const SafetensorsFile& f = it->second;
-  const auto params = model.named_parameters(true);
+  // Parameters and persistent buffers (every registered buffer, e.g. a router's expert_bias).
+  auto params = model.named_parameters(true);
+  for (const auto& b : model.named_buffers(true)) params.insert(b.key(), b.value());
   for (const auto& p : params) {
     const TensorInfo* ti = f.find(p.key());
     if (!ti) throw CheckpointError("config mismatch: " + f.path() + " has no tensor '" + p.key() + "' (the model has it)");
@@ -75,7 +77,7 @@ void check_model(const detail::Verified& v, const torch::nn::Module& model, cons
   }
   if (f.tensors().size() != params.size())
     throw CheckpointError("config mismatch: " + f.path() + " holds " + std::to_string(f.tensors().size()) +
-                          " parameters, the model has " + std::to_string(params.size()));
+                          " tensors, the model has " + std::to_string(params.size()) + " (parameters and buffers)");
   const nlohmann::json& saved = v.manifest["run_config"];
   if (run_config.is_object() && saved.is_object() && run_config.contains("model") && saved.contains("model") &&
       run_config["model"] != saved["model"]) {
@@ -124,12 +126,18 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
   try {
     s.iteration = j.at("iteration").get<int64_t>();
     s.consumed_samples = j.at("consumed_samples").get<int64_t>();
-    const auto& lr = j.at("lr_schedule");
-    s.lr.max_lr = lr.at("max_lr").get<double>();
-    s.lr.min_lr = lr.at("min_lr").get<double>();
-    s.lr.warmup_iters = lr.at("warmup_iters").get<int64_t>();
-    s.lr.decay_iters = lr.at("decay_iters").get<int64_t>();
-    s.lr.num_steps = lr.at("num_steps").get<int64_t>();
+    const auto& sc = j.at("opt_param_scheduler");
+    auto& o = s.opt_param_scheduler;
+    o.max_lr = sc.at("max_lr").get<double>();
+    o.lr_warmup_steps = sc.at("lr_warmup_steps").get<int64_t>();
+    o.num_steps = sc.at("num_steps").get<int64_t>();
+    o.lr_decay_style = sc.at("lr_decay_style").get<std::string>();
+    o.lr_decay_steps = sc.at("lr_decay_steps").get<int64_t>();
+    o.min_lr = sc.at("min_lr").get<double>();
+    o.start_wd = sc.at("start_wd").get<double>();
+    o.end_wd = sc.at("end_wd").get<double>();
+    o.wd_incr_style = sc.at("wd_incr_style").get<std::string>();
+    o.wd_incr_steps = sc.at("wd_incr_steps").get<int64_t>();
     s.rng_states = parse_rng_states(j.at("rng_states"), mpath);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(mpath + ": bad train_state: " + e.what());
@@ -194,8 +202,10 @@ void parallel_copies(size_t n, const std::function<uint64_t(size_t)>& bytes, con
 LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model, optim::PrecisionAdam& opt,
                            TrainState& state, const nlohmann::json& run_config, const LoadOptions& opts) {
   for (const auto& k : opts.skip_keys)
-    if (k != "master_param" && k != "remainder" && k != "exp_avg" && k != "exp_avg_sq" && k != "model" && k != "step")
-      throw CheckpointError("skip_keys: unknown key '" + k + "' (master_param, remainder, exp_avg, exp_avg_sq, model, step)");
+    if (k != "master_param" && k != "remainder" && k != "exp_avg" && k != "exp_avg_sq" && k != "model" && k != "step" &&
+        k != "buffers")
+      throw CheckpointError("skip_keys: unknown key '" + k + "' (master_param, remainder, exp_avg, exp_avg_sq, model, "
+                            "buffers, step)");
   LoadReport rep;
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [](std::chrono::steady_clock::time_point t) {
@@ -439,6 +449,9 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       }
       for (const auto& s : inexact) rep.conversions.push_back("lossy on load: " + s);
     }
+    // Persistent buffers, exactly as saved (a router's fp32 expert_bias); after the last refusal.
+    if (!opts.skip_keys.count("buffers"))
+      for (const auto& b : model.named_buffers(true)) b.value().detach().copy_(mf.tensor(b.key()));
     if (!opts.skip_keys.count("step")) {
       const auto& groups = m["optimizer"]["groups"];
       for (size_t g = 0; g < opt.num_groups(); ++g) opt.set_step_count(g, groups[g]["step"].get<int64_t>());

@@ -226,8 +226,12 @@ ShardIndex shard_index(const Verified& v) {
   auto mit = v.files.find(kModelFile);
   if (mit == v.files.end()) fail(mpath, std::string("lists no ") + kModelFile);
   ShardIndex ix;
-  for (const auto& t : mit->second.tensors()) ix.shape[t.key] = t.shape;
   const JsonField m(v.manifest, "checkpoint file " + mpath);
+  // Persistent buffers (manifest /model/buffers) live in the model file but have no optimizer state.
+  std::set<std::string> buffers;
+  if (m["model"].has("buffers")) m["model"]["buffers"].each([&](const JsonField& b) { buffers.insert(b.str()); });
+  for (const auto& t : mit->second.tensors())
+    if (!buffers.count(t.key)) ix.shape[t.key] = t.shape;
   m["shards"].each([&](const JsonField& sh) {
     const std::string file = sh["file"].str();
     if (!v.files.count(file)) sh["file"].fail("shard file '" + quote_text(file) + "' is not listed in 'files'");

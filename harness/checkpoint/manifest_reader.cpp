@@ -130,12 +130,17 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   const int64_t ts_iter = ts["iteration"].i64(0, kMaxCounter);
   if (ts_iter != iteration) ts["iteration"].fail(std::to_string(ts_iter) + " differs from /iteration " + std::to_string(iteration));
   (void)ts["consumed_samples"].i64(0, kMaxCounter);
-  const JsonField lr = ts["lr_schedule"];
-  (void)lr["max_lr"].number();
-  (void)lr["min_lr"].number();
-  (void)lr["warmup_iters"].i64(0, kMaxCounter);
-  (void)lr["decay_iters"].i64(0, kMaxCounter);
-  (void)lr["num_steps"].i64(0, kMaxCounter);
+  const JsonField sc = ts["opt_param_scheduler"];   // upstream's state_dict keys
+  (void)sc["max_lr"].number();
+  (void)sc["lr_warmup_steps"].i64(0, kMaxCounter);
+  (void)sc["num_steps"].i64(0, kMaxCounter);
+  (void)sc["lr_decay_style"].str();
+  (void)sc["lr_decay_steps"].i64(0, kMaxCounter);
+  (void)sc["min_lr"].number();
+  (void)sc["start_wd"].number();
+  (void)sc["end_wd"].number();
+  (void)sc["wd_incr_style"].str();
+  (void)sc["wd_incr_steps"].i64(0, kMaxCounter);
   rng_states(ts["rng_states"]);
   if (m.has("rank_states"))
     m["rank_states"].each([](const JsonField& r) {
@@ -191,9 +196,13 @@ void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_co
     if (got != want)
       ts["consumed_samples"].fail(std::to_string(got) + " samples, but " + std::to_string(it) + " iterations of " +
                                   std::to_string(gb) + " samples consume " + std::to_string(want));
+    // The scheduler counts samples (training.py: increment = global batch per step).
+    const int64_t ns = ts["opt_param_scheduler"]["num_steps"].i64(0, kMaxCounter);
+    if (ns != want)
+      ts["opt_param_scheduler"]["num_steps"].fail(std::to_string(ns) + " scheduler steps (samples) after " +
+                                                  std::to_string(it) + " iterations of " + std::to_string(gb) +
+                                                  " samples, expected " + std::to_string(want));
   }
-  const int64_t ns = ts["lr_schedule"]["num_steps"].i64(0, kMaxCounter);
-  if (ns != it) ts["lr_schedule"]["num_steps"].fail(std::to_string(ns) + " scheduler steps after " + std::to_string(it) + " iterations");
   m["optimizer"]["groups"].each([&](const JsonField& g) {
     const int64_t s = g["step"].i64(0, kMaxCounter);
     if (s > it) g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");

@@ -10,7 +10,7 @@
 
 namespace rh::ckpt::detail {
 
-constexpr int kManifestFormatVersion = 2;
+constexpr int kManifestFormatVersion = 3;
 constexpr uint64_t kMaxManifestBytes = 64ull << 20;   // our manifests are ~100 KB per 1M params
 constexpr uint64_t kMaxPointerBytes = 32;             // "<iteration>\n"
 // Counters (iteration, consumed samples, steps) above this are refused: far beyond any run, and
@@ -37,7 +37,7 @@ uint64_t block_count(uint64_t bytes, uint64_t block_bytes);
 
 // The counters of a loaded train_state checked against the current run's config (run_config's
 // "train" section, if it has one): the iteration within the run's length, consumed_samples equal
-// to iteration * global_batch, lr num_steps equal to the iteration, every group's step at most
+// to iteration * global_batch, the scheduler's num_steps equal to consumed samples, every group's step at most
 // the iteration. Throws CheckpointError naming the manifest and the field.
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path);
 

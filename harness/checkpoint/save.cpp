@@ -48,9 +48,19 @@ nlohmann::json train_state_json(const TrainState& s) {
   for (const auto& [name, bytes] : s.rng_states) rng[name] = hex_encode(bytes);
   return {{"iteration", s.iteration},
           {"consumed_samples", s.consumed_samples},
-          {"lr_schedule", {{"max_lr", s.lr.max_lr}, {"min_lr", s.lr.min_lr},
-                           {"warmup_iters", s.lr.warmup_iters}, {"decay_iters", s.lr.decay_iters},
-                           {"num_steps", s.lr.num_steps}}},
+          // Megatron's OptimizerParamScheduler.state_dict(), its keys and values
+          // (megatron/core/optimizer_param_scheduler.py state_dict; checkpointing.py saves it as
+          // state_dict['opt_param_scheduler']).
+          {"opt_param_scheduler", {{"max_lr", s.opt_param_scheduler.max_lr},
+                                   {"lr_warmup_steps", s.opt_param_scheduler.lr_warmup_steps},
+                                   {"num_steps", s.opt_param_scheduler.num_steps},
+                                   {"lr_decay_style", s.opt_param_scheduler.lr_decay_style},
+                                   {"lr_decay_steps", s.opt_param_scheduler.lr_decay_steps},
+                                   {"min_lr", s.opt_param_scheduler.min_lr},
+                                   {"start_wd", s.opt_param_scheduler.start_wd},
+                                   {"end_wd", s.opt_param_scheduler.end_wd},
+                                   {"wd_incr_style", s.opt_param_scheduler.wd_incr_style},
+                                   {"wd_incr_steps", s.opt_param_scheduler.wd_incr_steps}}},
           {"rng_states", rng}};
 }
 
@@ -197,11 +207,22 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
     m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
                                                 info_of(item.key(), p, d), "native", "stored", true));
   }
+  // Persistent buffers (a router's expert_bias) go into the model file beside the weights, as in
+  // a PyTorch state_dict; they are not parameters and not counted as such.
+  nlohmann::json buffer_names = nlohmann::json::array();
+  for (const auto& item : in.model->named_buffers(/*recurse=*/true)) {
+    const torch::Tensor& b = item.value();
+    buffer_names.push_back(item.key());
+    StDtype d = st_from_scalar_type(b.scalar_type(), "model buffer " + item.key());
+    model_t.push_back({item.key(), b.detach(), d});
+    m["tensors"].push_back(detail::tensor_entry(detail::kModelFile, item.key(), item.key(), "model",
+                                                info_of(item.key(), b, d), "native", "stored", true));
+  }
   nlohmann::json fentry;
   write_data_file((tmp / detail::kModelFile).string(), model_t, {{"format", "pt"}}, in.policy, m["tensors"], fentry,
                   "model", detail::kModelFile);
   m["files"].push_back(fentry);
-  m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}};
+  m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}, {"buffers", buffer_names}};
   const optim::PrecisionAdam& opt = *in.optimizer;
   nlohmann::json groups = nlohmann::json::array();
   for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});

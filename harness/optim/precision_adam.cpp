@@ -400,6 +400,16 @@ int64_t PrecisionAdam::step_count(size_t g) const {
   impl_->check_group(g);
   return impl_->steps[g];
 }
+double PrecisionAdam::weight_decay(size_t g) const {
+  impl_->check_group(g);
+  return impl_->group_wd[g];
+}
+void PrecisionAdam::set_weight_decay(size_t g, double wd) {
+  impl_->check_group(g);
+  if (!(wd >= 0) || !std::isfinite(wd))
+    throw std::invalid_argument("set_weight_decay: weight decay must be finite and >= 0 for group " + std::to_string(g));
+  impl_->group_wd[g] = wd;
+}
 void PrecisionAdam::set_step_count(size_t g, int64_t step) {
   impl_->check_group(g);
   if (step < 0) throw std::invalid_argument("set_step_count: negative step for group " + std::to_string(g));

@@ -145,6 +145,10 @@ class PrecisionAdam {
   const std::string& group_name(size_t g) const;
   size_t group_of(const std::string& param) const;
   int64_t step_count(size_t g) const;
+  // The weight decay step() applies to group g (a schedule sets it before each step, as
+  // Megatron's OptimizerParamScheduler.step writes param_group['weight_decay']).
+  double weight_decay(size_t g) const;
+  void set_weight_decay(size_t g, double wd);
   void set_step_count(size_t g, int64_t step);
 
   // Upstream get_unscaled_state / set_scaled_state (transformer_engine/pytorch/optimizers/

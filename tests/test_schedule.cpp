@@ -1,0 +1,346 @@
+// Megatron's OptimizerParamScheduler (harness/schedule.h), pinned against:
+//  - an independent Python computation (tests/sched_reference.py, run by this test with
+//    /usr/bin/python3) of get_lr / get_wd at chosen num_steps for every LR decay style, every WSD
+//    anneal style and every weight-decay increment style, compared bit for bit;
+//  - constants worked out by hand from upstream's formulas;
+//  - _check_and_set / load_state_dict: a mismatch is refused naming the key, unless
+//    --use-checkpoint-opt_param-scheduler (the checkpoint's value) or
+//    --override-opt_param-scheduler (this run's), never both;
+//  - the trainer: the LR of each iteration and the weight decay its step applies are the
+//    scheduler's, and a restored state continues identically, a reset one does not.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "harness/env.h"
+#include "harness/schedule.h"
+#include "harness/trainer.h"
+
+namespace {
+
+const nlohmann::json& reference() {
+  static const nlohmann::json j = [] {
+    const std::string out = std::string(RH_BINARY_DIR) + "/sched_reference.json";
+    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/sched_reference.py " + out;
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+    std::ifstream f(out);
+    return nlohmann::json::parse(f);
+  }();
+  return j;
+}
+
+uint64_t bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
+rh::RunConfig config_of(const nlohmann::json& c) {
+  rh::RunConfig cfg;
+  cfg.train.lr = c.at("max_lr");
+  cfg.train.min_lr = c.at("min_lr");
+  cfg.train.lr_warmup_init = c.at("init_lr");
+  cfg.train.global_batch = c.at("gb");
+  cfg.train.micro_batch = c.at("gb");
+  cfg.train.lr_warmup_iters = c.at("warmup_iters");
+  cfg.train.lr_decay_iters = c.at("decay_iters");
+  cfg.train.iterations = c.at("train_iters");
+  cfg.train.lr_wsd_decay_iters = c.at("wsd_iters");
+  cfg.train.lr_decay_style = c.at("style");
+  cfg.train.lr_wsd_decay_style = c.at("wsd_style");
+  cfg.train.start_weight_decay = c.at("start_wd");
+  cfg.train.end_weight_decay = c.at("end_wd");
+  cfg.train.weight_decay_incr_style = c.at("wd_style");
+  return cfg;
+}
+
+TEST(Schedule, EveryStyleMatchesAnIndependentPythonComputationBitForBit) {
+  size_t n = 0;
+  for (const auto& c : reference().at("cases")) {
+    const auto cfg = config_of(c);
+    ASSERT_NO_THROW(rh::validate(cfg)) << c.at("name");
+    auto s = rh::scheduler_from_config(cfg);
+    const auto a = rh::scheduler_args_from_config(cfg);
+    for (const auto& v : c.at("values")) {
+      s.num_steps = v.at("num_steps");
+      const double lr = std::strtod(v.at("lr").get<std::string>().c_str(), nullptr);
+      const double wd = std::strtod(v.at("wd").get<std::string>().c_str(), nullptr);
+      EXPECT_EQ(bits(rh::scheduler_lr(s, a)), bits(lr))
+          << c.at("name") << " lr at num_steps " << s.num_steps << ": " << rh::scheduler_lr(s, a) << " vs " << lr;
+      EXPECT_EQ(bits(rh::scheduler_wd(s)), bits(wd))
+          << c.at("name") << " wd at num_steps " << s.num_steps << ": " << rh::scheduler_wd(s) << " vs " << wd;
+      ++n;
+    }
+  }
+  EXPECT_GT(n, 200u);
+}
+
+// Hand-worked from upstream's formulas (max 1e-2, min 1e-3, warmup 2 iterations, decay 20, 16
+// samples per iteration): warmup is inclusive and starts at init_lr, so iteration 1 steps with
+// lr 0 and iteration 3 (num_steps 32 = warmup) with the peak; linear halfway is (max + min) / 2.
+TEST(Schedule, HandWorkedValues) {
+  rh::RunConfig cfg;
+  cfg.train.lr_decay_style = "linear";
+  auto s = rh::scheduler_from_config(cfg);
+  const auto a = rh::scheduler_args_from_config(cfg);
+  EXPECT_EQ(s.lr_warmup_steps, 32);
+  EXPECT_EQ(s.lr_decay_steps, 320);
+  EXPECT_EQ(s.wd_incr_steps, 320);
+  EXPECT_EQ(s.start_wd, cfg.optim.weight_decay);   // --start/--end-weight-decay default to --weight-decay
+  s.num_steps = 0;
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.0);
+  s.num_steps = 16;
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.005);
+  s.num_steps = 32;
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.01);
+  s.num_steps = 176;   // (176 - 32) / 288 = 0.5
+  EXPECT_NEAR(rh::scheduler_lr(s, a), 0.0055, 1e-17);
+  s.num_steps = 320;
+  EXPECT_NEAR(rh::scheduler_lr(s, a), 0.001, 1e-18);
+  s.num_steps = 321;
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.001);
+  s.lr_decay_style = "constant";
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.01);   // constant ignores the end of decay
+  s.lr_decay_style = "inverse-square-root";
+  s.num_steps = 128;   // 1e-2 * sqrt(32) / sqrt(128) = 5e-3
+  EXPECT_EQ(rh::scheduler_lr(s, a), 0.005);
+  s.num_steps = 160;
+  s.start_wd = 0.0;
+  s.end_wd = 0.1;
+  s.wd_incr_style = "linear";
+  EXPECT_EQ(rh::scheduler_wd(s), 0.05);
+  s.wd_incr_style = "cosine";   // 0.5 * (cos(pi / 2) + 1) * 0.1
+  EXPECT_NEAR(rh::scheduler_wd(s), 0.05, 1e-17);
+  s.num_steps = 400;
+  EXPECT_EQ(rh::scheduler_wd(s), 0.1);
+}
+
+TEST(Schedule, BadStylesAndUpstreamAssertsAreBadInput) {
+  auto refused = [](auto edit, const std::string& want) {
+    rh::RunConfig cfg;
+    edit(cfg);
+    try {
+      rh::validate(cfg);
+      ADD_FAILURE() << "accepted, expected: " << want;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused([](rh::RunConfig& c) { c.train.lr_decay_style = "cosine-ish"; }, "train.lr_decay_style (--lr-decay-style)");
+  refused([](rh::RunConfig& c) { c.train.lr_decay_style = "WSD"; }, "needs train.lr_wsd_decay_iters");
+  refused([](rh::RunConfig& c) { c.train.lr_wsd_decay_style = "step"; }, "train.lr_wsd_decay_style");
+  refused([](rh::RunConfig& c) { c.train.weight_decay_incr_style = "exp"; }, "train.weight_decay_incr_style");
+  refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.0; c.train.end_weight_decay = 0.1; },
+          "constant needs start and end weight decay equal");
+  refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.2; c.train.end_weight_decay = 0.1;
+                                 c.train.weight_decay_incr_style = "linear"; }, "end_wd >= start_wd");
+  refused([](rh::RunConfig& c) { c.train.lr_warmup_init = 1.0; }, "train.lr_warmup_init");
+  refused([](rh::RunConfig& c) { c.train.override_opt_param_scheduler = c.train.use_checkpoint_opt_param_scheduler = true; },
+          "both override and use-checkpoint are set.");
+}
+
+TEST(Schedule, LoadChecksEveryKeyOrTakesTheSideTheFlagsName) {
+  rh::RunConfig cfg;
+  auto saved = rh::scheduler_from_config(cfg);
+  saved.num_steps = 160;
+  auto cls = rh::scheduler_from_config(cfg);
+  auto a = rh::scheduler_args_from_config(cfg);
+  // Same values: the saved state comes back whole, num_steps included.
+  auto got = rh::load_scheduler_state(cls, saved, a, "ckpt");
+  EXPECT_EQ(got.num_steps, 160);
+  EXPECT_EQ(got.lr_decay_style, "cosine");
+  // A different decay style in this run: refused naming the key (upstream's assert).
+  cls.lr_decay_style = "linear";
+  try {
+    rh::load_scheduler_state(cls, saved, a, "ckpt");
+    ADD_FAILURE() << "a mismatch was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("ckpt: opt_param_scheduler.lr_decay_style"), std::string::npos) << w;
+    EXPECT_NE(w.find("class input value linear and checkpoint value cosine for learning rate decay style do not match"),
+              std::string::npos) << w;
+  }
+  a.use_checkpoint_opt_param_scheduler = true;
+  EXPECT_EQ(rh::load_scheduler_state(cls, saved, a, "ckpt").lr_decay_style, "cosine");
+  a.use_checkpoint_opt_param_scheduler = false;
+  a.override_opt_param_scheduler = true;
+  got = rh::load_scheduler_state(cls, saved, a, "ckpt");
+  EXPECT_EQ(got.lr_decay_style, "linear");
+  EXPECT_EQ(got.num_steps, 160);   // num_steps is never overridden: step(increment=num_steps)
+  a.use_checkpoint_opt_param_scheduler = true;
+  EXPECT_THROW(rh::load_scheduler_state(cls, saved, a, "ckpt"), std::invalid_argument);
+  // Every other key is checked too.
+  a = rh::scheduler_args_from_config(cfg);
+  for (int k = 0; k < 8; ++k) {
+    auto c2 = rh::scheduler_from_config(cfg);
+    switch (k) {
+      case 0: c2.max_lr *= 2; break;
+      case 1: c2.min_lr *= 2; break;
+      case 2: c2.lr_warmup_steps += 1; break;
+      case 3: c2.lr_decay_steps += 1; break;
+      case 4: c2.start_wd = 0; break;
+      case 5: c2.end_wd = 1; break;
+      case 6: c2.wd_incr_steps += 1; break;
+      case 7: c2.wd_incr_style = "linear"; break;
+    }
+    EXPECT_THROW(rh::load_scheduler_state(c2, saved, a, "ckpt"), std::invalid_argument) << "key " << k;
+  }
+}
+
+rh::RunConfig small_scheduled_config() {
+  rh::RunConfig cfg;
+  cfg.model.d_model = 64;
+  cfg.model.ffn_hidden = 64;
+  cfg.model.seq_len = 32;
+  cfg.model.vocab_size = 64;
+  cfg.train.global_batch = 8;
+  cfg.train.micro_batch = 4;
+  cfg.train.iterations = 6;
+  cfg.train.lr_decay_iters = 6;
+  cfg.train.lr_decay_style = "WSD";
+  cfg.train.lr_wsd_decay_iters = 3;
+  cfg.train.lr_wsd_decay_style = "cosine";
+  cfg.train.start_weight_decay = 0.0;
+  cfg.train.end_weight_decay = 0.3;
+  cfg.train.weight_decay_incr_style = "cosine";
+  return cfg;
+}
+
+TEST(ScheduleInTrainer, EachStepUsesTheSchedulersLrAndWeightDecay) {
+  rh::configure_determinism(1);
+  const auto cfg = small_scheduled_config();
+  rh::Trainer t(cfg);
+  auto s = rh::scheduler_from_config(cfg);
+  const auto a = rh::scheduler_args_from_config(cfg);
+  size_t decay = 0;
+  while (t.optimizer().group_name(decay) != "decay") ++decay;
+  for (int i = 1; i <= 6; ++i) {
+    const auto m = t.train_iteration();
+    EXPECT_EQ(bits(m.lr), bits(rh::scheduler_lr(s, a))) << "iteration " << i;
+    EXPECT_EQ(bits(t.optimizer().weight_decay(decay)), bits(rh::scheduler_wd(s))) << "iteration " << i;
+    s.num_steps += cfg.train.global_batch;
+    EXPECT_EQ(t.state().opt_param_scheduler.num_steps, s.num_steps);
+  }
+}
+
+bool same_bits(const rh::IterMetrics& x, const rh::IterMetrics& y) {
+  return bits(x.lm_loss) == bits(y.lm_loss) && bits(x.grad_norm) == bits(y.grad_norm) && bits(x.lr) == bits(y.lr);
+}
+
+TEST(ScheduleInTrainer, RestoredSchedulerContinuesIdenticallyAndAResetOneDoesNot) {
+  rh::configure_determinism(1);
+  const auto cfg = small_scheduled_config();
+  rh::Trainer a(cfg), b(cfg), c(cfg);
+  for (auto* t : {&a, &b, &c})
+    for (int i = 0; i < 3; ++i) t->train_iteration();
+  const auto st = a.state();
+  const auto next = a.train_iteration();
+  b.set_state(st);
+  EXPECT_TRUE(same_bits(b.train_iteration(), next));
+  auto broken = st;   // reset_wd_schedule: a constant optimizer.weight_decay instead of the increment
+  broken.opt_param_scheduler.start_wd = broken.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
+  broken.opt_param_scheduler.wd_incr_style = "constant";
+  c.set_state(broken);
+  const auto m = c.train_iteration();
+  EXPECT_EQ(bits(m.lr), bits(next.lr));   // the LR part is intact; the step's weight decay is not
+  auto weights = [](const rh::Trainer& t) {
+    std::vector<std::pair<std::string, uint64_t>> w;
+    for (const auto& [k, h] : t.fingerprints())
+      if (k.rfind("model/", 0) == 0) w.emplace_back(k, h);
+    return w;
+  };
+  EXPECT_EQ(weights(b), weights(a));
+  EXPECT_NE(weights(c), weights(a));
+}
+
+// Through the tool, in fresh processes: a checkpoint saved with a cosine schedule, resumed by a
+// run asking for linear. Upstream (checkpointing.py load_checkpoint -> load_state_dict ->
+// _check_and_set) refuses that by default, keeps cosine with --use-checkpoint-opt_param-scheduler
+// (so the resumed LRs equal the uninterrupted run's) and takes linear with
+// --override-opt_param-scheduler.
+namespace cli {
+
+namespace fs = std::filesystem;
+
+const std::string kTiny =
+    " --vocab-size 32 --seq-length 16 --hidden-size 32 --num-layers 1 --num-attention-heads 2"
+    " --moe-ffn-hidden-size 32 --train-iters 6 --global-batch-size 4 --micro-batch-size 2"
+    " --lr-decay-iters 6 --quiet";   // the default decay style: cosine
+
+int tool(const std::string& args, const fs::path& log) {
+  const std::string cmd = std::string(RH_TOOL) + " train" + args + " > " + log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// The lr_hex column of iterations from..6 in a metrics.csv.
+std::vector<std::string> lrs(const fs::path& metrics, int from) {
+  std::ifstream f(metrics);
+  std::string line;
+  std::getline(f, line);
+  std::vector<std::string> cols;
+  {
+    std::stringstream h(line);
+    std::string c;
+    while (std::getline(h, c, ',')) cols.push_back(c);
+  }
+  const size_t at = std::find(cols.begin(), cols.end(), "lr_hex") - cols.begin();
+  std::vector<std::string> out;
+  while (std::getline(f, line)) {
+    std::stringstream r(line);
+    std::vector<std::string> v;
+    std::string c;
+    while (std::getline(r, c, ',')) v.push_back(c);
+    if (std::stoi(v.at(0)) >= from) out.push_back(v.at(at));
+  }
+  return out;
+}
+
+TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideWins) {
+  const fs::path d = fs::temp_directory_path() / ("rh_sched_cli_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  ASSERT_EQ(tool(kTiny + " --out " + (d / "full").string(), d / "full.log"), 0) << slurp(d / "full.log");
+  ASSERT_EQ(tool(kTiny + " --stop-at 3 --save " + (d / "ck").string() + " --out " + (d / "a").string(), d / "a.log"), 0)
+      << slurp(d / "a.log");
+  const std::string resume = kTiny + " --load " + (d / "ck").string() + " --lr-decay-style linear";
+  EXPECT_EQ(tool(resume + " --out " + (d / "refused").string(), d / "refused.log"), 2);
+  EXPECT_NE(slurp(d / "refused.log").find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
+                                           "value linear and checkpoint value cosine"),
+            std::string::npos)
+      << slurp(d / "refused.log");
+  ASSERT_EQ(tool(resume + " --use-checkpoint-opt_param-scheduler --out " + (d / "ckpt").string(), d / "ckpt.log"), 0)
+      << slurp(d / "ckpt.log");
+  ASSERT_EQ(tool(resume + " --override-opt_param-scheduler --out " + (d / "over").string(), d / "over.log"), 0)
+      << slurp(d / "over.log");
+  const auto full = lrs(d / "full" / "metrics.csv", 4);
+  ASSERT_EQ(full.size(), 3u);
+  EXPECT_EQ(lrs(d / "ckpt" / "metrics.csv", 4), full);   // the checkpoint's cosine
+  EXPECT_NE(lrs(d / "over" / "metrics.csv", 4), full);   // this run's linear
+  EXPECT_EQ(tool(resume + " --use-checkpoint-opt_param-scheduler --override-opt_param-scheduler --out " +
+                     (d / "both").string(), d / "both.log"), 2);
+  EXPECT_NE(slurp(d / "both.log").find("both override and use-checkpoint are set."), std::string::npos)
+      << slurp(d / "both.log");
+  fs::remove_all(d);
+}
+
+}  // namespace cli
+
+}  // namespace
