@@ -11,6 +11,7 @@
 #include <atomic>
 #include <thread>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -25,6 +26,29 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace rh::ckpt {
 
 namespace {
+
+// Runs fn(j) for every j in [0, n) on up to hardware_concurrency threads (each takes the next
+// index), and returns each job's exception message ("" when it succeeded), so the caller reports
+// the first failure in job order whatever order the threads met them in.
+std::vector<std::string> run_blocks_on_all_cores(size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::string> errs(n);
+  auto work = [&] {
+    for (size_t j; (j = next++) < n;) {
+      try {
+        fn(j);
+      } catch (const std::exception& e) {
+        errs[j] = e.what();
+      }
+    }
+  };
+  const unsigned nt = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), n));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < nt; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return errs;
+}
 
 struct DtypeRow {
   StDtype d;
@@ -355,26 +379,12 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
   } catch (const std::bad_alloc&) {
     bad_safetensors(path, "cannot allocate " + std::to_string(total) + " bytes to compress into");
   }
-  std::atomic<size_t> next{0};
-  std::vector<std::string> errs(jobs.size());
-  auto work = [&] {
-    for (size_t j; (j = next++) < jobs.size();) {
-      const Job& jb = jobs[j];
-      try {
-        enc[jb.t][jb.off / kCompressBlockBytes] =
-            encode_block_into(static_cast<const uint8_t*>(raw[jb.t].data_ptr()) + jb.off, jb.len,
-                              static_cast<int>(st_itemsize(tensors[jb.t].dtype)), opt,
-                              arena->data() + base[jb.t] + jb.off);
-      } catch (const std::exception& e) {
-        errs[j] = e.what();
-      }
-    }
-  };
-  const unsigned nt = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), jobs.size()));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < nt; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  const std::vector<std::string> errs = run_blocks_on_all_cores(jobs.size(), [&](size_t j) {
+    const Job& jb = jobs[j];
+    enc[jb.t][jb.off / kCompressBlockBytes] =
+        encode_block_into(static_cast<const uint8_t*>(raw[jb.t].data_ptr()) + jb.off, jb.len,
+                          static_cast<int>(st_itemsize(tensors[jb.t].dtype)), opt, arena->data() + base[jb.t] + jb.off);
+  });
   for (size_t j = 0; j < jobs.size(); ++j)
     if (!errs[j].empty()) bad_safetensors(path, "tensor '" + tensors[jobs[j].t].key + "': " + errs[j]);
 
@@ -534,27 +544,14 @@ SafetensorsFile SafetensorsFile::decoded() const {
   std::vector<Job> jobs;
   for (size_t t = 0; t < table.size(); ++t)
     for (size_t b = 0; b < table[t].blocks.size(); ++b) jobs.push_back({t, b});
-  std::atomic<size_t> next{0};
-  std::vector<std::string> errs(jobs.size());
-  auto work = [&] {
-    for (size_t j; (j = next++) < jobs.size();) {
-      const TableEntry& te = table[jobs[j].t];
-      const size_t b = jobs[j].b;
-      const uint64_t off = b * kCompressBlockBytes;
-      const uint64_t len = std::min(kCompressBlockBytes, te.logical.end - te.logical.begin - off);
-      try {
-        decode_block(te.blocks[b], base + te.logical.begin + off, len, static_cast<int>(st_itemsize(te.logical.dtype)),
-                     "safetensors file " + path_ + " " + block_name(te.logical.key, b, te.blocks.size()));
-      } catch (const std::exception& e) {
-        errs[j] = e.what();
-      }
-    }
-  };
-  const unsigned nt = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), jobs.size()));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < nt; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  const std::vector<std::string> errs = run_blocks_on_all_cores(jobs.size(), [&](size_t j) {
+    const TableEntry& te = table[jobs[j].t];
+    const size_t b = jobs[j].b;
+    const uint64_t off = b * kCompressBlockBytes;
+    const uint64_t len = std::min(kCompressBlockBytes, te.logical.end - te.logical.begin - off);
+    decode_block(te.blocks[b], base + te.logical.begin + off, len, static_cast<int>(st_itemsize(te.logical.dtype)),
+                 "safetensors file " + path_ + " " + block_name(te.logical.key, b, te.blocks.size()));
+  });
   for (const std::string& e : errs)
     if (!e.empty()) throw CheckpointError(e);   // the first damaged block in file order
   for (TableEntry& te : table) {
