@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "harness/checkpoint/json_guard.h"
 #include "reports/data_files.h"
 
 namespace rh::report {
@@ -56,9 +57,19 @@ const PublishedSize* published_fp32(const ModelSize& m) {
 std::string default_models_file() { return data_file("reports/models.toml"); }
 
 std::vector<ModelSize> load_models(const std::string& path) {
+  std::string text;
+  try {
+    text = ckpt::read_regular_file(path, 4u << 20);   // no FIFO, no /dev/zero
+  } catch (const std::exception& e) {
+    throw ReportError("models file " + std::string(e.what()));
+  }
+  // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
+  if (const auto where = ckpt::non_ascii_position(text); !where.empty())
+    throw ReportError(path + ":" + where + " (the models file is ASCII: Debian 12's toml++ 3.3.0 has "
+                      "undefined behaviour on some non-ASCII characters)");
   toml::table doc;
   try {
-    doc = toml::parse_file(path);
+    doc = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw ReportError(path + ":" + std::to_string(e.source().begin.line) + ": malformed TOML: " +
                       std::string(e.description()));

@@ -6,13 +6,17 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
+t0=$(date +%s); t=$t0
+step_time() { local now; now=$(date +%s); echo "== $1: $((now - t)) s"; t=$now; }   # CI time per step
 "$here/scripts/setup.sh" "$build" || exit 2
+step_time "set-up (packages, build)"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cd "$here"
 echo "== scenario gate: matrix scenarios/ci.toml --golden scenarios/golden/ci"
 "$build/resume-harness" matrix scenarios/ci.toml -j "$(nproc)" --golden scenarios/golden/ci \
   --run-dir "$build/ci-run"
 matrix_rc=$?
+step_time "scenario gate"
 san_rc=0
 if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== parser and checkpoint tests under ASan + UBSan: scripts/sanitize.sh"
@@ -20,11 +24,14 @@ if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
   san_rc=$?
   grep -E "tests passed|tests failed|^sanitize:" "$build/sanitize.log"
   [ $san_rc -ne 0 ] && tail -60 "$build/sanitize.log"
+  step_time "sanitizer step"
 fi
 echo "== unit tests (CTest)"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" --timeout 600
 ctest_rc=$?
+step_time "unit tests"
+echo "== total: $(( $(date +%s) - t0 )) s"
 [ $matrix_rc -ne 0 ] && echo "scenario gate FAILED (exit $matrix_rc): see $build/ci-run/summary.csv"
 [ $san_rc -ne 0 ] && echo "sanitizer step FAILED (exit $san_rc): see $build/sanitize.log"
 [ $matrix_rc -eq 0 ] && [ $san_rc -eq 0 ] && [ $ctest_rc -eq 0 ]

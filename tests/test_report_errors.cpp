@@ -112,6 +112,20 @@ TEST_F(NoPlots, MalformedModelsFileNamesLine) {
   fs::remove_all(dir);
 }
 
+TEST_F(NoPlots, NonAsciiModelsFileIsRefusedNamingLineAndColumn) {
+  const auto dir = report_fixture::temp_dir("models_utf8");
+  report_fixture::write_run(dir);
+  report_fixture::write(dir / "m.toml", "[[model]]\nname = \"x\"\xd0\x83\nparams = 1\n");
+  std::ostringstream log;
+  try {
+    generate_report(dir.string(), (dir / "m.toml").string(), log);
+    FAIL();
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.toml:2: column 11: byte 0xD0 is not ASCII"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 class NoMatplotlib : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(NoMatplotlib, TablesAreStillWritten) {

@@ -52,6 +52,20 @@ nlohmann::json parse_json_bounded(const char* p, size_t n, const std::string& wh
   }
 }
 
+std::string non_ascii_position(const std::string& text) {
+  size_t line = 1, col = 1;
+  for (const char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x80) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", b);
+      return std::to_string(line) + ": column " + std::to_string(col) + ": byte " + hex + " is not ASCII";
+    }
+    if (b == '\n') { ++line; col = 1; } else { ++col; }
+  }
+  return "";
+}
+
 std::string quote_text(const std::string& s, size_t max) {
   std::string q;
   size_t i = 0;
