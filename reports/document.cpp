@@ -1,6 +1,8 @@
 // Markdown and HTML printers of a Document; see document.h.
 #include "reports/document.h"
 
+#include "reports/run_data.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -119,11 +121,8 @@ std::string render_html(const Document& d, const std::string& run_dir) {
       case Block::Kind::table: o += "<div class=\"scroll\">\n" + to_html(b.table) + "</div>\n"; break;
       case Block::Kind::image: {
         const auto path = std::filesystem::path(run_dir) / b.image;
-        std::ifstream f(path, std::ios::binary);
-        if (!f) throw ReportError(path.string() + ": cannot read plot to embed");
-        std::stringstream ss;
-        ss << f.rdbuf();
-        o += "<figure>\n<img alt=\"" + html_escape(b.text) + "\" src=\"data:image/png;base64," + base64(ss.str()) +
+        const std::string png = read_run_file(path.string(), 64ull << 20);   // regular file, capped
+        o += "<figure>\n<img alt=\"" + html_escape(b.text) + "\" src=\"data:image/png;base64," + base64(png) +
              "\">\n<figcaption>" + html_escape(b.text) + "</figcaption>\n</figure>\n";
         break;
       }

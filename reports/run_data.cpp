@@ -18,6 +18,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "harness/checkpoint/json_guard.h"
 #include "harness/scenario.h"
 
 namespace fs = std::filesystem;
@@ -39,8 +40,10 @@ struct Row {
 template <size_t N>
 std::vector<Row<N>> read_csv(const std::string& path, const std::array<const char*, N>& cols) {
   std::vector<Row<N>> out;
+  const std::string text = read_run_file(path);
   try {
-    io::CSVReader<N, io::trim_chars<' '>, io::double_quote_escape<',', '"'>> in(path);
+    io::CSVReader<N, io::trim_chars<' '>, io::double_quote_escape<',', '"'>> in(path, text.data(),
+                                                                              text.data() + text.size());
     std::apply([&](auto... c) { in.read_header(io::ignore_extra_column, std::string(c)...); }, cols);
     Fields<N> f;
     while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) out.push_back({in.get_file_line(), f});
@@ -75,11 +78,7 @@ size_t line_of(const std::string& text, size_t byte) {
 }
 
 nlohmann::json read_json_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw ReportError(p.string() + ": cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_run_file(p.string());
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
@@ -92,6 +91,14 @@ int64_t json_int(const nlohmann::json& j, const char* key) {
 }
 
 }  // namespace
+
+std::string read_run_file(const std::string& path, uint64_t max_bytes) {
+  try {
+    return ckpt::read_regular_file(path, max_bytes);
+  } catch (const std::exception& e) {
+    throw ReportError(e.what());
+  }
+}
 
 const std::vector<std::string>& ulp_kinds() {
   static const std::vector<std::string> k = {"model", "master_param", "remainder", "exp_avg", "exp_avg_sq", "scale"};
@@ -149,11 +156,8 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
     r.raw_bytes_per_param = r.bytes_per_param;
     out.push_back(r);
   }
-  std::string header;
-  {
-    std::ifstream hf(path);
-    std::getline(hf, header);
-  }
+  const std::string csv = read_run_file(path);
+  const std::string header = csv.substr(0, csv.find('\n'));
   if (header.find(",raw_bytes_per_param") != std::string::npos) {
     const auto extra = read_csv<2>(path, {"compress", "raw_bytes_per_param"});
     for (size_t i = 0; i < extra.size() && i < out.size(); ++i) {

@@ -85,6 +85,12 @@ struct RunData {
   std::string total_seconds;              // summary.json "seconds", as text
 };
 
+// The whole of one file the harness wrote, read as hostile input: a regular file only (a FIFO is
+// refused instead of blocking), at most max_bytes (a link to /dev/zero cannot exhaust memory).
+// Throws ReportError naming the path.
+constexpr uint64_t kMaxRunFileBytes = 256ull << 20;
+std::string read_run_file(const std::string& path, uint64_t max_bytes = kMaxRunFileBytes);
+
 // Parses a number field; throws ReportError "path:line: column C: expected a number, got '..'".
 Num parse_num(const std::string& text, const std::string& path, unsigned line, const std::string& column);
 

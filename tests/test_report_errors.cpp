@@ -3,6 +3,7 @@
 // missing files are noted, not fatal; `--compare` on two runs that differ in one verdict; the
 // tool's exit codes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "reports/compare_runs.h"
 #include "reports/report.h"
 #include "reports/report_writer.h"
+#include "reports/run_data.h"
 
 namespace {
 
@@ -108,6 +110,39 @@ TEST_F(NoPlots, MalformedModelsFileNamesLine) {
     FAIL();
   } catch (const ReportError& e) {
     EXPECT_NE(std::string(e.what()).find("m.toml:3: key 'params': expected a number"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// reports/ reads the run directory as hostile input: a FIFO in place of a file the harness wrote
+// is refused naming it (it used to block the report forever), as is a file over the size cap.
+TEST_F(NoPlots, FifoInPlaceOfARunFileIsRefusedNotWaitedOn) {
+  for (const char* name : {"summary.csv", "scenarios/states__exp_avg=fp32+policy=fp32/disk.csv"}) {
+    const auto dir = report_fixture::temp_dir("fifo");
+    report_fixture::write_run(dir);
+    fs::remove(dir / name);
+    ASSERT_EQ(mkfifo((dir / name).c_str(), 0600), 0);
+    std::ostringstream log;
+    try {
+      generate_report(dir.string(), "", log);
+      FAIL() << name;
+    } catch (const ReportError& e) {
+      EXPECT_NE(std::string(e.what()).find((dir / name).string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is a FIFO, expected a regular file"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+  }
+}
+
+TEST(RunFiles, AFileOverTheCapIsRefusedBeforeItIsRead) {
+  const auto dir = report_fixture::temp_dir("cap");
+  report_fixture::write(dir / "big.csv", std::string(4096, 'x'));
+  EXPECT_EQ(read_run_file((dir / "big.csv").string(), 4096).size(), 4096u);
+  try {
+    read_run_file((dir / "big.csv").string(), 4095);
+    FAIL();
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.csv"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }
