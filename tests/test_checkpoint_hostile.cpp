@@ -328,6 +328,14 @@ TEST(HostileCounters, CountersMustMatchTheRunConfig) {
   m["optimizer"]["groups"][0]["step"] = 3;
   write_manifest(dir, m);
   refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", cfg);
+  // A run config without train settings skips only the length check: the manifest's counters are
+  // still checked against each other and against the run config saved with them.
+  const nlohmann::json no_train = nlohmann::json::object();
+  refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", no_train);
+  m = good;
+  m["train_state"]["consumed_samples"] = 17;
+  write_manifest(dir, m);
+  refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", no_train);
 }
 
 TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {

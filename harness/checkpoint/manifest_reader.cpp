@@ -168,14 +168,16 @@ nlohmann::json read_manifest_file(const std::string& path) {
 }
 
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {
-  if (!run_config.is_object() || !run_config.contains("train") || !run_config["train"].is_object()) return;
-  const JsonField cfg(run_config, "the run config");
   const JsonField m(manifest, "checkpoint file " + path);
   const JsonField ts = m["train_state"];
   const int64_t it = ts["iteration"].i64(0, kMaxCounter);
-  const JsonField train = cfg["train"];
-  if (train.has("iterations")) {
-    const int64_t n = train["iterations"].i64();
+  // The resuming run's train settings, when it has any (inspect has none): without them the
+  // manifest's counters are still checked against each other and its own run config.
+  std::optional<JsonField> train;
+  if (run_config.is_object() && run_config.contains("train") && run_config["train"].is_object())
+    train = JsonField(run_config, "the run config")["train"];
+  if (train && train->has("iterations")) {
+    const int64_t n = (*train)["iterations"].i64();
     if (it > n)
       ts["iteration"].fail("iteration " + std::to_string(it) + " is beyond the run's length (train.iterations = " +
                            std::to_string(n) + "): nothing would be trained");
@@ -185,7 +187,7 @@ void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_co
   const JsonField* src = nullptr;
   std::optional<JsonField> saved_train;
   if (saved.has("train") && saved["train"].has("global_batch")) saved_train = saved["train"];
-  else if (train.has("global_batch")) saved_train = train;
+  else if (train && train->has("global_batch")) saved_train = train;
   src = saved_train ? &*saved_train : nullptr;
   if (src) {
     const int64_t gb = (*src)["global_batch"].i64(1, kMaxCounter);
