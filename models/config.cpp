@@ -66,6 +66,12 @@ void validate_config(const ModelConfig& cfg) {
               "needs score_function sigmoid: expert bias for aux-loss-free routing only supports sigmoid score function "
               "(Megatron's transformer_config.py refuses it with softmax)");
   require_nonneg_finite("bias_update_rate", cfg.bias_update_rate);
+  if (!std::isfinite(cfg.capacity_factor))
+    bad_field("capacity_factor", num(cfg.capacity_factor), "must be finite (< 0 = no token dropping)");
+  if (cfg.token_drop_policy != "probs" && cfg.token_drop_policy != "position")
+    bad_field("token_drop_policy", "\"" + cfg.token_drop_policy + "\"", "must be \"probs\" or \"position\"");
+  if (cfg.router_dtype != "none" && cfg.router_dtype != "fp32" && cfg.router_dtype != "fp64")
+    bad_field("router_dtype", "\"" + cfg.router_dtype + "\"", "must be \"none\", \"fp32\" or \"fp64\"");
   if (cfg.dead_expert < -1 || cfg.dead_expert >= cfg.n_experts)
     bad_field("dead_expert", std::to_string(cfg.dead_expert),
               "must be -1 (none) or an expert index in [0, n_experts = " + std::to_string(cfg.n_experts) + ")");

@@ -34,6 +34,17 @@ struct ModelConfig {
   // iteration by bias_update_rate (--moe-router-bias-update-rate).
   bool enable_expert_bias = false;
   double bias_update_rate = 1e-3;
+  // Token dropping (Megatron --moe-expert-capacity-factor, transformer_config.py: None = dropless,
+  // and __post_init__ turns a negative factor into None): < 0 here = none. Each expert keeps at
+  // most capacity = ceil(N*K / E * factor) token-expert pairs (moe_utils.py get_capacity); the
+  // rest get weight 0 for that expert. token_drop_policy (--moe-token-drop-policy): "probs" keeps
+  // the highest routing probabilities, "position" the earliest tokens.
+  double capacity_factor = -1.0;
+  std::string token_drop_policy = "probs";
+  // Router logits dtype (Megatron --moe-router-dtype, router.py TopKRouter.gating): "fp32",
+  // "fp64", or "none" (upstream's default: the router input's dtype, bf16 in bf16 modes). Our
+  // default stays fp32, what this model always did (see README).
+  std::string router_dtype = "fp32";
   int64_t ffn_hidden = 256;     // F, per expert (SwiGLU: gate+up are 2F wide)
   double aux_loss_coeff = 1e-2; // load-balancing loss coefficient
   double z_loss_coeff = 0.0;    // router z-loss coefficient (0 = off; 1e-3 usual)

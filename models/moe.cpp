@@ -2,6 +2,7 @@
 // C d_model, E experts, K top-k, F expert hidden size.
 #include "models/moe.h"
 
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -26,6 +27,9 @@ MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torc
       dead_expert(cfg.dead_expert),
       score_function(cfg.score_function),
       enable_expert_bias(cfg.enable_expert_bias),
+      capacity_factor(cfg.capacity_factor),
+      token_drop_policy(cfg.token_drop_policy),
+      router_dtype(cfg.router_dtype),
       aux_loss_coeff(cfg.aux_loss_coeff),
       z_loss_coeff(cfg.z_loss_coeff),
       router_jitter(cfg.router_jitter),
@@ -43,11 +47,34 @@ MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torc
   }
 }
 
-RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) {
-  TORCH_CHECK(x.dim() == 2, "MoELayer::route expects (N, C), got ", x.sizes());
-  const int64_t N = x.size(0);
+int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity_factor) {
+  // moe_utils.py get_capacity: math.ceil((num_tokens / num_experts) * capacity_factor); the
+  // min_capacity rule does not apply (apply_router_token_dropping passes none).
+  return static_cast<int64_t>(std::ceil((double(num_tokens) / double(num_experts)) * capacity_factor));
+}
+
+torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
+                                 int64_t n_experts, int64_t capacity, const std::string& policy) {
+  const int64_t N = top_idx.size(0);
+  // moe_utils.py apply_router_token_dropping: `if expert_capacity > num_tokens`: no dropping.
+  if (capacity > N) return torch::ones(top_idx.sizes(), top_idx.options().dtype(torch::kBool));
+  auto dense = torch::zeros({N, n_experts}, top_probs.options().requires_grad(false));
+  // probs: topk of routing_probs over tokens; position: topk of routing_map.int() (routed first).
+  auto key = policy == "probs" ? dense.scatter(1, top_idx, top_probs.detach())
+                               : dense.to(torch::kInt).scatter(1, top_idx, 1);
+  // Stable descending: equal keys keep token order (upstream's topk tie order is unspecified).
+  auto order = std::get<1>(torch::sort(key, /*stable=*/c10::optional<bool>(true), /*dim=*/0,
+                                       /*descending=*/true));  // (N, E) token indices
+  auto capacity_mask = torch::zeros({N, n_experts}, top_idx.options().dtype(torch::kInt))
+                           .scatter(0, order.narrow(0, 0, capacity), 1);
+  // final_map = routing_map AND capacity_mask, read at each token's chosen experts.
+  return capacity_mask.gather(1, top_idx).to(torch::kBool);  // (N, K)
+}
+
+torch::Tensor MoELayerImpl::router_logits(const torch::Tensor& x, torch::Generator* gen) {
   auto xr = x.to(torch::kFloat);
-  if (is_training() && router_jitter > 0.0) {
+  const bool jitter = is_training() && router_jitter > 0.0;
+  if (jitter) {
     if (gen == nullptr)
       throw std::invalid_argument(
           "MoELayer: router_jitter > 0 in training needs a torch::Generator");
@@ -56,15 +83,24 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
     noise.uniform_(1.0 - router_jitter, 1.0 + router_jitter, *gen);
     xr = xr * noise.to(xr.device());
   }
-  RouterOutput r;
-  // Logits in fp32 whatever the compute mode: routing decisions are precision-sensitive.
-  r.logits = torch::linear(xr, router->weight.to(torch::kFloat));  // (N, E)
-  if (dead_expert >= 0)   // never chosen: its logit is -inf (softmax probability exactly 0)
-    r.logits = r.logits.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(r.logits.device()),
-                                   -std::numeric_limits<float>::infinity());
-  torch::Tensor aux_scores;   // (N, E) the scores the load-balancing loss weighs
+  // router.py TopKRouter.gating: router_dtype = input.dtype unless --moe-router-dtype is fp32 or
+  // fp64. "none": the router linear runs as every other linear of this model (num.linear: in
+  // the compute dtype, output held as a bf16 model holds it).
+  if (router_dtype == "none") return num.linear(jitter ? num.act(xr) : x, router->weight);
+  const auto dt = router_dtype == "fp64" ? torch::kDouble : torch::kFloat;
+  return torch::linear(xr.to(dt), router->weight.to(dt));  // (N, E)
+}
+
+torch::Tensor MoELayerImpl::score_and_pick(RouterOutput& r) {
+  // moe_utils.py topk_routing_with_score_function: scores in fp32, then
+  // `probs = probs.type_as(logits)` (here: rounded as the model holds a logits-dtype tensor).
+  auto as_logits = [&](const torch::Tensor& p) {
+    if (router_dtype == "none") return num.act(p);
+    return router_dtype == "fp64" ? p.to(torch::kDouble) : p;
+  };
+  const auto lf = r.logits.to(torch::kFloat);
   if (score_function == "sigmoid") {
-    auto scores = torch::sigmoid(r.logits);   // (N, E); a dead expert's -inf logit scores 0
+    auto scores = torch::sigmoid(lf);   // (N, E); a dead expert's -inf logit scores 0
     auto for_routing = scores;
     if (enable_expert_bias) for_routing = scores + expert_bias;
     if (dead_expert >= 0)   // still never chosen, whatever its bias
@@ -72,24 +108,52 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
                                            -std::numeric_limits<float>::infinity());
     r.top_idx = std::get<1>(for_routing.topk(top_k, -1));   // (N, K)
     auto top = scores.gather(1, r.top_idx);
-    r.top_probs = top_k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top;
-    aux_scores = top_k > 1 ? scores / (scores.sum(-1, true) + 1e-20) : scores;
-  } else {
-    auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
-    r.top_idx = top_idx;
-    r.top_probs = torch::softmax(top_logits, -1);
-    aux_scores = torch::softmax(r.logits, -1);
+    r.top_probs = as_logits(top_k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top);
+    return top_k > 1 ? scores / (scores.sum(-1, true) + 1e-20) : scores;
   }
+  // softmax without pre-softmax: top-k of the logits in their dtype, softmax in fp32.
+  auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
+  r.top_idx = top_idx;
+  r.top_probs = as_logits(torch::softmax(top_logits.to(torch::kFloat), -1));
+  return torch::softmax(lf, -1);
+}
+
+void MoELayerImpl::drop_tokens(RouterOutput& r) {
+  if (capacity_factor < 0.0) {   // dropless (upstream: moe_expert_capacity_factor None)
+    r.kept = torch::ones(r.top_idx.sizes(), r.top_idx.options().dtype(torch::kBool));
+    return;
+  }
+  // router.py routing -> moe_utils.py apply_router_token_dropping(num_tokens * topk pairs).
+  const int64_t cap = expert_capacity(r.top_idx.numel(), n_experts, capacity_factor);
+  r.kept = capacity_keep_mask(r.top_idx, r.top_probs, n_experts, cap, token_drop_policy);
+  r.top_probs = r.top_probs * r.kept.to(r.top_probs.scalar_type());  // final_probs = probs * final_map
+}
+
+RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) {
+  TORCH_CHECK(x.dim() == 2, "MoELayer::route expects (N, C), got ", x.sizes());
+  const int64_t N = x.size(0);
+  RouterOutput r;
+  r.logits = router_logits(x, gen);
+  if (dead_expert >= 0)   // never chosen: its logit is -inf (softmax probability exactly 0)
+    r.logits = r.logits.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(r.logits.device()),
+                                   -std::numeric_limits<float>::infinity());
+  auto aux_scores = score_and_pick(r);   // (N, E) the scores the load-balancing loss weighs
+  // The aux loss's counts are before dropping (router.py: compute_routing_scores_for_aux_loss).
   auto counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);  // (E) int64
-  auto counts_cpu = counts.to(torch::kCPU);
+  drop_tokens(r);
+  auto kept_counts =
+      capacity_factor < 0.0 ? counts : torch::bincount(r.top_idx.masked_select(r.kept), {}, n_experts);
+  auto counts_cpu = kept_counts.to(torch::kCPU);
   r.tokens_per_expert.assign(counts_cpu.data_ptr<int64_t>(),
                              counts_cpu.data_ptr<int64_t>() + n_experts);
+  // router.py _apply_expert_bias(routing_map): the map after token dropping.
   if (enable_expert_bias && is_training() && torch::GradMode::is_enabled()) {
     torch::NoGradGuard no_grad;
-    local_tokens_per_expert += counts.to(torch::kFloat);
+    local_tokens_per_expert += kept_counts.to(torch::kFloat);
   }
 
-  r.aux_loss = torch::zeros({}, r.logits.options());
+  const auto lf = r.logits.to(torch::kFloat);
+  r.aux_loss = torch::zeros({}, lf.options());
   if (aux_loss_coeff > 0.0) {
     // Megatron's switch_load_balancing_loss_func; tokens_e carries no gradient.
     auto prob_per_expert = aux_scores.sum(0);  // (E)
@@ -97,8 +161,8 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
         double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
     r.aux_loss = r.aux_loss + (prob_per_expert * counts.to(torch::kFloat)).sum() * scale;
   }
-  if (z_loss_coeff > 0.0) {
-    r.aux_loss = r.aux_loss + torch::logsumexp(r.logits, -1).pow(2).mean() * z_loss_coeff;
+  if (z_loss_coeff > 0.0) {   // in fp32 whatever the router dtype
+    r.aux_loss = r.aux_loss + torch::logsumexp(lf, -1).pow(2).mean() * z_loss_coeff;
   }
   return r;
 }
@@ -106,6 +170,11 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
 torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput& r) {
   const int64_t N = x.size(0), C = x.size(1), NK = N * top_k;
   auto pair_expert = r.top_idx.reshape({NK});  // pair p = n*K + j -> expert
+  int64_t n_dropped = 0;   // dropped pairs sort after every expert's (as expert E) and run nowhere
+  if (r.kept.defined()) {
+    pair_expert = pair_expert.masked_fill(r.kept.reshape({NK}).logical_not(), n_experts);
+    n_dropped = NK - r.kept.sum().item<int64_t>();
+  }
   // Stable: within an expert, pairs stay in (token, slot) order.
   auto perm = std::get<1>(torch::sort(pair_expert, /*stable=*/c10::optional<bool>(true),
                                       /*dim=*/0));  // sorted pos -> pair
@@ -114,15 +183,18 @@ torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput&
   // Each token's row repeated K times (pair order), then permuted: no repeated gather index.
   auto x_pairs = x.unsqueeze(1).expand({N, top_k, C}).reshape({NK, C});
   auto x_sorted = x_pairs.index_select(0, perm);  // (NK, C), grouped by expert
-  auto slices = x_sorted.split_with_sizes(r.tokens_per_expert, 0);
+  auto sizes = r.tokens_per_expert;
+  sizes.push_back(n_dropped);
+  auto slices = x_sorted.split_with_sizes(sizes, 0);
   std::vector<torch::Tensor> outs;
   outs.reserve(slices.size());
   for (int64_t e = 0; e < n_experts; ++e) {
     if (r.tokens_per_expert[e] == 0) continue;  // not run: no grad for its params
     outs.push_back(experts[e]->forward(slices[e]));
   }
+  if (n_dropped > 0) outs.push_back(torch::zeros({n_dropped, C}, x.options()));  // dropped: output 0
   auto y_pairs = torch::cat(outs, 0).index_select(0, inv_perm);  // (NK, C), pair order
-  auto weighted = (y_pairs.to(torch::kFloat) * r.top_probs.reshape({NK, 1})).view({N, top_k, C});
+  auto weighted = (y_pairs.to(torch::kFloat) * r.top_probs.to(torch::kFloat).reshape({NK, 1})).view({N, top_k, C});
   auto combined = weighted.select(1, 0);
   for (int64_t j = 1; j < top_k; ++j) combined = combined + weighted.select(1, j);
   return num.act(combined);  // (N, C)

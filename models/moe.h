@@ -1,5 +1,5 @@
 // The Mixture-of-Experts feed-forward: a top-k router with Megatron's load-balancing and z-losses,
-// SwiGLU experts, and a dropless, deterministic dispatch. route() and dispatch() are public so the
+// SwiGLU experts, optional token dropping, and a deterministic dispatch. route() and dispatch() are public so the
 // tests can check each against a slow reference.
 #pragma once
 #include <torch/torch.h>
@@ -21,13 +21,31 @@ struct ExpertImpl : torch::nn::Module {
 };
 TORCH_MODULE(Expert);
 
+// moe_utils.py get_capacity(num_tokens, num_experts, capacity_factor) as
+// apply_router_token_dropping calls it (num_tokens = N*K, no min_capacity):
+// ceil((num_tokens / num_experts) * capacity_factor) in double, as Python computes it.
+int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity_factor);
+
+// Which token-expert pairs survive token dropping (moe_utils.py apply_router_token_dropping,
+// without pad_to_capacity): (N, K) bool, pair (n, j) kept iff token n is among the first
+// `capacity` tokens of expert top_idx[n, j] when that expert's column is ordered by key: "probs":
+// routing_probs[n, e] descending; "position": routing_map[n, e] descending, i.e. routed tokens
+// first. Upstream takes torch.topk(..., dim=0, sorted=False), whose order among equal keys is
+// unspecified; here ties go to the lower token index (a stable descending sort), so "position"
+// keeps the first `capacity` routed tokens in token order. capacity > N keeps everything, as
+// upstream's `if expert_capacity > num_tokens`.
+torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
+                                 int64_t n_experts, int64_t capacity, const std::string& policy);
+
 struct RouterOutput {
-  torch::Tensor logits;                    // (N, E) fp32
+  torch::Tensor logits;                    // (N, E) in the router dtype (fp32, fp64, or the input's)
   torch::Tensor top_idx;                   // (N, K) int64, experts in descending logit order
-  torch::Tensor top_probs;                 // (N, K) fp32: softmax over the K chosen logits, or
-                                           // the K sigmoid scores normalised to sum 1
+  torch::Tensor top_probs;                 // (N, K) in the logits' dtype (router.py: probs.type_as
+                                           // (logits)): softmax over the K chosen logits, or the K
+                                           // sigmoid scores normalised to sum 1; 0 for a dropped pair
+  torch::Tensor kept;                      // (N, K) bool: false for a pair token dropping removed
   torch::Tensor aux_loss;                  // () fp32: load-balancing + z-loss, coefficients applied
-  std::vector<int64_t> tokens_per_expert;  // (E), token-expert pairs routed to each expert
+  std::vector<int64_t> tokens_per_expert;  // (E), kept token-expert pairs routed to each expert
 };
 
 struct MoELayerImpl : torch::nn::Module {
@@ -41,12 +59,17 @@ struct MoELayerImpl : torch::nn::Module {
   // sigmoid scores normalised the same way, compute_routing_scores_for_aux_loss):
   //   aux = E * aux_coeff / (K * N^2) * sum_e(sum_n score[n, e] * tokens_e)
   //       + z_coeff * mean_n(logsumexp(logits[n])^2)
+  // With capacity_factor >= 0, token dropping follows (capacity_keep_mask on N*K pairs), after
+  // the aux-loss counts are taken (upstream's aux loss uses its own pre-drop routing map) and
+  // before the expert-bias counter (router.py routing: _apply_expert_bias(routing_map) runs on
+  // the map after apply_router_token_dropping).
   RouterOutput route(const torch::Tensor& x, torch::Generator* gen);
 
-  // Dropless dispatch: token-expert pairs (flattened n*K + j) are stably sorted by expert, the
+  // Dispatch: kept token-expert pairs (flattened n*K + j) are stably sorted by expert, the
   // gathered rows of each expert form one contiguous slice run through that expert (experts with
   // no rows are not run, so their params get no grad), and the outputs are put back in pair order,
-  // weighted by top_probs in fp32 and summed over j = 0..K-1 in that order.
+  // weighted by top_probs in fp32 and summed over j = 0..K-1 in that order. A dropped pair runs
+  // through no expert: its output row is 0 (and its weight 0).
   // Every gather is by a permutation (never by an index with repeats) so that neither forward
   // nor backward needs an atomic index_add: run-to-run bit-identical on CUDA as on CPU.
   torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);  // (N, C) -> (N, C)
@@ -60,6 +83,9 @@ struct MoELayerImpl : torch::nn::Module {
   int64_t n_experts, top_k, dead_expert;
   std::string score_function;
   bool enable_expert_bias;
+  double capacity_factor;          // < 0: dropless
+  std::string token_drop_policy;   // probs | position
+  std::string router_dtype;        // none | fp32 | fp64
   // With expert bias: router->expert_bias (E) fp32 is a registered buffer; this counter (E) fp32
   // is not (Megatron: local_tokens_per_expert, persistent=False). route() adds each training
   // forward's token-expert pairs per expert to it (router.py routing: `if self.enable_expert_bias
@@ -71,6 +97,11 @@ struct MoELayerImpl : torch::nn::Module {
   NoBiasLinear router{nullptr};  // weight (E, C)
   torch::nn::ModuleList experts_list{nullptr};
   std::vector<Expert> experts;  // the same modules as experts_list, typed
+
+ private:
+  torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);  // (N, E)
+  torch::Tensor score_and_pick(RouterOutput& r);  // fills top_idx, top_probs; returns aux scores
+  void drop_tokens(RouterOutput& r);              // fills kept, zeroes dropped probs
 };
 TORCH_MODULE(MoELayer);
 

@@ -77,6 +77,17 @@ TEST(CliErrors, Cli11ParseErrorsCarryTheSamePrefix) {
   expect_bad_input(tool(d, {"train", "--fault", "frobnicate"}), "--fault");
 }
 
+// Token dropping and the router dtype (Megatron's choices): bad values are bad input naming the
+// flag, or for a config file the field.
+TEST(CliErrors, MoeTokenDropAndRouterDtypeRefuseBadValues) {
+  const fs::path d = fresh_dir("tokendrop");
+  expect_bad_input(tool(d, {"train", "--moe-token-drop-policy", "random"}), "--moe-token-drop-policy");
+  expect_bad_input(tool(d, {"train", "--moe-router-dtype", "bf16"}), "--moe-router-dtype");
+  expect_bad_input(tool(d, {"train", "--moe-expert-capacity-factor", "abc"}), "--moe-expert-capacity-factor");
+  std::ofstream(d / "c.json") << R"({"model": {"token_drop_policy": "random"}})";
+  expect_bad_input(tool(d, {"train", "--config", (d / "c.json").string()}), "token_drop_policy");
+}
+
 TEST(CliErrors, SaveAtWithoutSaveWritesNothing) {
   const fs::path d = fresh_dir("saveat");
   const fs::path out = d / "out";
