@@ -40,8 +40,14 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 9; 2 named.
   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
   // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault),
-  // compressed (2 sizes x 2 moments)
-  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u);
+  // compressed (2 sizes x 2 moments), token-drop (2 drop policies)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u);
+  for (const char* policy : {"probs", "position"}) {
+    const auto& td = by_name(all, std::string("token-drop/drop=") + policy);
+    EXPECT_EQ(td.cfg.model.capacity_factor, 0.5);
+    EXPECT_EQ(td.cfg.model.token_drop_policy, policy);
+    EXPECT_EQ(td.expect.kind, rh::Expectation::Kind::exact);
+  }
   const auto& eb = by_name(all, "expert-bias/dp=2,moments=bf16");
   EXPECT_TRUE(eb.cfg.model.enable_expert_bias);
   EXPECT_EQ(eb.cfg.model.score_function, "sigmoid");
