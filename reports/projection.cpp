@@ -8,6 +8,7 @@
 
 #include "harness/checkpoint/json_guard.h"
 #include "reports/data_files.h"
+#include "reports/run_data.h"
 
 namespace rh::report {
 namespace {
@@ -57,16 +58,9 @@ const PublishedSize* published_fp32(const ModelSize& m) {
 std::string default_models_file() { return data_file("reports/models.toml"); }
 
 std::vector<ModelSize> load_models(const std::string& path) {
-  std::string text;
-  try {
-    text = ckpt::read_regular_file(path, 4u << 20);   // no FIFO, no /dev/zero
-  } catch (const std::exception& e) {
-    throw ReportError("models file " + std::string(e.what()));
-  }
+  const std::string text = read_run_file(path, 4u << 20);   // no FIFO, no /dev/zero
   // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
-  if (const auto where = ckpt::non_ascii_position(text); !where.empty())
-    throw ReportError(path + ":" + where + " (the models file is ASCII: Debian 12's toml++ 3.3.0 has "
-                      "undefined behaviour on some non-ASCII characters)");
+  if (const auto where = ckpt::non_ascii_position(text); !where.empty()) throw ReportError(path + ":" + where);
   toml::table doc;
   try {
     doc = toml::parse(text, path);

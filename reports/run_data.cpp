@@ -35,12 +35,11 @@ struct Row {
   Fields<N> f;
 };
 
-// Reads every row of a CSV with the named columns (extra columns are ignored, so a harness that
-// adds columns stays readable). fccp errors become "path:line: what".
+// Every row of a CSV (text, read from path) with the named columns (extra columns are ignored, so
+// a harness that adds columns stays readable). fccp errors become "path:line: what".
 template <size_t N>
-std::vector<Row<N>> read_csv(const std::string& path, const std::array<const char*, N>& cols) {
+std::vector<Row<N>> parse_csv(const std::string& path, const std::string& text, const std::array<const char*, N>& cols) {
   std::vector<Row<N>> out;
-  const std::string text = read_run_file(path);
   try {
     io::CSVReader<N, io::trim_chars<' '>, io::double_quote_escape<',', '"'>> in(path, text.data(),
                                                                               text.data() + text.size());
@@ -53,6 +52,12 @@ std::vector<Row<N>> read_csv(const std::string& path, const std::array<const cha
     throw ReportError(path + ":" + std::to_string(line) + ": malformed CSV: " + e.what());
   }
   return out;
+}
+
+// The same, reading path first (as hostile input: read_run_file).
+template <size_t N>
+std::vector<Row<N>> read_csv(const std::string& path, const std::array<const char*, N>& cols) {
+  return parse_csv<N>(path, read_run_file(path), cols);
 }
 
 [[noreturn]] void bad_field(const std::string& path, unsigned line, const std::string& column,
@@ -121,8 +126,9 @@ Num parse_num(const std::string& text, const std::string& path, unsigned line, c
 std::vector<SummaryRow> read_summary_csv(const std::string& path) {
   if (!fs::exists(path))
     throw ReportError(path + ": missing; expected a run directory written by `resume-harness matrix`");
-  const auto rows = read_csv<22>(
-      path, {"scenario", "expectation", "passed", "outcome", "verdict", "first_divergence", "max_abs_dloss",
+  const std::string csv = read_run_file(path);   // parsed twice below, read once
+  const auto rows = parse_csv<22>(
+      path, csv, {"scenario", "expectation", "passed", "outcome", "verdict", "first_divergence", "max_abs_dloss",
              "max_ulp_model", "max_ulp_master_param", "max_ulp_remainder", "max_ulp_exp_avg",
              "max_ulp_exp_avg_sq", "max_ulp_scale", "checkpoint_bytes", "bytes_per_param", "num_params",
              "save_policy", "fault", "exp_avg_dtype", "exp_avg_sq_dtype", "master_mode", "seconds"});
@@ -156,10 +162,9 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
     r.raw_bytes_per_param = r.bytes_per_param;
     out.push_back(r);
   }
-  const std::string csv = read_run_file(path);
   const std::string header = csv.substr(0, csv.find('\n'));
   if (header.find(",raw_bytes_per_param") != std::string::npos) {
-    const auto extra = read_csv<2>(path, {"compress", "raw_bytes_per_param"});
+    const auto extra = parse_csv<2>(path, csv, {"compress", "raw_bytes_per_param"});
     for (size_t i = 0; i < extra.size() && i < out.size(); ++i) {
       const auto& [line, f] = extra[i];
       if (f[0] != "none" && f[0] != "zstd") bad_field(path, line, "compress", "none or zstd", f[0]);
