@@ -13,13 +13,9 @@
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/config.h"
 #include "harness/run.h"
+#include "harness/scenario_name.h"
 
 namespace rh {
-
-// Raised for every problem in a scenario file; the message starts with "file:line:".
-struct ScenarioError : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
 
 struct Tolerance {
   double atol = 0.0;
@@ -60,14 +56,5 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
 // Scenarios whose canonical name equals `filter`, or contains it when no name equals it exactly;
 // a filter with '*' is matched as a glob. Empty filter selects all.
 std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const std::string& filter);
-
-// The one way a scenario name becomes a directory (or golden-file) name: letters, digits, '-', '_',
-// '.', '=' kept, '/' -> "__", anything else -> '+'. Refuses (ScenarioError) an empty name, "." and
-// "..", control characters and results longer than kMaxScenarioDirName, so a directory made
-// from it is always a new child of the directory it is joined to.
-constexpr size_t kMaxScenarioDirName = 200;
-std::string safe_name(const std::string& canonical);
-// The name quoted for a message: control characters escaped, at most 200 characters.
-std::string quote_name(const std::string& name);
 
 }  // namespace rh

@@ -19,7 +19,7 @@
 #include <tuple>
 
 #include "harness/checkpoint/json_guard.h"
-#include "harness/scenario.h"
+#include "harness/scenario_name.h"
 
 namespace fs = std::filesystem;
 
