@@ -52,6 +52,8 @@ std::vector<Field> fields(RunConfig& c) {
        "expert capacity factor; < 0 = none, no token dropping (upstream default None)", &m.capacity_factor},
       {"model", "token_drop_policy", "--moe-token-drop-policy",
        "which pairs an over-capacity expert keeps: probs | position", &m.token_drop_policy},
+      {"model", "pad_to_capacity", "--moe-pad-expert-input-to-capacity",
+       "every expert processes exactly its capacity of tokens (needs a capacity factor)", &m.pad_to_capacity},
       {"model", "router_dtype", "--moe-router-dtype",
        "router logits dtype (upstream default none = the input's dtype; ours fp32): none | fp32 | fp64", &m.router_dtype},
       {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},

@@ -70,6 +70,11 @@ void validate_config(const ModelConfig& cfg) {
     bad_field("capacity_factor", num(cfg.capacity_factor), "must be finite (< 0 = no token dropping)");
   if (cfg.token_drop_policy != "probs" && cfg.token_drop_policy != "position")
     bad_field("token_drop_policy", "\"" + cfg.token_drop_policy + "\"", "must be \"probs\" or \"position\"");
+  // transformer_config.py __post_init__: "moe_expert_capacity_factor must be set to use
+  // moe_pad_expert_input_to_capacity".
+  if (cfg.pad_to_capacity && cfg.capacity_factor < 0.0)
+    bad_field("pad_to_capacity", "true",
+              "needs capacity_factor >= 0: moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity");
   if (cfg.router_dtype != "none" && cfg.router_dtype != "fp32" && cfg.router_dtype != "fp64")
     bad_field("router_dtype", "\"" + cfg.router_dtype + "\"", "must be \"none\", \"fp32\" or \"fp64\"");
   if (cfg.dead_expert < -1 || cfg.dead_expert >= cfg.n_experts)

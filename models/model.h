@@ -41,6 +41,10 @@ struct ModelConfig {
   // the highest routing probabilities, "position" the earliest tokens.
   double capacity_factor = -1.0;
   std::string token_drop_policy = "probs";
+  // --moe-pad-expert-input-to-capacity: every expert processes exactly `capacity` tokens (the
+  // capacity mask becomes the routing map, the extra rows at probability 0); needs a capacity
+  // factor (transformer_config.py __post_init__ refuses it without one).
+  bool pad_to_capacity = false;
   // Router logits dtype (Megatron --moe-router-dtype, router.py TopKRouter.gating): "fp32",
   // "fp64", or "none" (upstream's default: the router input's dtype, bf16 in bf16 modes). Our
   // default stays fp32, what this model always did (see README).

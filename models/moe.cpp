@@ -29,6 +29,7 @@ MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torc
       enable_expert_bias(cfg.enable_expert_bias),
       capacity_factor(cfg.capacity_factor),
       token_drop_policy(cfg.token_drop_policy),
+      pad_to_capacity(cfg.pad_to_capacity),
       router_dtype(cfg.router_dtype),
       aux_loss_coeff(cfg.aux_loss_coeff),
       z_loss_coeff(cfg.z_loss_coeff),
@@ -53,11 +54,12 @@ int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity
   return static_cast<int64_t>(std::ceil((double(num_tokens) / double(num_experts)) * capacity_factor));
 }
 
-torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
-                                 int64_t n_experts, int64_t capacity, const std::string& policy) {
+torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
+                            int64_t n_experts, int64_t capacity, const std::string& policy) {
   const int64_t N = top_idx.size(0);
+  auto bool_opts = top_idx.options().dtype(torch::kBool);
   // moe_utils.py apply_router_token_dropping: `if expert_capacity > num_tokens`: no dropping.
-  if (capacity > N) return torch::ones(top_idx.sizes(), top_idx.options().dtype(torch::kBool));
+  if (capacity > N) return torch::ones({N, n_experts}, bool_opts);
   auto dense = torch::zeros({N, n_experts}, top_probs.options().requires_grad(false));
   // probs: topk of routing_probs over tokens; position: topk of routing_map.int() (routed first).
   auto key = policy == "probs" ? dense.scatter(1, top_idx, top_probs.detach())
@@ -65,10 +67,15 @@ torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tens
   // Stable descending: equal keys keep token order (upstream's topk tie order is unspecified).
   auto order = std::get<1>(torch::sort(key, /*stable=*/c10::optional<bool>(true), /*dim=*/0,
                                        /*descending=*/true));  // (N, E) token indices
-  auto capacity_mask = torch::zeros({N, n_experts}, top_idx.options().dtype(torch::kInt))
-                           .scatter(0, order.narrow(0, 0, capacity), 1);
+  return torch::zeros({N, n_experts}, top_idx.options().dtype(torch::kInt))
+      .scatter(0, order.narrow(0, 0, capacity), 1)
+      .to(torch::kBool);
+}
+
+torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
+                                 int64_t n_experts, int64_t capacity, const std::string& policy) {
   // final_map = routing_map AND capacity_mask, read at each token's chosen experts.
-  return capacity_mask.gather(1, top_idx).to(torch::kBool);  // (N, K)
+  return capacity_mask(top_idx, top_probs, n_experts, capacity, policy).gather(1, top_idx);  // (N, K)
 }
 
 torch::Tensor MoELayerImpl::router_logits(const torch::Tensor& x, torch::Generator* gen) {
@@ -125,7 +132,12 @@ void MoELayerImpl::drop_tokens(RouterOutput& r) {
   }
   // router.py routing -> moe_utils.py apply_router_token_dropping(num_tokens * topk pairs).
   const int64_t cap = expert_capacity(r.top_idx.numel(), n_experts, capacity_factor);
-  r.kept = capacity_keep_mask(r.top_idx, r.top_probs, n_experts, cap, token_drop_policy);
+  auto mask = capacity_mask(r.top_idx, r.top_probs, n_experts, cap, token_drop_policy);
+  r.kept = mask.gather(1, r.top_idx);
+  // pad_to_capacity: `final_map = capacity_mask`; final_probs = routing_probs * final_map is 0 at
+  // every padded cell (routing_probs is 0 off the routing map), so the routed pairs' probs are the
+  // same as without padding.
+  if (pad_to_capacity) r.padded_map = mask;
   r.top_probs = r.top_probs * r.kept.to(r.top_probs.scalar_type());  // final_probs = probs * final_map
 }
 
@@ -141,8 +153,12 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   // The aux loss's counts are before dropping (router.py: compute_routing_scores_for_aux_loss).
   auto counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);  // (E) int64
   drop_tokens(r);
-  auto kept_counts =
-      capacity_factor < 0.0 ? counts : torch::bincount(r.top_idx.masked_select(r.kept), {}, n_experts);
+  // The counts after dropping: upstream's routing_map.sum(dim=0), which with padding is the
+  // capacity mask's, `capacity` for every expert (so the expert-bias update sign(mean - count)
+  // is 0 and the bias stays where it is while every expert is padded to capacity).
+  auto kept_counts = capacity_factor < 0.0         ? counts
+                     : r.padded_map.defined() ? r.padded_map.sum(0).to(torch::kLong)
+                                              : torch::bincount(r.top_idx.masked_select(r.kept), {}, n_experts);
   auto counts_cpu = kept_counts.to(torch::kCPU);
   r.tokens_per_expert.assign(counts_cpu.data_ptr<int64_t>(),
                              counts_cpu.data_ptr<int64_t>() + n_experts);
@@ -168,6 +184,7 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
 }
 
 torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput& r) {
+  if (r.padded_map.defined()) return dispatch_padded(x, r);
   const int64_t N = x.size(0), C = x.size(1), NK = N * top_k;
   auto pair_expert = r.top_idx.reshape({NK});  // pair p = n*K + j -> expert
   int64_t n_dropped = 0;   // dropped pairs sort after every expert's (as expert E) and run nowhere
@@ -195,6 +212,34 @@ torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput&
   if (n_dropped > 0) outs.push_back(torch::zeros({n_dropped, C}, x.options()));  // dropped: output 0
   auto y_pairs = torch::cat(outs, 0).index_select(0, inv_perm);  // (NK, C), pair order
   auto weighted = (y_pairs.to(torch::kFloat) * r.top_probs.to(torch::kFloat).reshape({NK, 1})).view({N, top_k, C});
+  auto combined = weighted.select(1, 0);
+  for (int64_t j = 1; j < top_k; ++j) combined = combined + weighted.select(1, j);
+  return num.act(combined);  // (N, C)
+}
+
+// token_dispatcher.py with moe_pad_expert_input_to_capacity: each expert's input is its column of
+// the routing map (= the capacity mask), `capacity` rows in token order. Cells (n, e), p = n*E + e.
+torch::Tensor MoELayerImpl::dispatch_padded(const torch::Tensor& x, const RouterOutput& r) {
+  const int64_t N = x.size(0), C = x.size(1), E = n_experts, NE = N * E;
+  auto cell_expert = torch::arange(E, r.top_idx.options()).repeat({N});  // p -> e
+  cell_expert = cell_expert.masked_fill(r.padded_map.reshape({NE}).logical_not(), E);  // outside: last
+  int64_t n_outside = NE;
+  for (auto c : r.tokens_per_expert) n_outside -= c;
+  auto perm = std::get<1>(torch::sort(cell_expert, /*stable=*/c10::optional<bool>(true), /*dim=*/0));
+  auto inv_perm = torch::empty_like(perm).scatter_(0, perm, torch::arange(NE, perm.options()));
+  auto x_cells = x.unsqueeze(1).expand({N, E, C}).reshape({NE, C});
+  auto sizes = r.tokens_per_expert;
+  sizes.push_back(n_outside);
+  auto slices = x_cells.index_select(0, perm).split_with_sizes(sizes, 0);
+  std::vector<torch::Tensor> outs;
+  for (int64_t e = 0; e < E; ++e)
+    if (r.tokens_per_expert[e] > 0) outs.push_back(experts[e]->forward(slices[e]));
+  if (n_outside > 0) outs.push_back(torch::zeros({n_outside, C}, x.options()));
+  auto y_cells = torch::cat(outs, 0).index_select(0, inv_perm).view({N, E, C});
+  // The routed pairs (n, top_idx[n, j]): a kept one is a computed row, a dropped one a zero row
+  // with weight 0; padded rows are not taken (upstream multiplies them by probability 0).
+  auto y_pairs = y_cells.gather(1, r.top_idx.unsqueeze(-1).expand({N, top_k, C}));  // (N, K, C)
+  auto weighted = y_pairs.to(torch::kFloat) * r.top_probs.to(torch::kFloat).unsqueeze(-1);
   auto combined = weighted.select(1, 0);
   for (int64_t j = 1; j < top_k; ++j) combined = combined + weighted.select(1, j);
   return num.act(combined);  // (N, C)

@@ -36,6 +36,12 @@ int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity
 // upstream's `if expert_capacity > num_tokens`.
 torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
                                  int64_t n_experts, int64_t capacity, const std::string& policy);
+// The capacity mask itself, (N, E) bool: column e marks the `capacity` tokens expert e keeps under
+// the same key and tie rule (all N when capacity > N). With --moe-pad-expert-input-to-capacity
+// this is the routing map (apply_router_token_dropping: `final_map = capacity_mask`): every
+// expert processes exactly `capacity` tokens, those it was not routed with at probability 0.
+torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
+                            int64_t n_experts, int64_t capacity, const std::string& policy);
 
 struct RouterOutput {
   torch::Tensor logits;                    // (N, E) in the router dtype (fp32, fp64, or the input's)
@@ -44,8 +50,12 @@ struct RouterOutput {
                                            // (logits)): softmax over the K chosen logits, or the K
                                            // sigmoid scores normalised to sum 1; 0 for a dropped pair
   torch::Tensor kept;                      // (N, K) bool: false for a pair token dropping removed
+  torch::Tensor padded_map;                // (N, E) bool, only with pad_to_capacity: the tokens
+                                           // each expert processes (capacity_mask)
   torch::Tensor aux_loss;                  // () fp32: load-balancing + z-loss, coefficients applied
   std::vector<int64_t> tokens_per_expert;  // (E), kept token-expert pairs routed to each expert
+                                           // (with pad_to_capacity: the rows each expert runs,
+                                           // padded_map's column sums, as upstream's routing_map)
 };
 
 struct MoELayerImpl : torch::nn::Module {
@@ -72,6 +82,10 @@ struct MoELayerImpl : torch::nn::Module {
   // through no expert: its output row is 0 (and its weight 0).
   // Every gather is by a permutation (never by an index with repeats) so that neither forward
   // nor backward needs an atomic index_add: run-to-run bit-identical on CUDA as on CPU.
+  // With pad_to_capacity the pairs are all (token, expert) cells of padded_map instead (each
+  // expert's rows in token order, as upstream's permute of the routing map); a padded row runs
+  // through its expert, and its output is weighed by probability 0, i.e. not taken (it gets a
+  // zero gradient); the routed pairs are combined over j as above.
   torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);  // (N, C) -> (N, C)
 
   std::pair<torch::Tensor, RouterOutput> forward(const torch::Tensor& x, torch::Generator* gen) {
@@ -85,6 +99,7 @@ struct MoELayerImpl : torch::nn::Module {
   bool enable_expert_bias;
   double capacity_factor;          // < 0: dropless
   std::string token_drop_policy;   // probs | position
+  bool pad_to_capacity;            // --moe-pad-expert-input-to-capacity (needs capacity_factor >= 0)
   std::string router_dtype;        // none | fp32 | fp64
   // With expert bias: router->expert_bias (E) fp32 is a registered buffer; this counter (E) fp32
   // is not (Megatron: local_tokens_per_expert, persistent=False). route() adds each training
@@ -101,7 +116,8 @@ struct MoELayerImpl : torch::nn::Module {
  private:
   torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);  // (N, E)
   torch::Tensor score_and_pick(RouterOutput& r);  // fills top_idx, top_probs; returns aux scores
-  void drop_tokens(RouterOutput& r);              // fills kept, zeroes dropped probs
+  void drop_tokens(RouterOutput& r);              // fills kept (and padded_map), zeroes dropped probs
+  torch::Tensor dispatch_padded(const torch::Tensor& x, const RouterOutput& r);
 };
 TORCH_MODULE(MoELayer);
 

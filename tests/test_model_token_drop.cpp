@@ -177,6 +177,109 @@ TEST_P(TokenDropTest, ExpertBiasCounterCountsAfterDropping) {
   EXPECT_LT(counted.sum().item<int64_t>(), x.size(0) * cfg.top_k);
 }
 
+// --moe-pad-expert-input-to-capacity, slow reference: per expert, all N tokens ordered by the
+// policy's key (probs: the token's routing probability for that expert, 0 when not routed there,
+// descending, ties to the lower token; position: routed tokens first, then token order), the first
+// `cap` taken in token order and run as one batch; a token's output sums, over its slots j in
+// order, the expert's row for it times its probability when that pair is kept, else 0.
+struct PaddedReference {
+  std::vector<std::vector<bool>> processes;   // [e][n]: expert e runs token n
+  torch::Tensor output;
+};
+PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r0,
+                                 int64_t cap, const std::string& policy) {
+  const int64_t N = x.size(0), K = moe->top_k, E = moe->n_experts;
+  auto idx = r0.top_idx.contiguous();
+  auto probs = r0.top_probs.to(torch::kDouble).contiguous();
+  PaddedReference ref{std::vector<std::vector<bool>>(E, std::vector<bool>(N, false)), {}};
+  std::vector<std::map<int64_t, torch::Tensor>> rows_out(E);   // [e][n] -> expert row
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<std::tuple<double, int64_t>> keyed;   // (key, token)
+    for (int64_t n = 0; n < N; ++n) {
+      double key = 0.0;
+      for (int64_t j = 0; j < K; ++j)
+        if (idx[n][j].item<int64_t>() == e) key = policy == "probs" ? probs[n][j].item<double>() : 1.0;
+      keyed.push_back({key, n});
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+    std::vector<int64_t> tokens;
+    for (int64_t i = 0; i < std::min(cap, N); ++i) tokens.push_back(std::get<1>(keyed[i]));
+    std::sort(tokens.begin(), tokens.end());
+    if (cap > N) { tokens.clear(); for (int64_t n = 0; n < N; ++n) tokens.push_back(n); }
+    std::vector<torch::Tensor> rows;
+    for (auto n : tokens) { rows.push_back(x[n]); ref.processes[e][n] = true; }
+    if (rows.empty()) continue;
+    auto ye = moe->experts[e]->forward(torch::stack(rows));
+    for (size_t i = 0; i < tokens.size(); ++i) rows_out[e][tokens[i]] = ye[i];
+  }
+  std::vector<torch::Tensor> out;
+  for (int64_t n = 0; n < N; ++n) {
+    auto w = [&](int64_t j) {
+      const int64_t e = idx[n][j].item<int64_t>();
+      if (!ref.processes[e][n]) return torch::zeros({x.size(1)}, torch::kFloat);   // dropped
+      return rows_out[e][n].to(torch::kFloat) * r0.top_probs[n][j].to(torch::kFloat);
+    };
+    auto acc = w(0);
+    for (int64_t j = 1; j < K; ++j) acc = acc + w(j);
+    out.push_back(moe->num.act(acc));
+  }
+  ref.output = torch::stack(out);
+  return ref;
+}
+
+TEST_P(TokenDropTest, PadToCapacityRunsCapacityRowsPerExpertLikeTheReference) {
+  for (double factor : {0.5, 1.0, 4.0}) {   // 4.0: capacity 78 > 39 tokens, every expert runs all
+    ModelConfig cfg = config();
+    auto moe = make_layer(cfg, 11);
+    auto x = input(moe, cfg.d_model);
+    torch::NoGradGuard ng;
+    auto r0 = moe->route(x, nullptr);   // dropless routing
+    moe->capacity_factor = factor;
+    auto unpadded = moe->route(x, nullptr);
+    moe->pad_to_capacity = true;
+    auto r = moe->route(x, nullptr);
+    const int64_t N = x.size(0), E = cfg.n_experts, cap = expert_capacity(N * cfg.top_k, E, factor);
+    auto ref = padded_reference(moe, x, r0, cap, cfg.token_drop_policy);
+    ASSERT_TRUE(r.padded_map.defined());
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_EQ(r.tokens_per_expert[e], std::min(cap, N)) << "expert " << e << " factor " << factor;
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(r.padded_map[n][e].item<bool>(), ref.processes[e][n]) << "token " << n << " expert " << e;
+    }
+    // The routed pairs kept, and their probabilities, are those of plain dropping.
+    EXPECT_TRUE(same_bits(r.kept, unpadded.kept));
+    EXPECT_TRUE(same_bits(r.top_probs, unpadded.top_probs));
+    auto got = moe->dispatch(x, r);
+    EXPECT_TRUE(same_bits(got, ref.output)) << "factor " << factor << " max |diff| "
+                                            << (got.to(torch::kFloat) - ref.output.to(torch::kFloat)).abs().max().item<float>();
+  }
+}
+
+// Upstream counts routing_map.sum(dim=0) after dropping, and with padding that map is the
+// capacity mask: every expert counts `capacity`, so sign(mean - count) is 0 for all and the bias
+// update leaves expert_bias unchanged; a padded expert the router never chose still gets a
+// (zero) gradient, where without padding it is not run and gets none.
+TEST_P(TokenDropTest, PadToCapacityCountsCapacityAndPadsUnchosenExperts) {
+  ModelConfig cfg = config();
+  cfg.score_function = "sigmoid";
+  cfg.enable_expert_bias = true;
+  cfg.capacity_factor = 0.5;
+  cfg.pad_to_capacity = true;
+  cfg.dead_expert = 1;
+  auto moe = make_layer(cfg, 7);
+  moe->train();
+  auto x = input(moe, cfg.d_model);
+  auto [y, r] = moe->forward(x, nullptr);
+  const int64_t cap = expert_capacity(x.size(0) * cfg.top_k, cfg.n_experts, 0.5);
+  EXPECT_TRUE(same_bits(moe->local_tokens_per_expert,
+                        torch::full({cfg.n_experts}, double(cap), torch::kFloat)));
+  y.to(torch::kFloat).sum().backward();
+  auto g = moe->experts[1]->fc1->weight.grad();
+  ASSERT_TRUE(g.defined()) << "the dead expert runs its padded rows";
+  EXPECT_EQ(g.abs().max().item<float>(), 0.0f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, TokenDropTest,
                          ::testing::Combine(::testing::Values("probs", "position"),
                                             ::testing::ValuesIn(numerics_cases())),
@@ -219,6 +322,16 @@ TEST(TokenDropConfig, BadValuesNameTheField) {
   ModelConfig cfg;
   cfg.token_drop_policy = "random";
   EXPECT_THROW(validate_config(cfg), std::invalid_argument);
+  cfg = ModelConfig();
+  cfg.pad_to_capacity = true;   // without a capacity factor: upstream raises a ValueError
+  try {
+    validate_config(cfg);
+    ADD_FAILURE() << "pad_to_capacity without a capacity factor accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("pad_to_capacity"), std::string::npos) << e.what();
+  }
+  cfg.capacity_factor = 1.0;
+  EXPECT_NO_THROW(validate_config(cfg));
   cfg = ModelConfig();
   cfg.router_dtype = "bf16";
   try {

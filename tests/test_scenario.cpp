@@ -110,6 +110,15 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
   EXPECT_EQ(rh::select_scenarios(all, "schedule/").size(), 15u);
   EXPECT_EQ(rh::select_scenarios(all, "expert-bias/").size(), 8u + 2u);
   EXPECT_TRUE(by_name(all, "expert-bias/reshard=2to1").resharded());
+  // --moe-pad-expert-input-to-capacity: 2 exact cells (dp 1, 2) with capacity factor and bias
+  const auto pad = rh::select_scenarios(all, "token-drop-pad/");
+  ASSERT_EQ(pad.size(), 2u);
+  for (const auto& s : pad) {
+    EXPECT_TRUE(s.cfg.model.pad_to_capacity) << s.name;
+    EXPECT_EQ(s.cfg.model.capacity_factor, 0.5) << s.name;
+    EXPECT_TRUE(s.cfg.model.enable_expert_bias) << s.name;
+    EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact) << s.name;
+  }
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {
