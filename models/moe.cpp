@@ -116,7 +116,9 @@ torch::Tensor MoELayerImpl::score_and_pick(RouterOutput& r) {
     r.top_idx = std::get<1>(for_routing.topk(top_k, -1));   // (N, K)
     auto top = scores.gather(1, r.top_idx);
     r.top_probs = as_logits(top_k > 1 ? top / (top.sum(-1, /*keepdim=*/true) + 1e-20) : top);
-    return top_k > 1 ? scores / (scores.sum(-1, true) + 1e-20) : scores;
+    // moe_utils.py compute_routing_scores_for_aux_loss: sigmoid scores normalised whatever K
+    // (unlike the gate weights above, which are normalised only when K > 1).
+    return scores / (scores.sum(-1, true) + 1e-20);
   }
   // softmax without pre-softmax: top-k of the logits in their dtype, softmax in fp32.
   auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
@@ -150,13 +152,16 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
     r.logits = r.logits.index_fill(1, torch::tensor({dead_expert}, torch::kLong).to(r.logits.device()),
                                    -std::numeric_limits<float>::infinity());
   auto aux_scores = score_and_pick(r);   // (N, E) the scores the load-balancing loss weighs
-  // The aux loss's counts are before dropping (router.py: compute_routing_scores_for_aux_loss).
-  auto counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);  // (E) int64
+  // The aux loss counts its own routing map (moe_utils.py compute_routing_scores_for_aux_loss:
+  // `_, top_indices = torch.topk(scores, k=topk, dim=1)` over the aux scores): before dropping
+  // and without the expert bias, which steers only the routing itself.
+  auto counts = torch::bincount(std::get<1>(aux_scores.topk(top_k, -1)).reshape(-1), {}, n_experts);  // (E)
+  auto routed_counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);   // the routing's own
   drop_tokens(r);
   // The counts after dropping: upstream's routing_map.sum(dim=0), which with padding is the
   // capacity mask's, `capacity` for every expert (so the expert-bias update sign(mean - count)
   // is 0 and the bias stays where it is while every expert is padded to capacity).
-  auto kept_counts = capacity_factor < 0.0         ? counts
+  auto kept_counts = capacity_factor < 0.0         ? routed_counts
                      : r.padded_map.defined() ? r.padded_map.sum(0).to(torch::kLong)
                                               : torch::bincount(r.top_idx.masked_select(r.kept), {}, n_experts);
   auto counts_cpu = kept_counts.to(torch::kCPU);

@@ -65,8 +65,9 @@ struct MoELayerImpl : torch::nn::Module {
   // training), then moe_utils.py topk_routing_with_score_function: softmax: top-k of the logits,
   // softmax over them; sigmoid: scores = sigmoid(logits), top-k of scores (+ expert_bias when
   // enabled: the bias picks the experts, the gate weights are the unbiased scores), probs =
-  // scores / (sum + 1e-20) when K > 1. Losses (aux scores: softmax(logits), or for sigmoid the
-  // sigmoid scores normalised the same way, compute_routing_scores_for_aux_loss):
+  // scores / (sum + 1e-20) when K > 1. Losses (compute_routing_scores_for_aux_loss: aux scores
+  // softmax(logits), or for sigmoid sigmoid(logits) / (sum + 1e-20) for every K; tokens_e counts
+  // the top-k of those aux scores, so the expert bias never enters the loss):
   //   aux = E * aux_coeff / (K * N^2) * sum_e(sum_n score[n, e] * tokens_e)
   //       + z_coeff * mean_n(logsumexp(logits[n])^2)
   // With capacity_factor >= 0, token dropping follows (capacity_keep_mask on N*K pairs), after

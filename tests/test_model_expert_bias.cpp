@@ -33,6 +33,48 @@ uint32_t fbits(float f) {
   return u;
 }
 
+// moe_utils.py compute_routing_scores_for_aux_loss: the load-balancing loss weighs
+// sigmoid(logits) / (sum + 1e-20) (for every K, K = 1 included) by token counts from the top-k
+// of those unbiased scores; the expert bias changes the routing, never the loss. Reference in
+// double from the logits, per token.
+TEST(SigmoidRouting, AuxLossCountsTheUnbiasedTopKOfNormalisedScores) {
+  torch::set_num_threads(1);
+  for (int64_t K : {1, 3}) {
+    auto cfg = sigmoid_config();
+    cfg.top_k = K;
+    cfg.aux_loss_coeff = 1e-2;
+    auto model = build(cfg, 7);
+    MoELayer moe = model->layers[0]->moe;
+    moe->eval();
+    auto g = at::detail::createCPUGenerator(11);
+    auto x = torch::randn({40, cfg.d_model}, g);
+    {
+      torch::NoGradGuard ng;
+      moe->expert_bias.copy_(torch::tensor({0.3f, -0.2f, 0.0f, 0.25f, -0.1f, 0.05f}));
+    }
+    auto r = moe->route(x, nullptr);
+    auto logits = r.logits.to(torch::kDouble).contiguous();
+    const int64_t N = x.size(0), E = cfg.n_experts;
+    std::vector<double> prob_sum(E, 0.0), tokens(E, 0.0), routed(E, 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> s(E);
+      double total = 0.0;
+      for (int64_t e = 0; e < E; ++e) total += s[e] = 1.0 / (1.0 + std::exp(-logits[n][e].item<double>()));
+      for (int64_t e = 0; e < E; ++e) prob_sum[e] += s[e] / (total + 1e-20);
+      std::vector<int64_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] > s[b]; });
+      for (int64_t j = 0; j < K; ++j) tokens[order[j]] += 1.0;
+      for (int64_t j = 0; j < K; ++j) routed[r.top_idx[n][j].item<int64_t>()] += 1.0;
+    }
+    double want = 0.0;
+    for (int64_t e = 0; e < E; ++e) want += prob_sum[e] * tokens[e];
+    want *= double(E) * cfg.aux_loss_coeff / (double(K) * double(N) * double(N));
+    EXPECT_NE(tokens, routed) << "K=" << K << ": the bias must change the routing for this test to mean anything";
+    EXPECT_NEAR(r.aux_loss.item<double>(), want, 1e-6 * want) << "K=" << K;
+  }
+}
+
 TEST(SigmoidRouting, ChoosesByBiasedScoresWeighsByUnbiasedOnesLikeAPerTokenLoop) {
   torch::set_num_threads(1);
   auto cfg = sigmoid_config();
