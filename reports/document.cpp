@@ -21,6 +21,9 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.pass td:first-child{border-left:5px solid #1a7f37}
 tr.fail td:first-child{border-left:5px solid #cf222e}
 tr.fail{background:#fff5f5}
+td.o-identical{background:#dafbe1}td.o-within-tolerance{background:#eef9d0}
+td.o-diverged-as-expected{background:#ddf4ff}td.o-failed{background:#ffd8d3;font-weight:600}
+td.o-none{color:#8c959f}
 img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}
 figcaption{font-size:13px;color:#57606a}
 )";

@@ -38,26 +38,63 @@ const char* outcome_meaning(const std::string& o) {
   return "unknown outcome";
 }
 
+// A name as one POSIX shell word: single-quoted, each ' written as '\''.
+std::string shell_word(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The first thing a reader needs: which scenarios did not meet their expectation, what diverged
+// first, and the command that reruns exactly that scenario.
+void failing_list(Document& d, const RunData& run) {
+  std::vector<std::string> items;
+  const std::string file = run.matrix_file.empty() ? "" : " --file " + shell_word(run.matrix_file);
+  for (const auto& s : run.scenarios) {
+    if (s.row.passed) continue;
+    std::string item = s.row.scenario + " (expected " + s.row.expectation + ", found " + s.row.outcome + "): ";
+    item += s.row.first_divergence.empty() ? s.row.verdict : "first divergence " + s.row.first_divergence;
+    item += "; reproduce: resume-harness check" + file + " " + shell_word(s.row.scenario);
+    items.push_back(item);
+  }
+  d.heading("Scenarios that did not meet their expectation");
+  if (items.empty()) d.paragraph("None: every scenario met its expectation.");
+  else d.bullets(items);
+}
+
+// The first screen: the verdict and the scenarios that did not meet their expectation.
 void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
   size_t met = 0, exact = 0;
-  std::map<std::string, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
-  std::map<std::string, std::pair<size_t, size_t>> groups;       // group -> (bit-exact, count)
-  std::vector<std::string> group_order;
   for (const auto& s : run.scenarios) {
     met += s.row.passed;
     exact += s.row.outcome == "identical";
+  }
+  d.paragraph("Run directory " + run.dir + ": " + std::to_string(run.scenarios.size()) + " scenarios, " +
+              std::to_string(met) + " met their expectation, " + std::to_string(run.scenarios.size() - met) +
+              " did not; " + std::to_string(exact) + " resumed bit for bit.");
+  failing_list(d, run);
+  if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
+}
+
+// Outcome counts, the per-group lines and one outcome grid per group.
+void outcomes_section(Document& d, const RunData& run) {
+  std::map<std::string, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
+  struct GroupCount {
+    size_t met = 0, exact = 0, count = 0;
+  };
+  std::map<std::string, GroupCount> groups;
+  std::vector<std::string> group_order;
+  for (const auto& s : run.scenarios) {
     auto& o = outcomes[s.row.outcome];
     ++o.first;
     o.second += s.row.passed;
     if (!groups.count(s.group)) group_order.push_back(s.group);
     auto& g = groups[s.group];
-    g.first += s.row.outcome == "identical";
-    ++g.second;
+    g.met += s.row.passed;
+    g.exact += s.row.outcome == "identical";
+    ++g.count;
   }
-  d.paragraph("Run directory " + run.dir + ": " + std::to_string(run.scenarios.size()) + " scenarios, " +
-              std::to_string(met) + " met their expectation, " + std::to_string(run.scenarios.size() - met) +
-              " did not; " + std::to_string(exact) + " resumed bit for bit.");
-  if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
+  d.heading("Outcomes");
   Table t;
   t.header = {"outcome", "meaning", "scenarios", "met expectation"};
   t.right = {false, false, true, true};
@@ -65,10 +102,18 @@ void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
     t.rows.push_back({o, outcome_meaning(o), std::to_string(n.first), std::to_string(n.second)});
   d.table(t);
   std::vector<std::string> items;
+  // Met expectation and bit-exact apart: a fault or lossy-policy group passes by diverging.
   for (const auto& g : group_order)
-    items.push_back(g + ": " + std::to_string(groups[g].first) + " of " + std::to_string(groups[g].second) +
-                    " scenarios bit-exact");
+    items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
+                    " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
   d.bullets(items);
+  d.paragraph("Outcome grids: one per scenario group, its first axis as rows and the other axes as columns; each "
+              "cell is how that scenario ended (identical / within tolerance / diverged as expected / failed), "
+              "with its verdict and first divergence on hover in report.html.");
+  for (const auto& g : outcome_grids(run)) {
+    d.heading(g.group, 3);
+    d.table(g.table);
+  }
 }
 
 void matrix_section(Document& d, const RunData& run, const std::vector<int>& refs, const PlotOutcome& plots) {
@@ -131,17 +176,36 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
               "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
               "the published dtype; the reduction difference is in percentage points (pp).");
   d.table(projection_table(models, combos, rows));
-  std::vector<std::string> items;
+  // One finding per model and stored dtypes: policies that store the same dtypes project the same
+  // bytes, so they share a line ("policies native, fp32") instead of repeating it.
+  std::vector<std::string> keys;                    // model + dtypes + sentence, first-seen order
+  std::map<std::string, std::vector<std::string>> policies;
+  std::map<std::string, std::string> head, tail;
   for (const auto& r : rows) {
     if (!r.published) continue;
-    std::string s = models[r.model].name + ", " + combos[r.combo].label + ": projected " + fmt("%.1f", r.gb) +
-                    " GB vs published " + fmt("%.1f", r.published->gb) + " GB (" +
-                    fmt("%+.1f %%", r.published_diff_pct) + ")";
+    const std::string& label = combos[r.combo].label;   // "policy: model BF16, ..."
+    const size_t colon = label.find(": ");
+    const std::string dtypes = colon == std::string::npos ? label : label.substr(colon + 2);
+    std::string s = ": projected " + fmt("%.1f", r.gb) + " GB vs published " + fmt("%.1f", r.published->gb) +
+                    " GB (" + fmt("%+.1f %%", r.published_diff_pct) + ")";
     if (r.has_published_reduction && r.published->states != "fp32")
       s += "; reduction " + reduction_text(combos[r.combo].payload_reduction_pct) + " vs published " +
            reduction_text(r.published_reduction_pct) + " (" + fmt("%+.2f pp", r.delta_pp) + ")";
     if (!r.published->source.empty()) s += "; source: " + r.published->source;
-    items.push_back(s);
+    const std::string key = models[r.model].name + "\n" + dtypes + "\n" + s;
+    if (!policies.count(key)) {
+      keys.push_back(key);
+      head[key] = models[r.model].name + ", " + dtypes;
+      tail[key] = s;
+    }
+    policies[key].push_back(combos[r.combo].policy);
+  }
+  std::vector<std::string> items;
+  for (const auto& k : keys) {
+    const auto& p = policies[k];
+    std::string who = p.size() == 1 ? " (policy " : " (policies ";
+    for (size_t i = 0; i < p.size(); ++i) who += (i ? ", " : "") + p[i];
+    items.push_back(head[k] + who + ")" + tail[k]);
   }
   if (!items.empty()) d.bullets(items);
   return items;
@@ -182,6 +246,7 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   d.title = "Resume report: " + (run.matrix_file.empty() ? run.dir : run.matrix_file);
   overview(d, run, out.plots);
   const size_t findings_at = d.blocks.size();
+  outcomes_section(d, run);
   matrix_section(d, run, refs, out.plots);
   loss_section(d, out.plots);
   const std::string saving = disk_section(d, run, combos, out.plots);

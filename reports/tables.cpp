@@ -3,6 +3,9 @@
 // are formatted here, once, by the helpers both printers share.
 #include "reports/tables.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <cstdio>
 #include <set>
 
@@ -87,8 +90,15 @@ std::string to_html(const Table& t) {
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const std::string cls = i < t.row_class.size() ? t.row_class[i] : "";
     o += cls.empty() ? "<tr>" : "<tr class=\"" + cls + "\">";
-    for (size_t c = 0; c < t.rows[i].size(); ++c)
-      o += (c < t.right.size() && t.right[c] ? "<td class=\"num\">" : "<td>") + html_escape(t.rows[i][c]) + "</td>";
+    for (size_t c = 0; c < t.rows[i].size(); ++c) {
+      std::string cls = c < t.right.size() && t.right[c] ? "num" : "";
+      if (i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty())
+        cls += (cls.empty() ? "" : " ") + t.cell_class[i][c];
+      std::string attrs = cls.empty() ? "" : " class=\"" + cls + "\"";
+      if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
+        attrs += " title=\"" + html_escape(t.cell_title[i][c]) + "\"";
+      o += "<td" + attrs + ">" + html_escape(t.rows[i][c]) + "</td>";
+    }
     o += "</tr>\n";
   }
   return o + "</tbody>\n</table>\n";
@@ -179,6 +189,14 @@ std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& re
   return out;
 }
 
+std::string human(const Num& n) {
+  if (n.value == 0) return "0";
+  if (!std::isfinite(n.value)) return n.text;   // "inf", "nan" as written
+  // Whole numbers (bytes, counts) as written; the rest to 4 significant digits.
+  if (n.value == std::floor(n.value) && std::fabs(n.value) < 1e15) return n.text;
+  return fmt("%.4g", n.value);
+}
+
 Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   // Only the key kinds that some scenario's checkpoint holds get a column.
   std::vector<std::string> kinds;
@@ -203,11 +221,11 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     const bool compared = r.outcome != "error" && r.outcome != "load-refused";
     std::vector<std::string> row = {r.scenario, r.expectation, r.outcome, r.verdict,
                                     r.first_divergence.empty() ? "none" : r.first_divergence,
-                                    compared ? r.max_abs_dloss.text : kDash};
+                                    compared ? human(r.max_abs_dloss) : kDash};
     for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
     row.push_back(r.checkpoint_bytes.text);
-    row.push_back(r.bytes_per_param.text);
-    if (compressed) row.push_back(r.compress != "none" ? r.raw_bytes_per_param.text + " (" + r.compress + ")" : kDash);
+    row.push_back(human(r.bytes_per_param));
+    if (compressed) row.push_back(r.compress != "none" ? human(r.raw_bytes_per_param) + " (" + r.compress + ")" : kDash);
     if (refs[i] == static_cast<int>(i)) {
       row.push_back("reference");
     } else if (refs[i] >= 0 && r.checkpoint_bytes.value > 0) {
@@ -257,6 +275,99 @@ Table environment_table(const RunData& run) {
   if (!run.matrix_file.empty()) t.rows.push_back({"scenario file", run.matrix_file});
   if (!run.total_seconds.empty()) t.rows.push_back({"wall time of the run (s)", run.total_seconds});
   return t;
+}
+
+std::string outcome_class(const SummaryRow& r) {
+  if (!r.passed) return "failed";
+  if (r.outcome == "identical") return "identical";
+  if (r.outcome == "within-tolerance") return "within tolerance";
+  return "diverged as expected";
+}
+
+namespace {
+
+// "a=1,b=2" -> {(a, 1), (b, 2)}; a part without '=' is ("scenario", part).
+std::vector<std::pair<std::string, std::string>> axis_values(const std::string& rest) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t start = 0;
+  while (start <= rest.size()) {
+    const size_t comma = rest.find(',', start);
+    const std::string part = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos) out.push_back({"scenario", part});
+    else out.push_back({part.substr(0, eq), part.substr(eq + 1)});
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void add_unique(std::vector<std::string>& v, const std::string& s) {
+  if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+}
+
+}  // namespace
+
+std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
+  std::vector<std::string> groups;
+  for (const auto& s : run.scenarios) add_unique(groups, s.group);
+  std::vector<OutcomeGrid> out;
+  for (const auto& g : groups) {
+    struct Cell {
+      std::string row, col;
+      const SummaryRow* r;
+    };
+    std::vector<Cell> cells;
+    std::vector<std::string> rows, cols, col_axes;
+    std::string row_axis;
+    for (const auto& s : run.scenarios) {
+      if (s.group != g) continue;
+      const size_t slash = s.row.scenario.find('/');
+      const auto av = axis_values(slash == std::string::npos ? "" : s.row.scenario.substr(slash + 1));
+      if (row_axis.empty()) row_axis = av.front().first;
+      std::string row = av.front().second, col;
+      for (size_t i = 1; i < av.size(); ++i) {
+        col += (col.empty() ? "" : ",") + av[i].first + "=" + av[i].second;
+        add_unique(col_axes, av[i].first);
+      }
+      if (av.front().first != row_axis) row = av.front().first + "=" + row;
+      add_unique(rows, row);
+      add_unique(cols, col);
+      cells.push_back({row, col, &s.row});
+    }
+    OutcomeGrid grid{g, {}};
+    std::string corner = row_axis;
+    if (!col_axes.empty()) {
+      corner += " \\ ";
+      for (size_t i = 0; i < col_axes.size(); ++i) corner += (i ? "," : "") + col_axes[i];
+    }
+    grid.table.header.push_back(corner);
+    for (const auto& c : cols) grid.table.header.push_back(c.empty() ? "outcome" : c);
+    for (const auto& r : rows) {
+      std::vector<std::string> line{r}, cls{""}, title{""};
+      for (const auto& c : cols) {
+        auto it = std::find_if(cells.begin(), cells.end(), [&](const Cell& x) { return x.row == r && x.col == c; });
+        if (it == cells.end()) {
+          line.push_back("\u2014");
+          cls.push_back("o-none");
+          title.push_back("");
+          continue;
+        }
+        const std::string o = outcome_class(*it->r);
+        line.push_back(o);
+        std::string css = "o-" + o;
+        std::replace(css.begin(), css.end(), ' ', '-');
+        cls.push_back(css);
+        title.push_back(it->r->scenario + ": " + it->r->verdict +
+                        (it->r->first_divergence.empty() ? "" : " (first divergence: " + it->r->first_divergence + ")"));
+      }
+      grid.table.rows.push_back(line);
+      grid.table.cell_class.push_back(cls);
+      grid.table.cell_title.push_back(title);
+    }
+    out.push_back(std::move(grid));
+  }
+  return out;
 }
 
 }  // namespace rh::report

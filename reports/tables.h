@@ -17,6 +17,8 @@ struct Table {
   std::vector<bool> right;                    // right-aligned (numeric) columns
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> row_class;         // HTML row class per row ("pass", "fail" or "")
+  // Optional, per cell (same shape as rows when present): HTML class and hover text (title).
+  std::vector<std::vector<std::string>> cell_class, cell_title;
 };
 
 std::string to_markdown(const Table& t);
@@ -56,11 +58,29 @@ struct Combo {
 
 std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& refs);
 
+// A number for people: exact zero as "0", whole numbers (bytes, counts) and non-finite values as
+// the harness wrote them, anything else to 4 significant digits (summary.csv keeps full precision).
+std::string human(const Num& n);
 // "28.57 %" for a size reduction; shared by every table that shows one.
 std::string reduction_text(double pct);
 
 Table matrix_table(const RunData& run, const std::vector<int>& refs);
 Table disk_table(const RunData& run, const std::vector<Combo>& combos);
 Table environment_table(const RunData& run);
+
+// How a scenario ended, as a reader sorts it: "identical", "within tolerance", "diverged as
+// expected" (a fault or lossy policy caught as declared), or "failed" (did not meet its
+// expectation, whatever it found).
+std::string outcome_class(const SummaryRow& r);
+// The outcome grid of one scenario group: its canonical names "group/a=1,b=2,..." split into axes;
+// rows are the first axis's values, columns the combinations of the others (in order of first
+// appearance); each cell is the outcome_class of that scenario, with its verdict and first
+// divergence as hover text ("—" where no scenario has that combination). A name part without '='
+// is its own value of an axis called "scenario".
+struct OutcomeGrid {
+  std::string group;
+  Table table;
+};
+std::vector<OutcomeGrid> outcome_grids(const RunData& run);
 
 }  // namespace rh::report

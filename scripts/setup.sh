@@ -13,7 +13,7 @@ build=${1:-$here/build}
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
-  libeigen3-dev libfccp-dev libgtest-dev libgmock-dev
+  libeigen3-dev libfccp-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev
   python3-matplotlib python3-numpy
 )
