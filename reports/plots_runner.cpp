@@ -15,20 +15,6 @@ namespace fs = std::filesystem;
 namespace rh::report {
 namespace {
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
-}
-
-void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << s;
-  f.close();
-  if (!f) throw ReportError(p.string() + ": cannot write");
-}
-
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
@@ -70,7 +56,7 @@ void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
            (s.save_at >= 0 ? std::to_string(s.save_at) : "") + "," +
            (s.iterations >= 0 ? std::to_string(s.iterations) : "") + "," + (s.row.passed ? "1" : "0") + "," +
            csv_field(s.row.outcome) + "\n";
-  write_text(dir / "index.csv", idx);
+  write_report_file((dir / "index.csv").string(), idx);
   // One row per storage combination and key kind; reduction_pct is the text the tables show.
   std::string st = "storage,save_policy,kind,bytes,total_bytes,is_reference,reduction_pct\n";
   for (const auto& c : combos) {
@@ -82,7 +68,7 @@ void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
             (c.has_reduction ? pct_number(reduction_text(c.reduction_pct)) : "") + "\n";
     }
   }
-  write_text(dir / "storage.csv", st);
+  write_report_file((dir / "storage.csv").string(), st);
 }
 
 PlotOutcome run_plots(const RunData& run) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 
 #include "harness/checkpoint/json_guard.h"
 #include "reports/data_files.h"
@@ -135,27 +136,74 @@ std::vector<ProjectionRow> project(const std::vector<ModelSize>& models, const s
   return out;
 }
 
+namespace {
+
+// "157.0 GB published 164.0 (-4.3 %); reduction 28.57 % vs 26.13 % (+2.45 pp)" for one row that
+// has a published size, "" otherwise.
+std::string published_text(const ProjectionRow& r, const Combo& c) {
+  if (!r.published) return "";
+  std::string s = r.published->states + " states: published " + fmt("%.1f", r.published->gb) + " GB, projected " +
+                  fmt("%.1f", r.gb) + " (" + fmt("%+.1f %%", r.published_diff_pct) + ")";
+  if (r.has_published_reduction && r.published->states != "fp32")
+    s += "; reduction " + reduction_text(c.payload_reduction_pct) + " vs " + reduction_text(r.published_reduction_pct) +
+         " (" + fmt("%+.2f pp", r.delta_pp) + ")";
+  return s;
+}
+
+}  // namespace
+
 Table projection_table(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
                        const std::vector<ProjectionRow>& rows) {
   Table t;
-  t.header = {"model", "parameters", "storage (save policy: dtype per key)", "measured bytes/param",
-              "projected bytes", "projected GB", "reduction vs fp32 policy", "published GB",
-              "projected vs published", "published reduction", "reduction difference"};
-  t.right.assign(t.header.size(), true);
-  t.right[0] = t.right[2] = false;
+  t.header = {"model", "parameters", "save policy", "storage configurations", "projected GB",
+              "smallest configuration", "published sizes that apply"};
+  t.right = {false, true, false, true, true, false, false};
+  // One row per model and save policy, in the order the rows come (models by size, policies as
+  // first measured); every configuration with full precision is in projection.csv.
+  std::vector<std::pair<size_t, std::string>> order;
+  std::map<std::pair<size_t, std::string>, std::vector<const ProjectionRow*>> groups;
   for (const auto& r : rows) {
-    const auto& m = models[r.model];
-    const auto& c = combos[r.combo];
-    const bool is_ref = c.reference == static_cast<int>(c.scenario);
-    t.rows.push_back({m.name, fmt("%.4g", m.params / 1e9) + " B", c.label, fmt("%.4f", c.payload_per_param),
-                      fmt("%.0f", r.bytes), fmt("%.1f", r.gb),
-                      is_ref ? "reference" : c.has_reduction ? reduction_text(c.payload_reduction_pct) : kDash,
-                      r.published ? fmt("%.1f", r.published->gb) : kDash,
-                      r.published ? fmt("%+.1f %%", r.published_diff_pct) : kDash,
-                      r.has_published_reduction ? reduction_text(r.published_reduction_pct) : kDash,
-                      r.has_published_reduction ? fmt("%+.2f pp", r.delta_pp) : kDash});
+    const auto key = std::make_pair(r.model, combos[r.combo].policy);
+    if (!groups.count(key)) order.push_back(key);
+    groups[key].push_back(&r);
+  }
+  for (const auto& key : order) {
+    const auto& g = groups[key];
+    const auto [lo, hi] = std::minmax_element(g.begin(), g.end(), [](const ProjectionRow* a, const ProjectionRow* b) {
+      return a->gb < b->gb;
+    });
+    std::string published;
+    for (const auto* r : g)
+      if (const std::string p = published_text(*r, combos[r->combo]); !p.empty())
+        published += (published.empty() ? "" : "; ") + p;
+    const std::string& label = combos[(*lo)->combo].label;
+    const size_t colon = label.find(": ");
+    const auto& m = models[key.first];
+    t.rows.push_back({m.name, fmt("%.4g", m.params / 1e9) + " B", key.second, std::to_string(g.size()),
+                      g.size() == 1 ? fmt("%.1f", (*lo)->gb) : fmt("%.1f", (*lo)->gb) + " \u2013 " + fmt("%.1f", (*hi)->gb),
+                      colon == std::string::npos ? label : label.substr(colon + 2),
+                      published.empty() ? kDash : published});
   }
   return t;
+}
+
+std::string projection_csv(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
+                           const std::vector<ProjectionRow>& rows) {
+  std::string out =
+      "model,params,policy,storage,payload_bytes_per_param,projected_bytes,projected_gb,reduction_vs_fp32_pct,"
+      "published_gb,projected_vs_published_pct,published_reduction_pct,reduction_difference_pp\n";
+  auto num = [](bool have, double v) { return have ? fmt("%.17g", v) : std::string(); };
+  for (const auto& r : rows) {
+    const auto& c = combos[r.combo];
+    out += csv_field(models[r.model].name) + "," + fmt("%.17g", models[r.model].params) + "," + csv_field(c.policy) +
+           "," + csv_field(c.label) + "," + fmt("%.17g", c.payload_per_param) + "," + fmt("%.17g", r.bytes) + "," +
+           fmt("%.17g", r.gb) + "," + num(c.has_reduction, c.payload_reduction_pct) + "," +
+           num(r.published != nullptr, r.published ? r.published->gb : 0) + "," +
+           num(r.published != nullptr, r.published_diff_pct) + "," +
+           num(r.has_published_reduction, r.published_reduction_pct) + "," + num(r.has_published_reduction, r.delta_pp) +
+           "\n";
+  }
+  return out;
 }
 
 }  // namespace rh::report

@@ -46,7 +46,13 @@ bool published_applies(const PublishedSize& p, const Combo& c);
 
 std::vector<ProjectionRow> project(const std::vector<ModelSize>& models, const std::vector<Combo>& combos);
 
+// One row per model and save policy: how many storage configurations, their projected range,
+// the smallest one, and each published size that applies with its difference.
 Table projection_table(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
                        const std::vector<ProjectionRow>& rows);
+
+// Every (model, storage configuration) row at full precision (%.17g), for projection.csv.
+std::string projection_csv(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
+                           const std::vector<ProjectionRow>& rows);
 
 }  // namespace rh::report

@@ -22,13 +22,6 @@ namespace rh {
 namespace report {
 namespace {
 
-void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << s;
-  f.close();
-  if (!f) throw ReportError(p.string() + ": cannot write");
-}
-
 const char* outcome_meaning(const std::string& o) {
   if (o == "identical") return "bit-exact: every metric after resume and every state equal bit for bit";
   if (o == "within-tolerance") return "differs, within the scenario's declared tolerance";
@@ -162,7 +155,7 @@ std::string disk_section(Document& d, const RunData& run, const std::vector<Comb
 
 // Returns one line per projection that has a published size to compare with.
 std::vector<std::string> projection_section(Document& d, const std::vector<Combo>& combos,
-                                            const std::string& models_file) {
+                                            const std::string& models_file, const std::string& run_dir) {
   d.heading("Projection to real model sizes");
   if (!fs::exists(models_file)) {
     d.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
@@ -174,8 +167,10 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
               models_file + "). Bytes per parameter count the model and optimizer tensors only: the fixed "
               "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
               "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
-              "the published dtype; the reduction difference is in percentage points (pp).");
+              "the published dtype; the reduction difference is in percentage points (pp). Every model and "
+              "configuration, at full precision: projection.csv.");
   d.table(projection_table(models, combos, rows));
+  write_report_file((fs::path(run_dir) / "projection.csv").string(), projection_csv(models, combos, rows));
   // One finding per model and stored dtypes: policies that store the same dtypes project the same
   // bytes, so they share a line ("policies native, fp32") instead of repeating it.
   std::vector<std::string> keys;                    // model + dtypes + sentence, first-seen order
@@ -250,7 +245,7 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   matrix_section(d, run, refs, out.plots);
   loss_section(d, out.plots);
   const std::string saving = disk_section(d, run, combos, out.plots);
-  auto findings = projection_section(d, combos, models);
+  auto findings = projection_section(d, combos, models, run_dir);
   // Key findings repeat the sections' headline sentences right under the overview.
   if (!saving.empty()) findings.insert(findings.begin(), saving);
   if (!findings.empty()) {
@@ -266,8 +261,8 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
 
   out.markdown = (fs::path(run_dir) / "report.md").string();
   out.html = (fs::path(run_dir) / "report.html").string();
-  write_text(out.markdown, render_markdown(d));
-  write_text(out.html, render_html(d, run_dir));
+  write_report_file(out.markdown, render_markdown(d));
+  write_report_file(out.html, render_html(d, run_dir));
   log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size()
       << " plots)\n";
   return out;

@@ -105,6 +105,20 @@ std::string read_run_file(const std::string& path, uint64_t max_bytes) {
   }
 }
 
+void write_report_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) throw ReportError(path + ": cannot write");
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
 const std::vector<std::string>& ulp_kinds() {
   static const std::vector<std::string> k = {"model", "master_param", "remainder", "exp_avg", "exp_avg_sq", "scale"};
   return k;

@@ -91,6 +91,12 @@ struct RunData {
 constexpr uint64_t kMaxRunFileBytes = 256ull << 20;
 std::string read_run_file(const std::string& path, uint64_t max_bytes = kMaxRunFileBytes);
 
+// Writes one output of the report (report.md, a CSV) whole; throws ReportError naming the path.
+void write_report_file(const std::string& path, const std::string& text);
+
+// One CSV field, quoted (RFC 4180) when it holds a comma, a quote or a newline.
+std::string csv_field(const std::string& s);
+
 // Parses a number field; throws ReportError "path:line: column C: expected a number, got '..'".
 Num parse_num(const std::string& text, const std::string& path, unsigned line, const std::string& column);
 

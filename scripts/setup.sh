@@ -15,7 +15,8 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread
   libeigen3-dev libfccp-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev
-  python3-matplotlib python3-numpy
+  python3-matplotlib python3-numpy python3-xxhash python3-zstandard
+  chromium   # tests/test_report_browser.py renders report.html headless
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -285,21 +285,37 @@ TEST_F(ReportOnFixture, ProjectionMatchesHandComputedCase) {
   std::vector<std::vector<std::string>> ds;
   while (std::getline(in, line))
     if (line.rfind("| DeepSeek-V2-Lite |", 0) == 0) ds.push_back(md_row(line, "DeepSeek-V2-Lite"));
-  ASSERT_EQ(ds.size(), 3u);   // fp32, per_key, native storage
-  const std::vector<std::string> fp32 = {"DeepSeek-V2-Lite", "15.7 B",
-                                         "fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32", "14.0000",
-                                         "219800000000", "219.8", "reference", "222.0", "-1.0 %", "0.00 %", "+0.00 pp"};
-  const std::vector<std::string> bf16 = {"DeepSeek-V2-Lite", "15.7 B",
-                                         "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16",
-                                         "10.0000", "157000000000", "157.0", "28.57 %", "164.0", "-4.3 %", "26.13 %",
-                                         "+2.45 pp"};
+  ASSERT_EQ(ds.size(), 3u);   // one row per save policy: fp32, per_key, native
+  const std::vector<std::string> fp32 = {"DeepSeek-V2-Lite", "15.7 B", "fp32", "1", "219.8",
+                                         "model BF16, master_param F32, exp_avg F32, exp_avg_sq F32",
+                                         "fp32 states: published 222.0 GB, projected 219.8 (-1.0 %)"};
+  const std::vector<std::string> bf16 = {
+      "DeepSeek-V2-Lite", "15.7 B", "per_key", "1", "157.0", "model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16",
+      "bf16 states: published 164.0 GB, projected 157.0 (-4.3 %); reduction 28.57 % vs 26.13 % (+2.45 pp)"};
   EXPECT_EQ(ds[0], fp32);
   EXPECT_EQ(ds[1], bf16);
+  EXPECT_EQ(ds[2][2], "native");
+  EXPECT_EQ(ds[2].back().rfind("bf16 states: published 164.0 GB", 0), 0u);   // native stores the same dtypes
   // Models are listed by parameter count: DeepSeek-V2-Lite (15.7e9) before Big (100e9).
   EXPECT_LT(md.find("| DeepSeek-V2-Lite |"), md.find("| Big |"));
-  EXPECT_NE(md.find("| Big | 100 B | fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32 | 14.0000 | "
-                    "1400000000000 | 1400.0 |"),
-            std::string::npos);
+  EXPECT_NE(md.find("| Big | 100 B | fp32 | 1 | 1400.0 |"), std::string::npos);
+
+  // projection.csv: every model x configuration at full precision.
+  std::istringstream csv(slurp(*dir_ / "projection.csv"));
+  std::getline(csv, line);
+  EXPECT_EQ(line.rfind("model,params,policy,storage,payload_bytes_per_param,projected_bytes,", 0), 0u);
+  size_t n = 0;
+  bool saw = false;
+  while (std::getline(csv, line)) {
+    ++n;
+    if (line.rfind("DeepSeek-V2-Lite,15700000000,per_key,", 0) == 0) {
+      saw = true;
+      EXPECT_NE(line.find(",10,157000000000,157,"), std::string::npos) << line;
+      EXPECT_NE(line.find(",164,"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(saw);
+  EXPECT_EQ(n, 2u * 3u);   // 2 models x 3 configurations
 }
 
 TEST(ReportProjection, ArithmeticOnCombos) {
