@@ -1,4 +1,4 @@
-// Runs the numpy-only Python reader (tests/safetensors_reader.py, through /usr/bin/python3) on
+// Runs the Python package's checker (python/rhckpt: `python3 -m rhckpt --expect`, /usr/bin/python3) on
 // checkpoints covering every dtype the harness writes (F32, BF16, F16, F8_E4M3, I16, U8 and F32
 // scales) and checks that it decodes every tensor to the values the harness reports: model
 // params and stored states from memory, per-policy values from the policy encoder, unscaled
@@ -52,7 +52,7 @@ nlohmann::json expected_checkpoint(const Rig& r, const SavePolicy& pol, const st
 }
 
 int run_reader(const std::string& expected_path) {
-  const std::string cmd = "/usr/bin/python3 " + std::string(RH_SOURCE_DIR) + "/tests/safetensors_reader.py --expect " +
+  const std::string cmd = "PYTHONPATH=" + std::string(RH_SOURCE_DIR) + "/python /usr/bin/python3 -m rhckpt --expect " +
                           expected_path + " 2>&1";
   return std::system(cmd.c_str());
 }

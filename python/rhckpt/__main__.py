@@ -1,0 +1,98 @@
+"""python3 -m rhckpt: list or check resume-harness checkpoints.
+
+    python3 -m rhckpt CKPT [CKPT ...]     verify, list every tensor, totals per key kind and dtype
+    python3 -m rhckpt --expect FILE.json  compare every tensor with values the tool reported
+                                          (tests/test_checkpoint_python.cpp writes FILE.json)
+
+Exit status as `resume-harness inspect`: 0 intact (and matching), 1 damaged or different, 2 bad input.
+"""
+import json
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+from . import BadInput, Damaged, decode
+from . import open as open_checkpoint
+
+KINDS = ("master_param", "remainder", "exp_avg_sq", "exp_avg")
+
+
+def kind_of(file, key):
+    if file == "model.safetensors":
+        return "model"
+    tail = key.split("/", 1)[1] if "/" in key else key
+    if tail.endswith(".scale") or tail.endswith(".scale_inv"):
+        return "scale"
+    return next((k for k in KINDS if tail.startswith(k)), "other")
+
+
+def list_checkpoint(path, out):
+    ck = open_checkpoint(path)
+    totals = defaultdict(int)
+    for f, key, dt, shape, nbytes in ck.tensor_rows():
+        print("%-30s %-48s %-8s %-14s %10d" % (f, key, dt, shape, nbytes), file=out)
+        totals[(kind_of(f, key), dt)] += nbytes
+    for (kind, dt), n in sorted(totals.items()):
+        print("total %-14s %-8s %12d bytes" % (kind, dt, n), file=out)
+    stored, raw = sum(ck.stored_bytes.values()), sum(ck.raw_bytes.values())
+    print("rhckpt: %s: %d tensors in %d files verified, %d bytes on disk (%d raw)"
+          % (ck.dir, len(ck.tensor_rows()), len(ck.files()), stored, raw), file=out)
+
+
+def as_floats(values):
+    return np.array([float(v) for v in values], dtype=np.float64)
+
+
+def check_expected(spec):
+    """Every listed tensor equal bit for bit (NaN = NaN) to the tool's values; scaled fp16/fp8
+    states also unscaled as TransformerEngine decodes them."""
+    checked = 0
+    for c in spec["checkpoints"]:
+        ck = open_checkpoint(c["dir"])
+        rows = ck.tensor_rows()
+        if len(rows) != len(c["tensors"]):
+            raise Damaged(c["dir"], "%d tensors on disk, %d expected" % (len(rows), len(c["tensors"])))
+        pieces = {(f, k): (dt, a) for f, k, dt, a in
+                  ((p[0], key, p[1], p[2]) for key in ck.keys() for p in ck.pieces(key))}
+        for e in c["tensors"]:
+            dt, raw = pieces[(e["file"], e["key"])]
+            got = decode(dt, raw).astype(np.float64).reshape(-1)
+            if dt != e["dtype"] or list(raw.shape) != e["shape"] or not np.array_equal(got, as_floats(e["values"]),
+                                                                                        equal_nan=True):
+                raise Damaged(c["dir"] + "/" + e["file"], "tensor '%s' (%s) does not match the tool" % (e["key"], dt))
+            if "unscaled" in e:
+                mult = e["key"] + (".scale_inv" if dt == "F8_E4M3" else ".scale")
+                scale = decode(*pieces[(e["file"], mult)]).astype(np.float32).reshape(())
+                value = (got.astype(np.float32) * scale).astype(np.float64)
+                if not np.array_equal(value, as_floats(e["unscaled"]), equal_nan=True):
+                    raise Damaged(c["dir"] + "/" + e["file"], "tensor '%s' unscaled values differ" % e["key"])
+            checked += 1
+    return checked
+
+
+def main(argv):
+    try:
+        if len(argv) == 2 and argv[0] == "--expect":
+            with open(argv[1]) as f:
+                spec = json.load(f)
+            print("rhckpt: %d tensors match the tool" % check_expected(spec))
+            return 0
+        if not argv or argv[0].startswith("-"):
+            print(__doc__.strip(), file=sys.stderr)
+            return 2
+        for path in argv:
+            list_checkpoint(path, sys.stdout)
+        return 0
+    except BadInput as e:
+        print("rhckpt: error: %s" % e, file=sys.stderr)
+        return 2
+    except (Damaged, KeyError, ValueError) as e:
+        print("rhckpt: error: %s" % e, file=sys.stderr)
+        return 1
+    except OSError as e:
+        print("rhckpt: error: %s" % e, file=sys.stderr)
+        return 2
+
+
+sys.exit(main(sys.argv[1:]))
