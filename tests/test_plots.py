@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """reports/plots.py on a small hand-written run directory: the tool's `report` draws four valid
-PNGs of sensible size and embeds them; plotting is deterministic (same CSVs, same bytes); a
-Python without matplotlib exits 3 with a clear message and the tool still writes its tables; and
-the helpers that place exact zeros on the log-scale |d loss| plot.
+PNGs of sensible size and embeds them; every PNG fits a page (at most 1400 px wide, 1800 px
+high), also for a group wider than a panel's legend; no axes carries more than 8 labelled series;
+exact zeros are drawn on the |d loss| plot's "0 (bit-exact)" row; plotting is deterministic (same
+CSVs, same bytes, no Software chunk); a Python without matplotlib exits 3 with a clear message and
+the tool still writes its tables; bad input exits 2; and the helpers that place exact zeros on the
+log-scale |d loss| plot and pick the highlighted series.
 
 Usage: test_plots.py PATH_TO_resume-harness   (CTest passes it)
 """
@@ -52,9 +55,16 @@ def metrics(first, last, bump):
     return s
 
 
-def make_run(root):
+# A group wider than a panel's legend: 12 scenarios, 3 of them differing after resume, one of those
+# missing its expectation (it expected exact).
+WIDE = [("wide/k=%02d" % k, "wide__k=%02d" % k, "native", "BF16", 2.0 ** -(k + 5) if k in (2, 6, 9) else 0.0,
+         0 if k not in (2, 6, 9) else 7) for k in range(12)]
+WIDE_FAILED = {"wide/k=06"}
+
+
+def make_run(root, scenarios=SCENARIOS, failed=()):
     rows, entries = [], []
-    for name, safe, policy, moments, bump, ulp in SCENARIOS:
+    for name, safe, policy, moments, bump, ulp in scenarios:
         d = os.path.join(root, "scenarios", safe)
         size = 400 if moments == "F32" else 200
         write(os.path.join(d, "disk.csv"),
@@ -75,8 +85,10 @@ def make_run(root):
         write(os.path.join(d, "resumed", "metrics.csv"), metrics(5, 10, bump))
         write(os.path.join(d, "result.json"), '{"save_at":4,"iterations":10,"config":%s}\n' % CONFIG)
         cb = 1200 + 4 * size
-        rows.append('"%s",exact,1,%s,PASS,,%r,0,0,,%d,0,,%d,%g,100,%s,none,bf16,bf16,fp32,1\n'
-                    % (name, "diverged" if bump else "identical", bump, ulp, cb, cb / 100, policy))
+        ok = name not in failed
+        rows.append('"%s",exact,%d,%s,%s,,%r,0,0,,%d,0,,%d,%g,100,%s,none,bf16,bf16,fp32,1\n'
+                    % (name, int(ok), "diverged" if bump else "identical", "PASS" if ok else "FAIL: diverged", bump,
+                       ulp, cb, cb / 100, policy))
         entries.append('{"name":"%s","dir":"scenarios/%s","config":%s}' % (name, safe, CONFIG))
     rows.append('faults/crash,exact,0,error,"FAIL: error: boom",boom,0,,,,,,,0,0,0,native,none,bf16,bf16,fp32,0\n')
     write(os.path.join(root, "summary.csv"), SUMMARY_HEADER + "".join(rows))
@@ -105,6 +117,33 @@ def load_plots_module():
 
 
 PNGS = ["loss_curves.png", "dloss.png", "disk_bytes.png", "ulp_heatmap.png"]
+MAX_W, MAX_H, MAX_LABELLED = 1400, 1800, 8
+
+
+def png_chunk_types(path):
+    data, pos, types = read_bytes(path), 8, []
+    while pos < len(data):
+        n, = struct.unpack(">I", data[pos:pos + 4])
+        types.append((data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]))
+        pos += 12 + n
+    return types
+
+
+def labelled_series(ax):
+    """Labels an axes would show in a legend (matplotlib skips labels starting with '_')."""
+    return ax.get_legend_handles_labels()[1]
+
+
+def build_figures(run_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt, load_plots_module().build_figures(plt, run_dir)
+
+
+def close_all(plt, figs):
+    for f in figs.values():
+        plt.close(f)
 
 
 class PlotsTest(unittest.TestCase):
@@ -163,6 +202,116 @@ class PlotsTest(unittest.TestCase):
         self.assertIn("| states/m=bf16,policy=per_key |", md)
         for name in PNGS:
             self.assertFalse(os.path.exists(os.path.join(self.dir, "plots", name)), name)
+
+    def report(self, run_dir=None):
+        p = subprocess.run([TOOL, "report", run_dir or self.dir], env=self.env, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr + p.stdout)
+
+    def wide_run(self):
+        d = os.path.join(self.dir, "wide")
+        make_run(d, SCENARIOS + WIDE, WIDE_FAILED)
+        self.report(d)
+        return d
+
+    def test_every_png_fits_a_page(self):
+        for run_dir in (self.dir, self.wide_run()):
+            if run_dir == self.dir:
+                self.report()
+            for name in PNGS:
+                w, h = png_size(os.path.join(run_dir, "plots", name))
+                self.assertLessEqual(w, MAX_W, "%s: %s" % (run_dir, name))
+                self.assertLessEqual(h, MAX_H, "%s: %s" % (run_dir, name))
+
+    def test_no_axes_has_more_than_8_labelled_series(self):
+        plt, figs = build_figures(self.wide_run())
+        try:
+            for name, fig in figs.items():
+                for ax in fig.axes:
+                    self.assertLessEqual(len(labelled_series(ax)), MAX_LABELLED, "%s: %s" % (name, ax.get_title()))
+            # The wide group is summarised, not truncated: highlighted series plus "+N more" or one
+            # entry for the bit-exact ones, and the scenario that missed its expectation is named.
+            for name in ("loss_curves.png", "dloss.png"):
+                wide = [ax for ax in figs[name].axes if ax.get_title().startswith("wide (12")]
+                self.assertEqual(len(wide), 1, name)
+                labels = labelled_series(wide[0])
+                self.assertTrue(any(t.startswith("+") and "more" in t for t in labels)
+                                or any("0 at every iteration" in t for t in labels), (name, labels))
+                self.assertIn("k=06 (missed expectation)", labels, name)
+                if name == "dloss.png":    # every differing scenario of the group is in colour
+                    for k in ("k=02", "k=09"):
+                        self.assertIn(k, labels)
+                    self.assertIn("9 scenarios: 0 at every iteration", labels)
+        finally:
+            close_all(plt, figs)
+
+    def test_zeros_are_drawn_on_the_bit_exact_row(self):
+        self.report()
+        plt, figs = build_figures(self.dir)
+        try:
+            axes = {ax.get_title().split(" (")[0]: ax for ax in figs["dloss.png"].axes if ax.get_visible()}
+            self.assertEqual(set(axes), {"states", "faults"})
+            for group, expected_its in (("states", set(range(5, 11))), ("faults", {5})):
+                ax = axes[group]
+                ticks = [t.get_text() for t in ax.get_yticklabels()]
+                self.assertIn("0 (bit-exact)", ticks, group)
+                zero_y = ax.get_yticks()[ticks.index("0 (bit-exact)")]
+                zero_lines = [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith("zeros:")]
+                self.assertTrue(zero_lines, group)
+                its = set()
+                for ln in zero_lines:
+                    self.assertTrue(all(y == zero_y for y in ln.get_ydata()), group)
+                    its |= {int(round(x)) for x in ln.get_xdata()}
+                self.assertEqual(its, expected_its, group)
+                lo, hi = ax.get_ylim()
+                self.assertTrue(lo < zero_y < hi, group)
+            # faults has nonzero differences too, above the zero row, on a log axis.
+            self.assertEqual(axes["faults"].get_yscale(), "log")
+            ys = [y for ln in axes["faults"].get_lines() if not (ln.get_gid() or "").startswith("zeros:")
+                  for y in ln.get_ydata()]
+            self.assertIn(2.0 ** -7, ys)
+        finally:
+            close_all(plt, figs)
+
+    def test_script_writes_the_same_bytes_twice_without_software_chunk(self):
+        wide = self.wide_run()
+        for run_dir in (self.dir, wide):
+            if run_dir == self.dir:
+                self.report()
+            runs = []
+            for _ in range(2):
+                p = subprocess.run(["/usr/bin/python3", SCRIPT, run_dir], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                runs.append({n: read_bytes(os.path.join(run_dir, "plots", n)) for n in PNGS})
+            self.assertEqual(runs[0], runs[1], run_dir)
+            for n in PNGS:
+                for kind, body in png_chunk_types(os.path.join(run_dir, "plots", n)):
+                    if kind in (b"tEXt", b"iTXt", b"zTXt"):
+                        self.assertFalse(body.startswith(b"Software"), n)
+
+    def test_bad_input_exits_2(self):
+        self.report()
+        os.remove(os.path.join(self.dir, "plots", "index.csv"))
+        p = subprocess.run(["/usr/bin/python3", SCRIPT, self.dir], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("index.csv", p.stderr)
+        p = subprocess.run(["/usr/bin/python3", SCRIPT], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+
+    def test_highlighted_series(self):
+        plots = load_plots_module()
+        mk = lambda name, d, failed=False: {"name": name, "max_d": d, "failed": failed}
+        few = [mk("a", 0.0), mk("b", 1.0)]
+        self.assertEqual(plots.split_series(few), (few, []))
+        many = [mk("s%d" % k, float(k % 3 == 0) * k, k == 4) for k in range(12)]
+        hi, rest = plots.split_series(many)
+        self.assertEqual(len(hi), 7)
+        self.assertEqual(len(hi) + len(rest), 12)
+        # the failed one first, then the largest |d loss| (9, 6, 3), then matrix order; order kept
+        self.assertEqual([s["name"] for s in hi], ["s0", "s1", "s2", "s3", "s4", "s6", "s9"])
+        self.assertEqual(plots.rest_label([mk("x", 0.0), mk("y", 0.0)]), "+2 more (grey; |d loss| all 0)")
+        hi, rest, exact = plots.dloss_split(many)
+        self.assertEqual([s["name"] for s in exact], ["s%d" % k for k in (0, 1, 2, 5, 7, 8, 10, 11)])
+        self.assertEqual(([s["name"] for s in hi], rest), (["s3", "s4", "s6", "s9"], []))
 
     def test_zero_differences_get_their_own_row(self):
         plots = load_plots_module()
