@@ -118,7 +118,8 @@ void matrix_section(Document& d, const RunData& run, const std::vector<int>& ref
               "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration.");
   d.table(matrix_table(run, refs));
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
-    d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (grey: key not in the checkpoint)");
+    d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
+                "red: expectation missed; grey: key not in the checkpoint)");
 }
 
 void loss_section(Document& d, const PlotOutcome& plots) {
@@ -128,7 +129,8 @@ void loss_section(Document& d, const PlotOutcome& plots) {
               "(bit-exact iterations) are drawn as markers on their own row, not hidden.");
   for (const char* p : {kLossPlot, kDlossPlot})
     if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + p))
-      d.image(std::string("plots/") + p, std::string(p) == kLossPlot ? "Loss curves, baseline vs resumed" : "|d loss| after resume");
+      d.image(std::string("plots/") + p, std::string(p) == kLossPlot ? "Loss per scenario group, baseline (line) vs resumed (x)"
+                                           : "|d loss| per iteration after resume, log scale; bottom row: exactly 0 (bit-exact)");
 }
 
 // Returns the headline of the section ("" when nothing resumed bit-exactly with a reference).
@@ -149,7 +151,8 @@ std::string disk_section(Document& d, const RunData& run, const std::vector<Comb
                " smaller than the fp32 policy (measured in " + run.scenarios[best->scenario].row.scenario + ").";
   if (!headline.empty()) d.paragraph(headline);
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kDiskPlot))
-    d.image(std::string("plots/") + kDiskPlot, "Checkpoint bytes stacked by key kind, with the reduction vs the fp32 policy");
+    d.image(std::string("plots/") + kDiskPlot, "Checkpoint bytes stacked by key kind, one bar per storage configuration grouped by save "
+                                                    "policy, with the reduction vs the fp32 policy");
   return headline;
 }
 
