@@ -11,7 +11,10 @@
 // --cold every side's files are evicted from it (fdatasync + POSIX_FADV_DONTNEED) before each
 // load or read, as after a restart on another node (the VM's disk makes cold figures noisy).
 //   bench_checkpoint [--gb 1.0] [--reps 5] [--dir /tmp] [--cold]
-// Targets (issue 4): save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch.
+// Targets (issue 4): save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch; issue 15
+// (verify while copying into staging, then adopt): load >= 0.85x plain read. The first load of a
+// process allocates its staging fresh (later loads reuse the pool the previous state returns to),
+// so it is printed on its own, with the peak memory a load adds over the state already held.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,6 +23,8 @@
 #include "bench/bench_util.h"
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -61,6 +66,23 @@ void evict(const std::string& p) {
 void evict_tree(const fs::path& d) {
   for (const auto& e : fs::recursive_directory_iterator(d))
     if (e.is_regular_file()) evict(e.path().string());
+}
+
+// VmRSS / VmHWM of this process in MB (/proc/self/status); reset_peak() makes VmHWM = VmRSS.
+double status_mb(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  double kb = -1;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') kb = std::atof(line + n + 1);
+  std::fclose(f);
+  return kb / 1024.0;
+}
+void reset_peak() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f) std::fputs("5", f), std::fclose(f);
 }
 
 void fsync_path(const std::string& p) {
@@ -158,7 +180,7 @@ int main(int argc, char** argv) {
   };
   rh::ckpt::TrainState st2;
   // Rounds interleave the three sides, so disk noise (a shared machine) spreads over all alike.
-  std::vector<double> save, write, tsave, load, read, tload, tload_only, verify, apply;
+  std::vector<double> save, write, tsave, load, read, tload, tload_only, verify, apply, peak_extra;
   for (int r = 0; r < reps; ++r) {
     if (r > 0) {
       fs::remove_all(fs::path(root) / rh_iter_name(st.iteration));
@@ -179,7 +201,10 @@ int main(int argc, char** argv) {
   for (int r = 0; r < reps; ++r) {
     if (cold) evict_tree(root);
     rh::ckpt::LoadReport rep;
+    const double rss0 = status_mb("VmRSS");
+    reset_peak();
     load.push_back(seconds([&] { rep = rh::ckpt::load_checkpoint(root, model2, *opt2, st2, {}, {}); }));
+    peak_extra.push_back(status_mb("VmHWM") - rss0);
     verify.push_back(rep.verify_seconds);
     apply.push_back(rep.apply_seconds);
     if (cold) evict(plain);
@@ -209,9 +234,12 @@ int main(int argc, char** argv) {
   std::printf("    (%s) load = verify %.3f s (nothing touched yet) + restore %.3f s; torch::load alone %.3f s\n",
               cold ? "cold: files evicted from the page cache before each load" : "warm: files in the page cache",
               median(verify), median(apply), median(tload_only));
+  std::printf("    first load (fresh staging memory) %.3f s = %.2fx plain read; loads after it reuse the pool;\n"
+              "    peak memory a load adds over the state it replaces: first %.0f MB, median %.0f MB (%.2fx the %.0f MB state)\n",
+              load[0], t_read / load[0], peak_extra[0], median(peak_extra), median(peak_extra) / mb, mb);
   std::printf("  save: %.2fx plain write (target >= 0.8), %.2fx faster than torch::save (target >= 3)\n",
               t_write / t_save, t_tsave / t_save);
-  std::printf("  load: %.2fx plain read (target >= 0.9), %.2fx faster than torch::load+copy (target >= 3)\n",
+  std::printf("  load: %.2fx plain read (target >= 0.85), %.2fx faster than torch::load+copy (target >= 3)\n",
               t_read / t_load, t_tload / t_load);
   std::printf("  loaded state equal to saved: %s\n", same ? "yes" : "NO");
   fs::remove_all(dir);

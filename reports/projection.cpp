@@ -106,7 +106,8 @@ bool published_applies(const PublishedSize& p, const Combo& c) {
     auto it = c.dtypes.find(kind);
     return it != c.dtypes.end() && it->second == dtype;
   };
-  return is("model", "BF16") && is("master_param", "F32") && !c.dtypes.count("remainder") && is("exp_avg", d) &&
+  // Published sizes are Megatron's uncompressed checkpoints (PR 2790's 222 / 164 GB).
+  return c.compress == "none" && is("model", "BF16") && is("master_param", "F32") && !c.dtypes.count("remainder") && is("exp_avg", d) &&
          is("exp_avg_sq", d);
 }
 
@@ -163,7 +164,7 @@ Table projection_table(const std::vector<ModelSize>& models, const std::vector<C
   std::vector<std::pair<size_t, std::string>> order;
   std::map<std::pair<size_t, std::string>, std::vector<const ProjectionRow*>> groups;
   for (const auto& r : rows) {
-    const auto key = std::make_pair(r.model, combos[r.combo].policy);
+    const auto key = std::make_pair(r.model, combos[r.combo].policy_label());
     if (!groups.count(key)) order.push_back(key);
     groups[key].push_back(&r);
   }

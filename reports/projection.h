@@ -40,8 +40,8 @@ struct ProjectionRow {
   double delta_pp = 0;                      // projected reduction - published reduction
 };
 
-// A published size applies to a combination that wrote bf16 model weights, an fp32 master and
-// both moments in the published states dtype.
+// A published size applies to an uncompressed combination that wrote bf16 model weights, an fp32
+// master and both moments in the published states dtype.
 bool published_applies(const PublishedSize& p, const Combo& c);
 
 std::vector<ProjectionRow> project(const std::vector<ModelSize>& models, const std::vector<Combo>& combos);

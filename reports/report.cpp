@@ -172,6 +172,13 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
               "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
               "the published dtype; the reduction difference is in percentage points (pp). Every model and "
               "configuration, at full precision: projection.csv.");
+  bool compressed = false;
+  for (const auto& c : combos) compressed = compressed || c.compress != "none";
+  if (compressed)
+    d.paragraph("Rows \"POLICY + zstd\" are compressed checkpoints (byte planes + zstd), projected with the bytes "
+                "per parameter this run's tiny model compressed to. A tiny model's entropy may not match a real "
+                "one's: weights and moments of a trained 16 B model can compress better or worse, so these rows "
+                "are an estimate, not a measurement; the published sizes are uncompressed and never apply to them.");
   d.table(projection_table(models, combos, rows));
   write_report_file((fs::path(run_dir) / "projection.csv").string(), projection_csv(models, combos, rows));
   // One finding per model and stored dtypes: policies that store the same dtypes project the same

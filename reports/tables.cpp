@@ -154,7 +154,10 @@ std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& re
       c.dtypes[k] = d;
       parts += (parts.empty() ? "" : ", ") + k + " " + d;
     }
-    c.label = c.policy + ": " + parts;
+    // A compressed checkpoint stores the same dtypes in fewer bytes: its own configuration, never
+    // merged with (or standing in for) the uncompressed one.
+    c.compress = s.row.compress;
+    c.label = c.policy_label() + ": " + parts;
     const bool has_ref = refs[i] >= 0 && run.scenarios[static_cast<size_t>(refs[i])].has_disk;
     auto it = by_label.find(c.label);
     if (it != by_label.end()) {

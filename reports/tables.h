@@ -43,7 +43,10 @@ std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s);
 struct Combo {
   std::string label;                          // "per_key: model BF16, master_param F32, ..."
   std::string policy;
+  std::string compress = "none";              // "none" | "zstd": dtypes alike, bytes not
   std::map<std::string, std::string> dtypes;  // kind -> safetensors dtype (metadata excluded)
+  // "per_key" or "per_key + zstd": the policy row a projection groups this configuration under.
+  std::string policy_label() const { return compress == "none" ? policy : policy + " + " + compress; }
   size_t scenario = 0;                        // measured scenario (index in run.scenarios)
   int reference = -1;                         // its fp32 reference scenario, -1 none
   std::map<std::string, uint64_t> bytes;      // per kind, metadata included

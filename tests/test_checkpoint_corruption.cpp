@@ -244,4 +244,92 @@ TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
   fs::remove_all(root);
 }
 
+// Verify while copying (issue 15): load reads every file into staging memory while hashing it
+// and the state adopts the staging tensors only after every block of every file is verified.
+// A damaged last byte of the file listed last is seen after everything else was read: the
+// state is still bit-identical and still in the same tensors (nothing adopted, nothing copied).
+// The repaired checkpoint then loads bit for bit, and the state is the staging (no copy into
+// the tensors held before). Over uncompressed and compressed files.
+class LateDamage : public ::testing::TestWithParam<Compression> {};
+
+// Every model param and stored state's data pointer, in a fixed order.
+std::vector<const void*> state_pointers(const Rig& r) {
+  std::vector<const void*> out;
+  for (const auto& p : r.model->named_parameters(true)) out.push_back(p.value().data_ptr());
+  for (const auto& p : r.opt->param_names())
+    for (StateKey k : kKeys) out.push_back(r.opt->stored(p, k).data.data_ptr());
+  return out;
+}
+
+TEST_P(LateDamage, IsNamedAndLeavesTheStateInItsOwnTensorsThenTheRepairLoadsWithoutACopy) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];   // remainders + fp16 moments: I16, BF16, F16, F32 scales
+  Rig a = make_rig(mode, 1);
+  train(a, 3);
+  SavePolicy pol;
+  pol.compress = GetParam();
+  const fs::path dir = save_checkpoint(root.str(), save_input(a, pol)).dir;
+  const nlohmann::json m = read_manifest(dir);
+  const std::string last = m["files"].back()["name"].get<std::string>();
+  const std::string good = slurp(dir / last);
+  std::string bad = good;
+  bad.back() = static_cast<char>(bad.back() ^ 0x40);
+  spit(dir / last, bad);
+
+  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  train(c, 1);
+  train(fresh, 1);
+  const std::vector<const void*> before = state_pointers(c);
+  try {
+    load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
+    ADD_FAILURE() << "a damaged last byte of " << last << " was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(last), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_EQ(state_pointers(c), before) << "a refused load replaced a state tensor";
+  EXPECT_EQ(c.state.iteration, 1);
+
+  spit(dir / last, good);
+  load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
+  EXPECT_TRUE(same_state(c, a));
+  EXPECT_EQ(c.state.iteration, a.state.iteration);
+  const std::vector<const void*> after = state_pointers(c);
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_NE(after[i], before[i]) << "tensor " << i << " was copied into instead of adopted";
+  // The adopted state trains on like the original.
+  train(a, 2);
+  train(c, 2);
+  EXPECT_TRUE(same_state(c, a));
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, LateDamage, ::testing::Values(Compression::none, Compression::zstd),
+                         [](const auto& i) { return to_string(i.param); });
+
+// A refusal after some states were adopted (a conversion that is not exact, checked only once the
+// optimizer re-stores it) puts back the very tensors the state held, with their values.
+TEST(StagedLoad, ARefusedConversionPutsBackTheAdoptedStatesTensors) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  Mode saved = all_modes()[3];   // remainders, fp32 moments
+  Rig a = make_rig(saved, 1);
+  train(a, 3);
+  save_checkpoint(root.str(), save_input(a));
+  Mode target = saved;           // exp_avg into bf16 (inexact), the rest stored as saved
+  target.cfg.exp_avg_dtype = Dtype::bf16;
+  target.name = "remainders_bf16_m";
+  Rig c = make_rig(target, 2), fresh = make_rig(target, 2);
+  const std::vector<const void*> before = state_pointers(c);
+  try {
+    load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
+    ADD_FAILURE() << "a lossy fp32 -> bf16 exp_avg conversion was accepted without allow_lossy";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("not exact"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_EQ(state_pointers(c), before);
+  EXPECT_EQ(c.state.iteration, 0);
+}
+
 }  // namespace

@@ -344,6 +344,64 @@ TEST(ReportProjection, ArithmeticOnCombos) {
   EXPECT_FALSE(published_applies(m.published[1], rem));
 }
 
+// A compressed checkpoint of the same dtypes is its own configuration: grouped as "POLICY + zstd",
+// projected with its own (smaller) bytes per parameter, and never compared with a published
+// (uncompressed) size.
+TEST(ReportProjection, CompressedCombosAreTheirOwnRowsWithoutPublishedSizes) {
+  Combo plain;
+  plain.policy = "native";
+  plain.label = "native: model BF16, exp_avg BF16";
+  plain.dtypes = {{"model", "BF16"}, {"master_param", "F32"}, {"exp_avg", "BF16"}, {"exp_avg_sq", "BF16"}};
+  plain.num_params = 10;
+  plain.payload_per_param = 10;
+  Combo z = plain;
+  z.compress = "zstd";
+  z.label = "native + zstd: model BF16, exp_avg BF16";
+  z.payload_per_param = 6.5;
+  EXPECT_EQ(z.policy_label(), "native + zstd");
+  EXPECT_EQ(plain.policy_label(), "native");
+  ModelSize m{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
+  EXPECT_TRUE(published_applies(m.published[1], plain));
+  EXPECT_FALSE(published_applies(m.published[1], z));
+  const auto rows = project({m}, {plain, z});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_NE(rows[0].published, nullptr);
+  EXPECT_EQ(rows[1].published, nullptr);
+  EXPECT_EQ(rows[1].bytes, 6.5 * 15.7e9);
+  const Table t = projection_table({m}, {plain, z}, rows);
+  ASSERT_EQ(t.rows.size(), 2u);   // one row per model and policy label
+  EXPECT_EQ(t.rows[0][2], "native");
+  EXPECT_EQ(t.rows[1][2], "native + zstd");
+  EXPECT_EQ(t.rows[1][4], "102.0");   // 6.5 B/param x 15.7e9 = 102.05 GB
+  EXPECT_EQ(t.rows[1][6], "\u2014");  // no published size applies
+}
+
+// storage_combos: two scenarios whose files hold the same dtypes, one of them compressed, are two
+// configurations (before, the compressed one was merged into the uncompressed label).
+TEST(ReportProjection, StorageCombosKeepACompressedCheckpointApart) {
+  RunData run;
+  for (const char* c : {"none", "zstd"}) {
+    ScenarioData s;
+    s.row.scenario = std::string("states/compress=") + c;
+    s.row.save_policy = "native";
+    s.row.compress = c;
+    s.row.num_params = Num{"100", 100};
+    s.has_disk = true;
+    const uint64_t w = std::string(c) == "none" ? 200 : 130, m = std::string(c) == "none" ? 200 : 140;
+    s.disk = {{"model.safetensors", "w", "model", "BF16", 100, w},
+              {"optim_rank_00000.safetensors", "w/exp_avg", "exp_avg", "BF16", 100, m},
+              {"optim_rank_00000.safetensors", "header", "metadata", "", 0, 64}};
+    run.scenarios.push_back(s);
+  }
+  const auto combos = storage_combos(run, {-1, -1});
+  ASSERT_EQ(combos.size(), 2u);
+  EXPECT_EQ(combos[0].label, "native: model BF16, exp_avg BF16");
+  EXPECT_EQ(combos[1].label, "native + zstd: model BF16, exp_avg BF16");
+  EXPECT_EQ(combos[0].payload_per_param, 4.0);   // (200 + 200) / 100, the header left out
+  EXPECT_EQ(combos[1].payload_per_param, 2.7);   // (130 + 140) / 100
+  EXPECT_EQ(combos[1].compress, "zstd");
+}
+
 TEST(ReportModels, DefaultFileListsDeepSeekWithPublishedSizes) {
   const auto models = load_models(default_models_file());
   const ModelSize* ds = nullptr;

@@ -19,9 +19,6 @@
 //    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
 #include <chrono>
 #include <filesystem>
-#include <functional>
-#include <future>
-#include <thread>
 #include <map>
 #include <set>
 
@@ -160,41 +157,6 @@ std::optional<float> read_scalar(const detail::Verified& v, const detail::ShardI
   if (st.scalar_type() != torch::kFloat || st.numel() != 1)
     throw CheckpointError(where(v, file, key) + ": expected a single F32 value");
   return st.reshape({}).item<float>();
-}
-
-// Runs fn(i) for i in [0, n) on up to hardware_concurrency threads, in contiguous groups of about
-// equal bytes. Only for bitwise copies into distinct tensors, whose order does not matter.
-// Every group finishes before the first exception is rethrown.
-void parallel_copies(size_t n, const std::function<uint64_t(size_t)>& bytes, const std::function<void(size_t)>& fn) {
-  const size_t T = std::max<size_t>(1, std::min<size_t>(n, std::thread::hardware_concurrency()));
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += bytes(i);
-  std::vector<size_t> cut{0};
-  uint64_t acc = 0;
-  for (size_t i = 0; i < n && cut.size() < T; ++i) {
-    acc += bytes(i);
-    if (acc * T >= total * cut.size() && i + 1 < n) cut.push_back(i + 1);
-  }
-  cut.push_back(n);
-  auto run = [&](size_t g) {
-    for (size_t i = cut[g]; i < cut[g + 1]; ++i) fn(i);
-  };
-  std::vector<std::future<void>> others;
-  for (size_t g = 1; g + 1 < cut.size(); ++g) others.push_back(std::async(std::launch::async, run, g));
-  std::exception_ptr first;
-  try {
-    run(0);
-  } catch (...) {
-    first = std::current_exception();
-  }
-  for (auto& f : others) {
-    try {
-      f.get();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -406,19 +368,28 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
     for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
     for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
   };
+  // Stored states and model weights are adopted, not copied: verify_checkpoint_dir read every
+  // file into staging memory while hashing it (one pass over the bytes), so the verified staging
+  // tensors become the state (PrecisionAdam::adopt_stored, Tensor::set_data). The tensors the
+  // state held before are only released, never written, so a refusal puts them back as they were.
+  std::vector<std::pair<const Action*, optim::StoredState>> adopted;   // the state each replaced
+  std::vector<torch::Tensor> old_params;                               // the weights set_data replaced
+  auto restore_adopted = [&] {
+    for (auto it = adopted.rbegin(); it != adopted.rend(); ++it) opt.adopt_stored(it->first->param, it->first->key, it->second);
+    for (size_t i = 0; i < old_params.size(); ++i) params[i].value().set_data(old_params[i]);
+  };
   try {
     torch::NoGradGuard ng;
     // Optimizer first, then the model weights from the file (setting a master may write the
     // model param; the saved weight is the one to keep), except where a remainder optimizer
     // split an fp32 master: that split produced the weight belonging to its remainder.
     std::vector<std::string> inexact;
-    // Stored states: bitwise copies into distinct tensors, on all cores.
-    std::vector<const Action*> stored;
     for (const Action& a : plan)
-      if (a.use_stored) stored.push_back(&a);
-    parallel_copies(
-        stored.size(), [&](size_t i) { return static_cast<uint64_t>(stored[i]->stored.data.nbytes()); },
-        [&](size_t i) { opt.set_stored(stored[i]->param, stored[i]->key, stored[i]->stored); });
+      if (a.use_stored) {
+        optim::StoredState before = opt.stored(a.param, a.key);   // a handle: nothing is copied
+        opt.adopt_stored(a.param, a.key, a.stored);
+        adopted.emplace_back(&a, std::move(before));
+      }
     std::map<std::string, torch::Tensor> split_weight;
     for (const Action& a : plan)
       if (a.weight.defined()) split_weight[a.param] = a.weight;
@@ -433,14 +404,6 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
                           " storage");
       }
     }
-    if (!opts.skip_keys.count("model"))
-      parallel_copies(
-          params.size(), [&](size_t i) { return static_cast<uint64_t>(params[i].value().nbytes()); },
-          [&](size_t i) {
-            const auto& p = params[i];
-            auto it = split_weight.find(p.key());
-            p.value().detach().copy_(it != split_weight.end() ? it->second : mf.tensor(p.key()));
-          });
     if (!inexact.empty()) {
       if (!opts.allow_lossy) {
         std::string msg = "conversion is not exact, refusing without allow_lossy: " + inexact[0];
@@ -449,6 +412,13 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       }
       for (const auto& s : inexact) rep.conversions.push_back("lossy on load: " + s);
     }
+    if (!opts.skip_keys.count("model"))
+      for (const auto& p : params) {
+        auto it = split_weight.find(p.key());
+        torch::Tensor w = it != split_weight.end() ? it->second : mf.tensor(p.key());
+        old_params.push_back(p.value().detach());   // shares the old storage; set_data leaves it be
+        p.value().set_data(w.is_contiguous() ? w : w.contiguous());
+      }
     // Persistent buffers, exactly as saved (a router's fp32 expert_bias); after the last refusal.
     if (!opts.skip_keys.count("buffers"))
       for (const auto& b : model.named_buffers(true)) b.value().detach().copy_(mf.tensor(b.key()));
@@ -457,6 +427,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       for (size_t g = 0; g < opt.num_groups(); ++g) opt.set_step_count(g, groups[g]["step"].get<int64_t>());
     }
   } catch (const std::exception& e) {
+    restore_adopted();
     if (need_snapshot) rollback();
     if (dynamic_cast<const CheckpointError*>(&e)) throw;
     throw CheckpointError("checkpoint " + rep.dir + ": restoring state failed: " + e.what());

@@ -130,10 +130,28 @@ Verified verify_checkpoint_dir(const std::string& dir) {
       const std::string loc = SafetensorsFile::locate_damaged_block(w.path, data, size);
       return loc.empty() ? "" : loc + " (file is corrupted; ";
     };
-    auto check = [&](const uint8_t* data, uint64_t size) {
+    auto check_size = [&](uint64_t size) {
       if (size != w.size)
         fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
                          (size < w.size ? " (truncated)" : ""));
+      // Every byte is covered by exactly one block. The count was checked against the listed
+      // size; the size equals it here: never skip both checks.
+      const size_t nb = w.block_hash.size();
+      if (w.block_bytes > 0 && (block_count(size, w.block_bytes) != nb || (size > 0 && nb == 0)))
+        fail(w.path, std::to_string(nb) + " block checksums of " + std::to_string(w.block_bytes) +
+                         " bytes do not cover its " + std::to_string(size) + " bytes");
+    };
+    auto check_blocks = [&](const uint8_t* data, uint64_t size, const std::vector<uint64_t>& got) {
+      for (size_t b = 0; b < got.size(); ++b)
+        if (hex64(got[b]) != w.block_hash[b]) {
+          const std::string loc = located(data, size);
+          fail(w.path, loc + "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
+                           std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + hex64(got[b]) +
+                           " != manifest " + w.block_hash[b] + (loc.empty() ? " (file is corrupted)" : ")"));
+        }
+    };
+    auto check = [&](const uint8_t* data, uint64_t size) {
+      check_size(size);
       if (w.block_bytes == 0) {
         const std::string got = hex64(XXH3_64bits(data, size));
         if (got != w.hash) {
@@ -142,33 +160,28 @@ Verified verify_checkpoint_dir(const std::string& dir) {
         }
         return;
       }
-      // Every byte is covered by exactly one block; blocks are hashed on all cores. The count was
-      // checked against the listed size; the size equals it here: never skip both checks.
-      const size_t nb = w.block_hash.size();
-      if (block_count(size, w.block_bytes) != nb || (size > 0 && nb == 0))
-        fail(w.path, std::to_string(nb) + " block checksums of " + std::to_string(w.block_bytes) +
-                         " bytes do not cover its " + std::to_string(size) + " bytes");
-      std::vector<std::string> bad(nb);
+      std::vector<uint64_t> got(block_count(size, w.block_bytes));
       auto worker = [&](size_t first, size_t step) {
-        for (size_t b = first; b < nb; b += step) {
-          const uint64_t off = b * w.block_bytes, len = std::min<uint64_t>(w.block_bytes, size - off);
-          const std::string got = hex64(XXH3_64bits(data + off, len));
-          if (got != w.block_hash[b]) bad[b] = got;
+        for (size_t b = first; b < got.size(); b += step) {
+          const uint64_t off = b * w.block_bytes;
+          got[b] = XXH3_64bits(data + off, std::min<uint64_t>(w.block_bytes, size - off));
         }
       };
-      const size_t nt = std::max<size_t>(1, std::min<size_t>(nb, std::thread::hardware_concurrency()));
+      const size_t nt = std::max<size_t>(1, std::min<size_t>(got.size(), std::thread::hardware_concurrency()));
       std::vector<std::thread> pool;
       for (size_t t = 1; t < nt; ++t) pool.emplace_back(worker, t, nt);
       worker(0, nt);
       for (auto& t : pool) t.join();
-      for (size_t b = 0; b < nb; ++b)
-        if (!bad[b].empty()) {
-          const std::string loc = located(data, size);
-          fail(w.path, loc + "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
-                           std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + bad[b] +
-                           " != manifest " + w.block_hash[b] + (loc.empty() ? " (file is corrupted)" : ")"));
-        }
+      check_blocks(data, size, got);
     };
+    if (!w.compressed && w.block_bytes > 0) {
+      // Read, hash and copy in one pass into pooled memory: the staging the state then adopts
+      // (load.cpp). Size first, before anything is allocated.
+      SafetensorsFile sf = SafetensorsFile::read_hashed(
+          w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks);
+      if (sf.compressed()) fail(w.path, "is compressed (rh_codec), but the manifest does not say so");
+      return sf;
+    }
     SafetensorsFile sf = SafetensorsFile::open(w.path, check);
     if (sf.compressed() != w.compressed)
       fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <thread>
 #include <cstring>
 #include <functional>
@@ -292,6 +293,64 @@ SafetensorsFile SafetensorsFile::open(
   f.tensors_ = std::move(ps.tensors);
   f.metadata_ = std::move(ps.metadata);
   return f;   // tensors_ is sorted by key: the JSON object iterates in key order
+}
+
+SafetensorsFile SafetensorsFile::read_hashed(
+    const std::string& path, uint64_t block_bytes, const std::function<void(uint64_t)>& check_size,
+    const std::function<void(const uint8_t*, uint64_t, const std::vector<uint64_t>&)>& check_blocks) {
+  constexpr uint64_t kPiece = 256u << 10;   // fits L2 beside the hash state: hashed while hot
+  if (block_bytes == 0) bad_safetensors(path, "block size 0");
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);   // a FIFO or device is refused, never waited on
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (check_size) check_size(size);
+  SafetensorsFile f;
+  f.path_ = path;
+  f.map_ = std::make_shared<Mapping>();
+  try {
+    f.map_->owned = std::make_unique<Arena>(std::max<uint64_t>(size, 1));
+  } catch (const std::bad_alloc&) {
+    bad_safetensors(path, "cannot allocate " + std::to_string(size) + " bytes to read it");
+  }
+  uint8_t* base = f.map_->owned->data();
+  f.map_->addr = base;
+  f.map_->len = static_cast<size_t>(size);
+  const size_t nb = static_cast<size_t>((size + block_bytes - 1) / block_bytes);
+  std::vector<uint64_t> hashes(nb);
+  const std::vector<std::string> errs = run_blocks_on_all_cores(nb, [&](size_t b) {
+    std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> st(XXH3_createState(), XXH3_freeState);
+    if (!st) throw std::bad_alloc();
+    XXH3_64bits_reset(st.get());
+    const uint64_t begin = b * block_bytes, end = std::min(size, begin + block_bytes);
+    for (uint64_t off = begin; off < end;) {
+      const uint64_t want = std::min(kPiece, end - off);
+      uint64_t got = 0;
+      while (got < want) {
+        const ssize_t r = ::pread(fd, base + off + got, want - got, static_cast<off_t>(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) throw_errno("cannot read", path);
+        if (r == 0)
+          throw CheckpointError(path + ": ended at byte " + std::to_string(off + got) + " while reading it (its size was " +
+                                std::to_string(size) + "; changed while loading?)");
+        got += static_cast<uint64_t>(r);
+      }
+      XXH3_64bits_update(st.get(), base + off, want);
+      off += want;
+    }
+    hashes[b] = XXH3_64bits_digest(st.get());
+  });
+  for (const std::string& e : errs)
+    if (!e.empty()) throw CheckpointError(e);
+  if (check_blocks) check_blocks(base, size, hashes);
+  ParsedSafetensors ps = parse_safetensors(path, base, size);
+  f.header_len_ = ps.header_len;
+  f.data_offset_ = 8 + ps.header_len;
+  f.tensors_ = std::move(ps.tensors);
+  f.metadata_ = std::move(ps.metadata);
+  return f;
 }
 
 uint64_t SafetensorsFile::file_bytes() const { return map_->len; }

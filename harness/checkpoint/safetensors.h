@@ -71,6 +71,18 @@ class SafetensorsFile {
       const std::string& path,
       const std::function<void(const uint8_t* data, uint64_t size)>& check_bytes = {});
 
+  // The loader's path (issue 15, "verify while copying"): reads the whole file with pread() into
+  // pooled anonymous memory (an Arena, reused from the previous load where one is free) and
+  // hashes it while copying: each 256 KiB piece is fed to its block's XXH3-64 right after pread()
+  // put it there, while it is still in cache, so the bytes are read once. Blocks of block_bytes
+  // are spread over all cores. check_size(size) runs before anything is allocated or read;
+  // check_blocks(data, size, hashes) sees every block's XXH3-64 before any structural check (so
+  // damage is reported as damage); then the file is validated as open() does. Tensors alias the
+  // buffer, which stays alive as long as any of them does and then goes back to the pool.
+  static SafetensorsFile read_hashed(
+      const std::string& path, uint64_t block_bytes, const std::function<void(uint64_t size)>& check_size,
+      const std::function<void(const uint8_t* data, uint64_t size, const std::vector<uint64_t>& block_xxh3)>& check_blocks);
+
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const;
   uint64_t header_bytes() const { return 8 + header_len_; }

@@ -511,4 +511,12 @@ void PrecisionAdam::set_stored(const std::string& param, StateKey key, const Sto
   st.scale_inv = s.scale_inv;
 }
 
+void PrecisionAdam::adopt_stored(const std::string& param, StateKey key, StoredState s) {
+  check_stored(param, key, s);
+  StoredState& st = impl_->state(impl_->at(param), key);
+  st.data = s.data.is_contiguous() ? std::move(s.data) : s.data.contiguous();
+  st.scale = s.scale;
+  st.scale_inv = s.scale_inv;
+}
+
 }  // namespace rh::optim

@@ -171,6 +171,10 @@ class PrecisionAdam {
   // bit for bit itself (in remainder mode they are the master's high half).
   const StoredState& stored(const std::string& param, StateKey key) const;
   void set_stored(const std::string& param, StateKey key, const StoredState& s);
+  // set_stored without the copy: after the same checks, the optimizer holds s.data itself (made
+  // contiguous if it is not), so a loader's verified staging tensor becomes the state. The
+  // tensor it held before is released, never written.
+  void adopt_stored(const std::string& param, StateKey key, StoredState s);
   // The checks set_stored makes (dtype, shape, scales present and consistent: a negative scale,
   // or an fp8 scale_inv other than the one this optimizer derives from `scale`, cannot come from
   // TE's formulas), without changing anything; throws std::invalid_argument.
