@@ -345,38 +345,37 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   // ---- apply. Snapshot only if some outcome is unknown until the optimizer re-stores it.
   rep.verify_seconds = since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  bool need_snapshot = false;
-  for (const auto& a : plan) need_snapshot |= !a.use_stored;
-  std::vector<std::pair<std::string, optim::StoredState>> snap_states[3];
-  std::vector<torch::Tensor> snap_params;
-  std::vector<int64_t> snap_steps;
-  const auto params = model.named_parameters(true);
-  if (need_snapshot) {
-    for (const std::string& p : opt.param_names())
-      for (int i = 0; i < 3; ++i) {
-        optim::StoredState s = opt.stored(p, kKeys[i]);
-        s.data = s.data.clone();
-        snap_states[i].emplace_back(p, s);
-      }
-    for (const auto& p : params) snap_params.push_back(p.value().detach().clone());
-    for (size_t g = 0; g < opt.num_groups(); ++g) snap_steps.push_back(opt.step_count(g));
-  }
-  auto rollback = [&] {
-    torch::NoGradGuard ng;
-    for (int i = 0; i < 3; ++i)
-      for (const auto& [p, s] : snap_states[i]) opt.set_stored(p, kKeys[i], s);
-    for (size_t i = 0; i < params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
-    for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
-  };
   // Stored states and model weights are adopted, not copied: verify_checkpoint_dir read every
   // file into staging memory while hashing it (one pass over the bytes), so the verified staging
   // tensors become the state (PrecisionAdam::adopt_stored, Tensor::set_data). The tensors the
   // state held before are only released, never written, so a refusal puts them back as they were.
+  // What is written in place (set_scaled_state re-stores a converted state and may write the
+  // model param) is snapshotted first, only where some conversion is planned.
+  bool need_snapshot = false;
+  for (const auto& a : plan) need_snapshot |= !a.use_stored;
   std::vector<std::pair<const Action*, optim::StoredState>> adopted;   // the state each replaced
+  std::vector<std::pair<const Action*, optim::StoredState>> converted;  // a copy of what each overwrote
   std::vector<torch::Tensor> old_params;                               // the weights set_data replaced
-  auto restore_adopted = [&] {
+  std::vector<torch::Tensor> snap_params;
+  std::vector<int64_t> snap_steps;
+  const auto params = model.named_parameters(true);
+  if (need_snapshot) {
+    for (const Action& a : plan)
+      if (!a.use_stored) {
+        optim::StoredState s = opt.stored(a.param, a.key);
+        s.data = s.data.clone();
+        converted.emplace_back(&a, std::move(s));
+      }
+    for (const auto& p : params) snap_params.push_back(p.value().detach().clone());
+    for (size_t g = 0; g < opt.num_groups(); ++g) snap_steps.push_back(opt.step_count(g));
+  }
+  auto undo = [&] {
+    torch::NoGradGuard ng;
     for (auto it = adopted.rbegin(); it != adopted.rend(); ++it) opt.adopt_stored(it->first->param, it->first->key, it->second);
     for (size_t i = 0; i < old_params.size(); ++i) params[i].value().set_data(old_params[i]);
+    for (const auto& [a, s] : converted) opt.set_stored(a->param, a->key, s);
+    for (size_t i = 0; i < snap_params.size(); ++i) params[i].value().detach().copy_(snap_params[i]);
+    for (size_t g = 0; g < snap_steps.size(); ++g) opt.set_step_count(g, snap_steps[g]);
   };
   try {
     torch::NoGradGuard ng;
@@ -427,8 +426,7 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
       for (size_t g = 0; g < opt.num_groups(); ++g) opt.set_step_count(g, groups[g]["step"].get<int64_t>());
     }
   } catch (const std::exception& e) {
-    restore_adopted();
-    if (need_snapshot) rollback();
+    undo();
     if (dynamic_cast<const CheckpointError*>(&e)) throw;
     throw CheckpointError("checkpoint " + rep.dir + ": restoring state failed: " + e.what());
   }

@@ -251,6 +251,25 @@ struct SafetensorsFile::Mapping {
 
 namespace {
 
+// Pooled anonymous memory (an Arena) for `bytes` of a file read or decoded into it, refused
+// naming the file when it exceeds this machine's memory (a hostile manifest and a sparse file, or
+// a compressed table, must not make the loader allocate without bound) or cannot be had.
+std::shared_ptr<SafetensorsFile::Mapping> owned_mapping(const std::string& path, uint64_t bytes, const char* why) {
+  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > phys)
+    bad_safetensors(path, "needs " + std::to_string(bytes) + " bytes " + why + ", more than this machine's memory (" +
+                              std::to_string(phys) + ")");
+  auto m = std::make_shared<SafetensorsFile::Mapping>();
+  try {
+    m->owned = std::make_unique<Arena>(std::max<uint64_t>(bytes, 1));
+  } catch (const std::bad_alloc&) {
+    bad_safetensors(path, "cannot allocate " + std::to_string(bytes) + " bytes " + why);
+  }
+  m->addr = m->owned->data();
+  m->len = static_cast<size_t>(bytes);
+  return m;
+}
+
 // Maps the whole file copy-on-write: tensors that alias it may be written without touching the
 // file. It is not populated up front: the loader's checksum threads fault the pages in, in
 // parallel (read faults map page-cache pages in batches, "fault-around"), which measured faster
@@ -309,15 +328,8 @@ SafetensorsFile SafetensorsFile::read_hashed(
   if (check_size) check_size(size);
   SafetensorsFile f;
   f.path_ = path;
-  f.map_ = std::make_shared<Mapping>();
-  try {
-    f.map_->owned = std::make_unique<Arena>(std::max<uint64_t>(size, 1));
-  } catch (const std::bad_alloc&) {
-    bad_safetensors(path, "cannot allocate " + std::to_string(size) + " bytes to read it");
-  }
-  uint8_t* base = f.map_->owned->data();
-  f.map_->addr = base;
-  f.map_->len = static_cast<size_t>(size);
+  f.map_ = owned_mapping(path, size, "to read it");
+  uint8_t* base = static_cast<uint8_t*>(f.map_->addr);
   const size_t nb = static_cast<size_t>((size + block_bytes - 1) / block_bytes);
   std::vector<uint64_t> hashes(nb);
   const std::vector<std::string> errs = run_blocks_on_all_cores(nb, [&](size_t b) {
@@ -580,23 +592,13 @@ SafetensorsFile SafetensorsFile::decoded() const {
     te.logical.end = total + raw;
     total = (te.logical.end + 63) & ~uint64_t(63);
   }
-  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  if (total > phys)
-    bad_safetensors(path_, "decodes to " + std::to_string(total) + " bytes, more than this machine's memory (" + std::to_string(phys) + ")");
   SafetensorsFile f;
   f.path_ = path_;
   f.metadata_ = metadata_;
   f.header_len_ = header_len_;
   f.data_offset_ = 0;
-  f.map_ = std::make_shared<Mapping>();
-  try {
-    f.map_->owned = std::make_unique<Arena>(std::max<uint64_t>(total, 1));
-  } catch (const std::bad_alloc&) {
-    bad_safetensors(path_, "cannot allocate " + std::to_string(total) + " bytes to decode it");
-  }
-  uint8_t* base = f.map_->owned->data();
-  f.map_->addr = base;
-  f.map_->len = total;
+  f.map_ = owned_mapping(path_, total, "to decode it");
+  uint8_t* base = static_cast<uint8_t*>(f.map_->addr);
   struct Job {
     size_t t, b;
   };
