@@ -103,6 +103,28 @@ double byte_entropy(const uint8_t* p, uint64_t n) {
   return e;
 }
 
+namespace {
+// The raw-or-zstd decision only needs the entropy to within a few hundredths of a bit: above 64 Ki
+// bytes, every 16th byte is counted (>= 4 Ki samples: the estimate's bias for 256 equally likely
+// values is 255 / (2 N ln 2) <= 0.045 bits, 0.006 at a 1 MiB block's 32 Ki samples). Measured on a
+// bf16 block: 0.2 ms for the whole plane, a sixteenth of it sampled. A wrong guess costs size or
+// time, never bytes: a plane zstd cannot shrink is stored raw anyway.
+double plane_entropy_estimate(const uint8_t* p, uint64_t n) {
+  constexpr uint64_t kStride = 16;
+  if (n < (64u << 10)) return byte_entropy(p, n);
+  uint64_t h[256] = {};
+  uint64_t m = 0;
+  for (uint64_t i = 0; i < n; i += kStride, ++m) ++h[p[i]];
+  double e = 0;
+  for (uint64_t c : h)
+    if (c) {
+      const double q = double(c) / double(m);
+      e -= q * std::log2(q);
+    }
+  return e;
+}
+}  // namespace
+
 uint64_t huffman_bytes(const uint8_t* p, uint64_t n) {
   if (n == 0) return 0;
   uint64_t h[256] = {};
@@ -224,7 +246,7 @@ EncodedBlock encode_block_into(const uint8_t* raw, uint64_t raw_len, int itemsiz
   for (int j = 0; j < k; ++j) {
     const uint8_t* pl = planes.data() + uint64_t(j) * n;
     size_t got = 0;
-    if (n > 1 && byte_entropy(pl, n) < opt.raw_entropy_bits) {
+    if (n > 1 && plane_entropy_estimate(pl, n) < opt.raw_entropy_bits) {
       // Room for one byte less than raw: a frame that does not fit is not worth storing.
       got = ZSTD_compress2(cctx.c, dst + at, n - 1, pl, n);
       if (ZSTD_isError(got)) {
