@@ -19,11 +19,12 @@
 #include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/config.h"
-#include "harness/dist.h"
-#include "harness/env.h"
-#include "harness/process.h"
-#include "harness/trainer.h"
+#include "harness/train/config.h"
+#include "harness/dist/group.h"
+#include "harness/dist/launcher.h"
+#include "harness/train/env.h"
+#include "harness/dist/process.h"
+#include "harness/train/trainer.h"
 
 namespace fs = std::filesystem;
 

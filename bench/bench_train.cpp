@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "harness/env.h"
-#include "harness/trainer.h"
+#include "harness/train/env.h"
+#include "harness/train/trainer.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 namespace rh::report {
 namespace {
 
-std::string state(const SummaryRow& r) { return (r.passed ? "PASS (" : "FAIL (") + r.outcome + ")"; }
+std::string state(const SummaryRow& r) { return std::string(r.passed ? "PASS (" : "FAIL (") + to_string(r.outcome) + ")"; }
 
 std::string or_none(const std::string& s) { return s.empty() ? "none" : s; }
 

@@ -106,27 +106,27 @@ std::string render_markdown(const Document& d) {
 
 std::string render_html(const Document& d, const std::string& run_dir) {
   std::string o = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  html_escape(d.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n<h1>" +
-                  html_escape(d.title) + "</h1>\n";
+                  markup_escape(d.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n<h1>" +
+                  markup_escape(d.title) + "</h1>\n";
   for (const auto& b : d.blocks) {
     switch (b.kind) {
       case Block::Kind::heading: {
         const std::string tag = "h" + std::to_string(b.level);
-        o += "<" + tag + ">" + html_escape(b.text) + "</" + tag + ">\n";
+        o += "<" + tag + ">" + markup_escape(b.text) + "</" + tag + ">\n";
         break;
       }
-      case Block::Kind::paragraph: o += "<p>" + html_escape(b.text) + "</p>\n"; break;
+      case Block::Kind::paragraph: o += "<p>" + markup_escape(b.text) + "</p>\n"; break;
       case Block::Kind::bullets:
         o += "<ul>\n";
-        for (const auto& i : b.items) o += "<li>" + html_escape(i) + "</li>\n";
+        for (const auto& i : b.items) o += "<li>" + markup_escape(i) + "</li>\n";
         o += "</ul>\n";
         break;
       case Block::Kind::table: o += "<div class=\"scroll\">\n" + to_html(b.table) + "</div>\n"; break;
       case Block::Kind::image: {
         const auto path = std::filesystem::path(run_dir) / b.image;
         const std::string png = read_run_file(path.string(), 64ull << 20);   // regular file, capped
-        o += "<figure>\n<img alt=\"" + html_escape(b.text) + "\" src=\"data:image/png;base64," + base64(png) +
-             "\">\n<figcaption>" + html_escape(b.text) + "</figcaption>\n</figure>\n";
+        o += "<figure>\n<img alt=\"" + markup_escape(b.text) + "\" src=\"data:image/png;base64," + base64(png) +
+             "\">\n<figcaption>" + markup_escape(b.text) + "</figcaption>\n</figure>\n";
         break;
       }
     }

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/process.h"
+#include "harness/dist/process.h"
 #include "reports/data_files.h"
 
 namespace fs = std::filesystem;
@@ -55,7 +55,7 @@ void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
     idx += csv_field(s.row.scenario) + "," + csv_field(s.group) + "," + csv_field(s.rel_dir) + "," +
            (s.save_at >= 0 ? std::to_string(s.save_at) : "") + "," +
            (s.iterations >= 0 ? std::to_string(s.iterations) : "") + "," + (s.row.passed ? "1" : "0") + "," +
-           csv_field(s.row.outcome) + "\n";
+           to_string(s.row.outcome) + "\n";
   write_report_file((dir / "index.csv").string(), idx);
   // One row per storage combination and key kind; reduction_pct is the text the tables show.
   std::string st = "storage,save_policy,kind,bytes,total_bytes,is_reference,reduction_pct\n";
@@ -82,7 +82,7 @@ PlotOutcome run_plots(const RunData& run) {
     out.message = "plot script " + script + " not found (set RH_PLOTS_SCRIPT)";
     return out;
   }
-  ProcessResult r;
+  ChildExit r;
   try {
     // 300 s: four small figures take a few seconds; the limit only guards against a hung child.
     r = run_process({resolve_executable(python), script, run.dir}, log, 300);

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <set>
 
-#include "harness/version.h"
+#include "harness/base/version.h"
 #include "reports/compare_runs.h"
 #include "reports/document.h"
 #include "reports/projection.h"
@@ -22,12 +22,14 @@ namespace rh {
 namespace report {
 namespace {
 
-const char* outcome_meaning(const std::string& o) {
-  if (o == "identical") return "bit-exact: every metric after resume and every state equal bit for bit";
-  if (o == "within-tolerance") return "differs, within the scenario's declared tolerance";
-  if (o == "diverged") return "differs after resume (the first divergence is named)";
-  if (o == "load-refused") return "the resumed run refused the checkpoint";
-  if (o == "error") return "the check could not run";
+const char* outcome_meaning(Outcome o) {
+  switch (o) {
+    case Outcome::identical: return "bit-exact: every metric after resume and every state equal bit for bit";
+    case Outcome::within_tolerance: return "differs, within the scenario's declared tolerance";
+    case Outcome::diverged: return "differs after resume (the first divergence is named)";
+    case Outcome::load_refused: return "the resumed run refused the checkpoint";
+    case Outcome::error: return "the check could not run";
+  }
   return "unknown outcome";
 }
 
@@ -45,7 +47,7 @@ void failing_list(Document& d, const RunData& run) {
   const std::string file = run.matrix_file.empty() ? "" : " --file " + shell_word(run.matrix_file);
   for (const auto& s : run.scenarios) {
     if (s.row.passed) continue;
-    std::string item = s.row.scenario + " (expected " + s.row.expectation + ", found " + s.row.outcome + "): ";
+    std::string item = s.row.scenario + " (expected " + s.row.expectation + ", found " + to_string(s.row.outcome) + "): ";
     item += s.row.first_divergence.empty() ? s.row.verdict : "first divergence " + s.row.first_divergence;
     item += "; reproduce: resume-harness check" + file + " " + shell_word(s.row.scenario);
     items.push_back(item);
@@ -60,7 +62,7 @@ void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
   size_t met = 0, exact = 0;
   for (const auto& s : run.scenarios) {
     met += s.row.passed;
-    exact += s.row.outcome == "identical";
+    exact += s.row.outcome == Outcome::identical;
   }
   d.paragraph("Run directory " + run.dir + ": " + std::to_string(run.scenarios.size()) + " scenarios, " +
               std::to_string(met) + " met their expectation, " + std::to_string(run.scenarios.size() - met) +
@@ -71,7 +73,7 @@ void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
 
 // Outcome counts, the per-group lines and one outcome grid per group.
 void outcomes_section(Document& d, const RunData& run) {
-  std::map<std::string, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
+  std::map<Outcome, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
   struct GroupCount {
     size_t met = 0, exact = 0, count = 0;
   };
@@ -84,7 +86,7 @@ void outcomes_section(Document& d, const RunData& run) {
     if (!groups.count(s.group)) group_order.push_back(s.group);
     auto& g = groups[s.group];
     g.met += s.row.passed;
-    g.exact += s.row.outcome == "identical";
+    g.exact += s.row.outcome == Outcome::identical;
     ++g.count;
   }
   d.heading("Outcomes");
@@ -92,7 +94,7 @@ void outcomes_section(Document& d, const RunData& run) {
   t.header = {"outcome", "meaning", "scenarios", "met expectation"};
   t.right = {false, false, true, true};
   for (const auto& [o, n] : outcomes)
-    t.rows.push_back({o, outcome_meaning(o), std::to_string(n.first), std::to_string(n.second)});
+    t.rows.push_back({to_string(o), outcome_meaning(o), std::to_string(n.first), std::to_string(n.second)});
   d.table(t);
   std::vector<std::string> items;
   // Met expectation and bit-exact apart: a fault or lossy-policy group passes by diverging.
@@ -142,7 +144,7 @@ std::string disk_section(Document& d, const RunData& run, const std::vector<Comb
   d.table(disk_table(run, combos));
   const Combo* best = nullptr;
   for (const auto& c : combos)
-    if (c.has_reduction && run.scenarios[c.scenario].row.outcome == "identical" &&
+    if (c.has_reduction && run.scenarios[c.scenario].row.outcome == Outcome::identical &&
         (!best || c.reduction_pct > best->reduction_pct))
       best = &c;
   std::string headline;
@@ -220,7 +222,7 @@ void notes_section(Document& d, const RunData& run) {
   std::vector<std::string> items;
   for (const auto& s : run.scenarios) {
     std::string n;
-    if (s.row.outcome == "error") n += "the check errored: " + s.row.first_divergence + ". ";
+    if (s.row.outcome == Outcome::error) n += "the check errored: " + s.row.first_divergence + ". ";
     if (!s.missing.empty()) {
       n += "missing in " + s.rel_dir + ":";
       for (const auto& m : s.missing) n += " " + m;

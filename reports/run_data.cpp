@@ -19,7 +19,7 @@
 #include <tuple>
 
 #include "harness/checkpoint/json_guard.h"
-#include "harness/scenario_name.h"
+#include "harness/verify/scenario_name.h"
 
 namespace fs = std::filesystem;
 
@@ -106,17 +106,11 @@ std::string read_run_file(const std::string& path, uint64_t max_bytes) {
 }
 
 void write_report_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) throw ReportError(path + ": cannot write");
-}
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
+  try {
+    write_text(path, text);
+  } catch (const WriteError&) {
+    throw ReportError(path + ": cannot write");
+  }
 }
 
 const std::vector<std::string>& ulp_kinds() {
@@ -154,7 +148,11 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
     r.expectation = f[1];
     if (f[2] != "0" && f[2] != "1") bad_field(path, line, "passed", "0 or 1", f[2]);
     r.passed = f[2] == "1";
-    r.outcome = f[3];
+    try {
+      r.outcome = parse_outcome(f[3]);
+    } catch (const std::invalid_argument&) {
+      bad_field(path, line, "outcome", "identical, within-tolerance, diverged, load-refused or error", f[3]);
+    }
     r.verdict = f[4];
     r.first_divergence = f[5];
     r.max_abs_dloss = parse_num(f[6], path, line, "max_abs_dloss");
@@ -235,7 +233,7 @@ int64_t check_metrics_compare_csv(const std::string& path) {
 }
 
 void check_metrics_csv(const std::string& path) {
-  // The format of harness/metrics.h; the plots read the hex columns, so those must parse.
+  // The format of harness/train/metrics.h; the plots read the hex columns, so those must parse.
   const auto rows = read_csv<9>(path, {"iteration", "consumed_samples", "lm_loss_hex", "aux_loss_hex",
                                        "total_loss_hex", "grad_norm_hex", "lr_hex", "num_zeros", "lm_loss"});
   static const char* names[] = {"iteration", "consumed_samples", "lm_loss_hex", "aux_loss_hex", "total_loss_hex",

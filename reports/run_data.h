@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "harness/base/text.h"   // write_text, csv_field
+#include "harness/verify/outcome.h"
+
 namespace rh::report {
 
 // Raised for a run directory that cannot be reported on; the message starts with "file:line:"
@@ -35,7 +38,8 @@ struct Num {
 // One row of summary.csv.
 struct SummaryRow {
   unsigned line = 0;                      // line in summary.csv (1 = header)
-  std::string scenario, expectation, outcome, verdict, first_divergence;
+  std::string scenario, expectation, verdict, first_divergence;
+  Outcome outcome = Outcome::error;   // harness/verify/outcome.h: the verdict type the check wrote
   bool passed = false;
   Num max_abs_dloss;
   std::map<std::string, Num> max_ulp;     // kind -> value; kinds with an empty field are absent
@@ -94,9 +98,6 @@ std::string read_run_file(const std::string& path, uint64_t max_bytes = kMaxRunF
 // Writes one output of the report (report.md, a CSV) whole; throws ReportError naming the path.
 void write_report_file(const std::string& path, const std::string& text);
 
-// One CSV field, quoted (RFC 4180) when it holds a comma, a quote or a newline.
-std::string csv_field(const std::string& s);
-
 // Parses a number field; throws ReportError "path:line: column C: expected a number, got '..'".
 Num parse_num(const std::string& text, const std::string& path, unsigned line, const std::string& column);
 
@@ -106,7 +107,7 @@ std::vector<DiskRow> read_disk_csv(const std::string& path);
 std::vector<StateRow> read_state_csv(const std::string& path);
 // Validates metrics_compare.csv; returns its number of data rows.
 int64_t check_metrics_compare_csv(const std::string& path);
-// Validates a baseline/ or resumed/ metrics.csv (format: harness/metrics.h).
+// Validates a baseline/ or resumed/ metrics.csv (format: harness/train/metrics.h).
 void check_metrics_csv(const std::string& path);
 
 // Reads the whole run directory. Throws ReportError when summary.csv is missing or any present

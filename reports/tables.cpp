@@ -55,20 +55,6 @@ std::string reduction_text(double pct) {
   return s == "-0.00 %" ? "0.00 %" : s;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
 std::string to_markdown(const Table& t) {
   std::string o = "|";
   for (const auto& h : t.header) o += " " + md_cell(h) + " |";
@@ -85,7 +71,7 @@ std::string to_markdown(const Table& t) {
 
 std::string to_html(const Table& t) {
   std::string o = "<table>\n<thead><tr>";
-  for (const auto& h : t.header) o += "<th>" + html_escape(h) + "</th>";
+  for (const auto& h : t.header) o += "<th>" + markup_escape(h) + "</th>";
   o += "</tr></thead>\n<tbody>\n";
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const std::string cls = i < t.row_class.size() ? t.row_class[i] : "";
@@ -96,8 +82,8 @@ std::string to_html(const Table& t) {
         cls += (cls.empty() ? "" : " ") + t.cell_class[i][c];
       std::string attrs = cls.empty() ? "" : " class=\"" + cls + "\"";
       if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
-        attrs += " title=\"" + html_escape(t.cell_title[i][c]) + "\"";
-      o += "<td" + attrs + ">" + html_escape(t.rows[i][c]) + "</td>";
+        attrs += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
+      o += "<td" + attrs + ">" + markup_escape(t.rows[i][c]) + "</td>";
     }
     o += "</tr>\n";
   }
@@ -221,8 +207,8 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
-    const bool compared = r.outcome != "error" && r.outcome != "load-refused";
-    std::vector<std::string> row = {r.scenario, r.expectation, r.outcome, r.verdict,
+    const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused;
+    std::vector<std::string> row = {r.scenario, r.expectation, to_string(r.outcome), r.verdict,
                                     r.first_divergence.empty() ? "none" : r.first_divergence,
                                     compared ? human(r.max_abs_dloss) : kDash};
     for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
@@ -282,8 +268,8 @@ Table environment_table(const RunData& run) {
 
 std::string outcome_class(const SummaryRow& r) {
   if (!r.passed) return "failed";
-  if (r.outcome == "identical") return "identical";
-  if (r.outcome == "within-tolerance") return "within tolerance";
+  if (r.outcome == Outcome::identical) return "identical";
+  if (r.outcome == Outcome::within_tolerance) return "within tolerance";
   return "diverged as expected";
 }
 

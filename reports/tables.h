@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/base/text.h"   // markup_escape, csv_field
+
 #include "reports/run_data.h"
 
 namespace rh::report {
@@ -23,7 +25,6 @@ struct Table {
 
 std::string to_markdown(const Table& t);
 std::string to_html(const Table& t);
-std::string html_escape(const std::string& s);
 
 // printf-style formatting of one double (e.g. fmt("%.2f", 28.571) -> "28.57").
 std::string fmt(const char* format, double v);

@@ -47,7 +47,7 @@ else
     { echo "fuzz: scenario needs a built $build (scripts/setup.sh $build)"; exit 2; }
   # The gcc build's flags for scenario.cpp (includes, defines) without its precompiled header, and
   # the libraries test_scenario links, without GoogleTest (libFuzzer has the main()).
-  mapfile -t cflags < <(python3 - "$build" "$here/harness/scenario.cpp" <<'PY'
+  mapfile -t cflags < <(python3 - "$build" "$here/harness/verify/scenario.cpp" <<'PY'
 import json, shlex, sys
 cmds = json.load(open(sys.argv[1] + "/compile_commands.json"))
 cmd = next(c for c in cmds if c["file"] == sys.argv[2])
@@ -74,7 +74,7 @@ for a in shlex.split(libs):
 PY
 )
   objs=()
-  for s in harness/scenario.cpp harness/config.cpp harness/checkpoint/json_guard.cpp tests/fuzz/entries_scenario.cpp \
+  for s in harness/verify/scenario.cpp harness/train/config.cpp harness/checkpoint/json_guard.cpp tests/fuzz/entries_scenario.cpp \
            tests/fuzz/fuzz_target.cpp; do
     o=$build/fuzz/obj_$(echo "$s" | tr '/.' '__').o
     if [ ! -f "$o" ] || [ "$here/$s" -nt "$o" ]; then

@@ -10,7 +10,7 @@
 
 #include <cstdlib>
 
-#include "harness/check.h"
+#include "harness/verify/check.h"
 
 namespace fs = std::filesystem;
 
@@ -138,7 +138,7 @@ TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
   for (const char* name : {"exact", "exact-per-key-remainders"}) {
     auto r = run(name);
     EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, "identical") << name;
+    EXPECT_EQ(r.outcome, rh::Outcome::identical) << name;
     EXPECT_TRUE(r.first_divergence.empty()) << r.first_divergence;
     EXPECT_TRUE(r.control_fresh_differs);
     EXPECT_TRUE(r.control_k_differs);
@@ -156,7 +156,7 @@ TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
 TEST_F(Check, ToleranceCaseDiffersButStaysWithinItsDeclaredEnvelope) {
   auto r = run("tolerance");
   EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, "within-tolerance") << r.verdict;
+  EXPECT_EQ(r.outcome, rh::Outcome::within_tolerance) << r.verdict;
   EXPECT_FALSE(r.first_divergence.empty());
   EXPECT_LT(r.bit_equal_after_load.at("exp_avg_sq"), 1.0);
 }
@@ -173,7 +173,7 @@ TEST_F(Check, SchedulerFaultsAreCaughtNamingTheKey) {
                             std::pair{"wrong_lr_decay_style", "state/opt_param_scheduler.lr_decay_style"}}) {
     auto r = run(std::string("sched-faults/fault=") + fault);
     EXPECT_TRUE(r.passed) << fault << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, "diverged") << fault;
+    EXPECT_EQ(r.outcome, rh::Outcome::diverged) << fault;
     EXPECT_NE(r.first_divergence.find(key), std::string::npos) << fault << ": " << r.first_divergence;
   }
 }
@@ -181,10 +181,10 @@ TEST_F(Check, SchedulerFaultsAreCaughtNamingTheKey) {
 TEST_F(Check, ExpertBiasResumesBitForBitAndASkippedRestoreIsNamed) {
   auto ok = run("expert-bias/fault=none");
   EXPECT_TRUE(ok.passed) << ok.verdict;
-  EXPECT_EQ(ok.outcome, "identical");
+  EXPECT_EQ(ok.outcome, rh::Outcome::identical);
   auto r = run("expert-bias/fault=skip_expert_bias_restore");
   EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_EQ(r.outcome, rh::Outcome::diverged);
   EXPECT_NE(r.first_divergence.find("model/layers.0.moe.router.expert_bias"), std::string::npos) << r.first_divergence;
 }
 
@@ -192,7 +192,7 @@ TEST_F(Check, EveryDecayStyleResumesBitForBit) {
   for (const char* name : {"sched/lr=constant", "sched/lr=linear", "sched/lr=inverse-square-root", "sched/lr=WSD"}) {
     auto r = run(name);
     EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, "identical") << name;
+    EXPECT_EQ(r.outcome, rh::Outcome::identical) << name;
   }
 }
 
@@ -201,7 +201,7 @@ class CheckFault : public Check, public ::testing::WithParamInterface<std::strin
 TEST_P(CheckFault, IsCaughtAndNamed) {
   auto r = run("faults/fault=" + GetParam());
   EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, "diverged");
+  EXPECT_EQ(r.outcome, rh::Outcome::diverged);
   EXPECT_FALSE(r.first_divergence.empty());
 }
 

@@ -1,5 +1,5 @@
 // The data-parallel save protocol, in one process: two threads are the two ranks of a save,
-// agreeing through an in-memory RankGroup. A save publishes only after every rank wrote and
+// agreeing through an in-memory optim::Collectives. A save publishes only after every rank wrote and
 // verified its shard; a rank that fails (bad input, or a write that fails half way) fails the
 // save on every rank, leaves no temp directory, and the previous checkpoint stays the newest.
 #include <gtest/gtest.h>
@@ -49,7 +49,7 @@ struct Hub {
   }
 };
 
-struct ThreadRank final : ck::RankGroup, rh::optim::Collectives {
+struct ThreadRank final : rh::optim::Collectives {
   ThreadRank(Hub& h, int r) : hub(h), r(r) {}
   Hub& hub;
   int r;

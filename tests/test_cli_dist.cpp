@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "harness/checkpoint/manifest.h"
-#include "harness/compare.h"
-#include "harness/process.h"
+#include "harness/verify/compare.h"
+#include "harness/dist/process.h"
 
 namespace fs = std::filesystem;
 
@@ -32,7 +32,7 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-rh::ProcessResult train(const fs::path& dir, std::vector<std::string> extra, int nproc, const std::string& log) {
+rh::ChildExit train(const fs::path& dir, std::vector<std::string> extra, int nproc, const std::string& log) {
   std::vector<std::string> argv{RH_TOOL, "train"};
   argv.insert(argv.end(), kSmall.begin(), kSmall.end());
   argv.insert(argv.end(), extra.begin(), extra.end());

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "harness/process.h"
+#include "harness/dist/process.h"
 
 namespace fs = std::filesystem;
 

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <cmath>
 
-#include "harness/config.h"
-#include "harness/data.h"
-#include "harness/metrics.h"
+#include "harness/train/config.h"
+#include "harness/train/data.h"
+#include "harness/train/metrics.h"
 
 namespace {
 

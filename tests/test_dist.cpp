@@ -23,9 +23,10 @@
 #include <string>
 #include <thread>
 
-#include "harness/dist.h"
+#include "harness/dist/group.h"
+#include "harness/dist/launcher.h"
 #include "harness/optim/precision_adam.h"
-#include "harness/process.h"
+#include "harness/dist/process.h"
 
 namespace fs = std::filesystem;
 using rh::optim::Dtype;

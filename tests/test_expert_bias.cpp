@@ -9,8 +9,8 @@
 
 #include <cstring>
 
-#include "harness/env.h"
-#include "harness/trainer.h"
+#include "harness/train/env.h"
+#include "harness/train/trainer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Megatron's OptimizerParamScheduler (harness/schedule.h), pinned against:
+// Megatron's OptimizerParamScheduler (harness/train/schedule.h), pinned against:
 //  - an independent Python computation (tests/sched_reference.py, run by this test with
 //    /usr/bin/python3) of get_lr / get_wd at chosen num_steps for every LR decay style, every WSD
 //    anneal style and every weight-decay increment style, compared bit for bit;
@@ -24,9 +24,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "harness/env.h"
-#include "harness/schedule.h"
-#include "harness/trainer.h"
+#include "harness/train/env.h"
+#include "harness/train/schedule.h"
+#include "harness/train/trainer.h"
 
 namespace {
 

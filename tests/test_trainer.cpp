@@ -5,8 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "harness/env.h"
-#include "harness/trainer.h"
+#include "harness/train/env.h"
+#include "harness/train/trainer.h"
 
 namespace {
 

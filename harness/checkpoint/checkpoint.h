@@ -11,10 +11,12 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/checkpoint/compress.h"
 #include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/safetensors.h"
 #include "harness/checkpoint/train_state.h"
 #include "harness/optim/precision_adam.h"
 
@@ -39,27 +41,17 @@ struct SavePolicy {
   Compression compress = Compression::none;
 };
 
-// How the data-parallel ranks of one save agree (harness/dist.h implements it over c10d). Every
-// rank calls save_checkpoint with the same root and iteration; each writes and verifies its own
-// optimizer shard, rank 0 also the model, and only when every rank reports success does rank 0
-// publish the manifest and the pointer. Null: a single process.
-class RankGroup {
- public:
-  virtual ~RankGroup() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  // Every rank passes its string and receives every rank's, in rank order; throws when a peer
-  // fails or times out.
-  virtual std::vector<std::string> all_gather_strings(const std::string& mine) = 0;
-};
-
 struct SaveInput {
   const torch::nn::Module* model = nullptr;       // weights written once, in their own dtype
   const optim::PrecisionAdam* optimizer = nullptr;
   const TrainState* state = nullptr;
   nlohmann::json run_config;                      // full run config, stored in the manifest
   SavePolicy policy;
-  RankGroup* group = nullptr;                     // data parallel: one shard file per rank
+  // Data parallel (null: a single process): every rank calls save_checkpoint with the same root and
+  // iteration; each writes and verifies its own optimizer shard, rank 0 also the model, and only
+  // when every rank reports success (all_gather_strings) does rank 0 publish the manifest and the
+  // pointer. harness/dist/group.h implements it over c10d.
+  optim::Collectives* group = nullptr;
 };
 
 struct SaveResult {
@@ -99,5 +91,34 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 // dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; 1 (printing the
 // damaged file) if damaged; 2 if `dir` does not exist or names no checkpoint at all.
 int inspect_checkpoint(const std::string& dir, std::ostream& out);
+
+// ---- Reading a checkpoint without a model or optimizer (the resume check, state comparison).
+
+// "<param>/<field>.scale" or ".scale_inv": a stored fp16/fp8 state's scaling, one F32 value.
+bool is_scale_key(const std::string& key);
+
+// What a checkpoint takes on disk. Reads the model file (structure checked, a compressed one
+// decoded) and the manifest (schema checked); file checksums are not verified.
+struct CheckpointSize {
+  std::string iter_dir;        // the iter_ directory root_or_iter_dir resolves to
+  uint64_t stored_bytes = 0;   // its regular files' sizes, except disk.csv (a report, not data)
+  uint64_t raw_bytes = 0;      // stored_bytes, each compressed file counted at its tensors' raw bytes
+  int64_t num_params = 0;      // elements of every tensor in model.safetensors (buffers included)
+};
+// Throws CheckpointError (std::filesystem::filesystem_error if the directory cannot be listed).
+CheckpointSize measure_checkpoint(const std::string& root_or_iter_dir);
+
+// Every tensor of a checkpoint, verified as load verifies files (sizes, XXH3-64, structure,
+// shards' coverage), with data-parallel shards joined into whole tensors, so that checkpoints
+// written at different group sizes compare key by key.
+struct JoinedTensors {
+  // "model/<name>" for model.safetensors' tensors (parameters and buffers); "<param>/<state>"
+  // for optimizer state in the param's shape, and "<param>/<state>.scale" / ".scale_inv" (one
+  // value, the same in every shard). Each with its safetensors dtype (a compressed file's decoded).
+  std::map<std::string, std::pair<StDtype, torch::Tensor>> tensors;
+  std::vector<SafetensorsFile> files;   // keep the mappings the tensors alias alive
+};
+// Throws CheckpointError; std::runtime_error for a shard tensor whose param has no shard ranges.
+JoinedTensors read_joined_tensors(const std::string& root_or_iter_dir);
 
 }  // namespace rh::ckpt

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace rh::ckpt {
 
@@ -11,6 +12,10 @@ namespace rh::ckpt {
 // file, the tensor or key, and what was expected.
 struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
+  CheckpointError(const std::string& message, std::string file_, std::string tensor_ = "")
+      : std::runtime_error(message), file(std::move(file_)), tensor(std::move(tensor_)) {}
+  // Where known, for load_result.json: the file (its path) and the tensor or key the error is about.
+  std::string file, tensor;
 };
 
 }  // namespace rh::ckpt

@@ -10,8 +10,6 @@
 #include <exception>
 #include <filesystem>
 #include <future>
-#include <iomanip>
-#include <ostream>
 #include <set>
 #include <sstream>
 
@@ -72,7 +70,6 @@ namespace {
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
   throw CheckpointError("checkpoint file " + file + ": " + what);
 }
-
 
 }  // namespace
 
@@ -159,8 +156,8 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     };
     // Files with block checksums are read, hashed and copied in one pass into pooled memory
     // (size first, before anything is allocated): an uncompressed file's staging is what the state
-    // then adopts (load.cpp); a compressed file's stored bytes are decoded from it, which is faster
-    // than decoding from a mapping (no page faults on the stored bytes; measured in
+    // then adopts (load_apply.cpp); a compressed file's stored bytes are decoded from it, which is
+    // faster than decoding from a mapping (no page faults on the stored bytes; measured in
     // bench_compress). Files without block checksums are mapped and hashed whole.
     SafetensorsFile sf = w.block_bytes > 0 ? SafetensorsFile::read_hashed(
                                                  w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks)
@@ -379,54 +376,6 @@ std::string disk_csv(const nlohmann::json& m) {
   const uint64_t mb = m["disk"]["bytes_per_file"][kManifestFile].get<uint64_t>();
   o << kManifestFile << ",<manifest>,metadata,,0," << mb << ',' << mb << '\n';
   return o.str();
-}
-
-void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
-  // Compressed checkpoints add the stored bytes and the ratio stored/raw per tensor and per key.
-  bool comp = false;
-  for (const auto& t : m["tensors"]) comp = comp || t.contains("stored_bytes");
-  out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape"
-      << std::right << std::setw(12) << "bytes";
-  if (comp) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
-  out << "  file\n";
-  std::map<std::string, std::pair<uint64_t, uint64_t>> per_key;   // kind -> raw, stored
-  for (const auto& t : m["tensors"]) {
-    const uint64_t raw = t["bytes"].get<uint64_t>();
-    const uint64_t st = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
-    per_key[t["kind"].get<std::string>()].first += raw;
-    per_key[t["kind"].get<std::string>()].second += st;
-    out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9)
-        << t["dtype"].get<std::string>() << std::setw(18) << t["shape"].dump() << std::right
-        << std::setw(12) << raw;
-    if (comp)
-      out << std::setw(12) << st << std::setw(8) << std::fixed << std::setprecision(3)
-          << (raw ? double(st) / double(raw) : 1.0) << std::defaultfloat;
-    out << "  " << t["file"].get<std::string>() << '\n';
-  }
-  if (comp) {
-    out << "compression per key (raw -> stored bytes, ratio stored/raw):\n";
-    for (const auto& [k, rs] : per_key)
-      out << "  " << std::left << std::setw(32) << k << std::right << std::setw(14) << rs.first << std::setw(14)
-          << rs.second << std::setw(8) << std::fixed << std::setprecision(3)
-          << (rs.first ? double(rs.second) / double(rs.first) : 1.0) << std::defaultfloat << '\n';
-  }
-  const auto& d = m["disk"];
-  auto section = [&](const char* title, const nlohmann::json& map) {
-    out << title << ":\n";
-    for (auto it = map.begin(); it != map.end(); ++it)
-      out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14)
-          << it.value().get<uint64_t>() << '\n';
-  };
-  section("bytes per key", d["bytes_per_key"]);
-  section("bytes per dtype", d["bytes_per_dtype"]);
-  section("bytes per file", d["bytes_per_file"]);
-  out << "total " << d["total_bytes"].get<uint64_t>() << " bytes, " << d["num_params"].get<uint64_t>()
-      << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
-      << " bytes/parameter\n";
-  if (d.contains("raw_total_bytes"))
-    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, " << d["raw_bytes_per_param"].get<double>()
-        << " bytes/parameter\n";
-  out.unsetf(std::ios::fixed);
 }
 
 }  // namespace rh::ckpt::detail

@@ -7,7 +7,7 @@
 //   iter_0000010/                       one published checkpoint
 //     model.safetensors                 model parameters in their own dtype, keys = param names
 //     optim_rank_00000.safetensors      optimizer state of data-parallel rank 0
-//     manifest.json                     everything else (see checkpoint.cpp); a directory
+//     manifest.json                     everything else (save.cpp writes it); a directory
 //                                       without a valid manifest is not a checkpoint
 //     disk.csv                          bytes per tensor (a report; not checksummed)
 //   .tmp.iter_0000010.<pid>/            a save in progress (or abandoned): ignored, cleaned
@@ -73,7 +73,7 @@ torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::s
 
 // The manifest's "tensors" entry for one written tensor. kind: model | master_param | remainder
 // | exp_avg | exp_avg_sq | scale. policy: native | fp32 | per_key | override. conversion: how
-// the bytes were produced from the in-memory state (see checkpoint.cpp). exact: the bytes
+// the bytes were produced from the in-memory state (see policy.h). exact: the bytes
 // decode back to the state's value bit for bit.
 nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,
                             const std::string& kind, const TensorInfo& info, const std::string& policy,
@@ -86,8 +86,5 @@ std::string finalize_disk_accounting(nlohmann::json& manifest, uint64_t num_mode
 
 // disk.csv: file,key,kind,dtype,numel,bytes (one row per tensor, one per header, the manifest).
 std::string disk_csv(const nlohmann::json& manifest);
-
-// Prints the manifest's tensor table and totals (the `inspect` view).
-void print_tensor_table(const nlohmann::json& manifest, std::ostream& out);
 
 }  // namespace rh::ckpt::detail

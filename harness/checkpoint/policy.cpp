@@ -22,6 +22,13 @@ SavePolicyKind parse_save_policy(const std::string& s) {
   throw std::invalid_argument("save_policy: unknown policy '" + s + "' (expected native, fp32 or per_key)");
 }
 
+bool is_scale_key(const std::string& key) {
+  auto ends = [&](const std::string& suf) {
+    return key.size() > suf.size() && key.compare(key.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  return ends(".scale") || ends(".scale_inv");
+}
+
 namespace detail {
 
 using optim::Dtype;
@@ -36,13 +43,6 @@ StDtype st_of(Dtype d) {
     case Dtype::int16: return StDtype::I16;
   }
   throw std::logic_error("st_of: invalid Dtype");
-}
-
-bool is_scale_key(const std::string& key) {
-  auto ends = [&](const std::string& suf) {
-    return key.size() > suf.size() && key.compare(key.size() - suf.size(), suf.size(), suf) == 0;
-  };
-  return ends(".scale") || ends(".scale_inv");
 }
 
 torch::Tensor unscaled(const optim::PrecisionAdam& opt, const std::string& param, StateKey k) {

@@ -35,8 +35,7 @@ struct EncodedTensor {
 };
 
 StDtype st_of(optim::Dtype d);
-// "<param>/<field>.scale" or ".scale_inv": a stored state's scaling, one F32 value.
-bool is_scale_key(const std::string& key);
+using ckpt::is_scale_key;   // public in checkpoint.h; detail:: callers keep working
 // The fp32 value of a state: get_unscaled_state, except for the master in remainder mode, where
 // upstream returns the raw int16 remainder; this returns the joined fp32 master (bf16 weight +
 // remainder) of the owned part, the value the harness's overrides and exactness checks need.

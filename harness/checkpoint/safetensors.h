@@ -1,9 +1,10 @@
-// safetensors files, our own writer and a validating mmap reader (format: BACKGROUND.md). The
-// writer is deterministic: the JSON header lists keys sorted, padded with spaces to a multiple of
-// 8; tensor bytes follow in (itemsize descending, key) order so every tensor is aligned to its
-// element size. The reader maps the file and checks every structural rule before handing out a
-// tensor; tensors it returns alias the mapping (no copy) and keep it alive.
-// Not here: what the tensors mean (checkpoint.cpp), checksums of whole checkpoints (manifest).
+// safetensors files, our own writer and a validating mmap reader (format:
+// shared/docs/BACKGROUND.md). The writer is deterministic: the JSON header lists keys sorted,
+// padded with spaces to a multiple of 8; tensor bytes follow in (itemsize descending, key) order
+// so every tensor is aligned to its element size. The reader maps the file and checks every
+// structural rule before handing out a tensor; tensors it returns alias the mapping (no copy) and
+// keep it alive.
+// Not here: what the tensors mean (policy.h), checksums of whole checkpoints (manifest.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -106,7 +107,6 @@ class SafetensorsFile {
   SafetensorsFile decoded() const;
   // Bytes a tensor takes in the file: its compressed blob's size in a decoded view, else its size.
   uint64_t stored_bytes(const std::string& key) const;
-  bool is_decoded() const { return !stored_bytes_.empty(); }
   // For a compressed file whose stored bytes fail a file-level checksum: the first block whose
   // stored XXH3-64 differs, as "tensor 'K' compressed block I of N (stored bytes [a, b) of the
   // file): ...", or "" if none does (or the table cannot be read).

@@ -7,7 +7,7 @@
 // renameat2(RENAME_EXCHANGE) and the old one (now under the temp name) is deleted afterwards. Where
 // the file system cannot exchange, the old one is renamed aside to .old.iter_X.<pid> first; a
 // crash between the two renames leaves it there, complete, and load and the next save find it.
-#include "harness/version.h"
+#include "harness/base/version.h"
 #include <signal.h>
 #include <unistd.h>
 
@@ -95,10 +95,6 @@ void clean_stale(const fs::path& root) {
     remove_tree(p.string());
   }
 }
-
-}  // namespace
-
-namespace {
 
 // The manifest's entry for a written file: size, whole-file XXH3-64, and the XXH3-64 of every
 // kHashBlock bytes (the loader verifies those in parallel).
@@ -241,7 +237,7 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
 
 // Every rank's outcome of one phase: "" (ok) or its error, gathered so that all ranks agree.
 // Returns the first failure as "rank R: message", or "" when all succeeded.
-std::string agree(RankGroup* group, const std::string& my_error, std::vector<std::string>* payloads = nullptr,
+std::string agree(optim::Collectives* group, const std::string& my_error, std::vector<std::string>* payloads = nullptr,
                   const std::string& my_payload = "") {
   if (!group) {
     if (payloads) *payloads = {my_payload};
@@ -260,160 +256,240 @@ std::string agree(RankGroup* group, const std::string& my_error, std::vector<std
   return first;
 }
 
-}  // namespace
+// One save as every rank sees it.
+struct SaveJob {
+  SaveJob(const std::string& root_str_, const SaveInput& in_)
+      : in(in_), rank(in_.group ? in_.group->rank() : 0), size(in_.group ? in_.group->size() : 1),
+        root_str(root_str_), root(root_str_) {}
+  // Rank 0 owns the temp directory: never a published one.
+  void abandon() const {
+    if (rank != 0) return;
+    std::error_code ignore;
+    fs::remove_all(tmp, ignore);
+  }
 
-SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
-  const int rank = in.group ? in.group->rank() : 0, size = in.group ? in.group->size() : 1;
-  const fs::path root(root_str);
-  if (root_str.empty()) throw CheckpointError("save_checkpoint: the checkpoint root is an empty path");
-  if (in.state && (in.state->iteration < 0 || in.state->iteration > detail::kMaxCounter))
-    throw CheckpointError("save_checkpoint(" + root_str + "): iteration " + std::to_string(in.state->iteration) +
-                          " is outside [0, " + std::to_string(detail::kMaxCounter) + "]");
-  const std::string name = detail::iter_dir_name(in.state ? in.state->iteration : 0);
-  const fs::path final_dir = root / name;
+  const SaveInput& in;
+  const int rank, size;
+  const std::string root_str;
+  const fs::path root;
+  std::string name;       // iter_0000010
+  fs::path final_dir;     // root/name
+  fs::path tmp;           // rank 0's temp directory, agreed in phase 1
+};
 
-  // Phase 1: every rank checks its input and rank 0 prepares the temp directory; all learn the
-  // outcome (a rank's bad input fails the save on every rank instead of leaving them waiting).
+// Phase 1, every rank: its own input.
+void check_input(const SaveJob& job) {
+  const SaveInput& in = job.in;
+  if (!in.model || !in.optimizer || !in.state)
+    throw CheckpointError("save_checkpoint(" + job.root_str + "): model, optimizer and state are required");
+  for (const auto& [k, d] : in.policy.overrides)
+    if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
+      throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
+  if (in.optimizer->layout().size != job.size || in.optimizer->layout().rank != job.rank)
+    throw CheckpointError("save_checkpoint(" + job.root_str + "): the optimizer is sharded as " +
+                          in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(job.rank) +
+                          " of " + std::to_string(job.size));
+}
+
+// Phase 1, rank 0: the root, stale temp/aside directories cleaned, and a fresh temp directory.
+// tmp_name is set before the directory is made, so that a failure removes what was made.
+void make_temp_dir(const SaveJob& job, std::string& tmp_name) {
+  std::error_code ec;
+  fs::create_directories(job.root, ec);
+  if (ec) throw CheckpointError("cannot create checkpoint root " + job.root_str + ": " + ec.message());
+  clean_stale(job.root);
+  tmp_name = ".tmp." + job.name + "." + std::to_string(::getpid());
+  remove_tree((job.root / tmp_name).string());
+  fs::create_directory(job.root / tmp_name, ec);
+  if (ec) throw CheckpointError("cannot create " + (job.root / tmp_name).string() + ": " + ec.message());
+}
+
+// Phase 1: every rank checks its input and rank 0 prepares the temp directory; all learn the
+// outcome (a rank's bad input fails the save on every rank instead of leaving them waiting) and
+// the temp directory's name.
+void prepare(SaveJob& job) {
   std::string err, tmp_name;
   try {
-    if (!in.model || !in.optimizer || !in.state)
-      throw CheckpointError("save_checkpoint(" + root_str + "): model, optimizer and state are required");
-    for (const auto& [k, d] : in.policy.overrides)
-      if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
-        throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
-    if (in.optimizer->layout().size != size || in.optimizer->layout().rank != rank)
-      throw CheckpointError("save_checkpoint(" + root_str + "): the optimizer is sharded as " +
-                            in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(rank) +
-                            " of " + std::to_string(size));
-    if (rank == 0) {
-      std::error_code ec;
-      fs::create_directories(root, ec);
-      if (ec) throw CheckpointError("cannot create checkpoint root " + root_str + ": " + ec.message());
-      clean_stale(root);
-      tmp_name = ".tmp." + name + "." + std::to_string(::getpid());
-      remove_tree((root / tmp_name).string());
-      fs::create_directory(root / tmp_name, ec);
-      if (ec) throw CheckpointError("cannot create " + (root / tmp_name).string() + ": " + ec.message());
-    }
+    check_input(job);
+    if (job.rank == 0) make_temp_dir(job, tmp_name);
   } catch (const std::exception& e) {
     err = e.what();
   }
   std::vector<std::string> got;
-  std::string fail = agree(in.group, err, &got, tmp_name);
+  const std::string fail = agree(job.in.group, err, &got, tmp_name);
   if (!fail.empty()) {
-    if (rank == 0 && !tmp_name.empty()) remove_tree((root / tmp_name).string());
-    if (!in.group) throw CheckpointError(err);   // a single process: its own error, as it was
-    throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+    if (job.rank == 0 && !tmp_name.empty()) remove_tree((job.root / tmp_name).string());
+    if (!job.in.group) throw CheckpointError(err);   // a single process: its own error, as it was
+    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail);
   }
-  tmp_name = got.at(0);
-  const fs::path tmp = root / tmp_name;
-  auto abandon = [&] {   // rank 0 owns the temp directory: never a published one
-    if (rank != 0) return;
-    std::error_code ignore;
-    fs::remove_all(tmp, ignore);
-  };
+  job.tmp = job.root / got.at(0);
+}
 
-  // Phase 2: every rank writes and verifies its shard; rank 0 also the model.
-  nlohmann::json m, part;
-  uint64_t num_params = 0;
-  err.clear();
+// What phase 2 wrote.
+struct Written {
+  nlohmann::json manifest;          // rank 0: the skeleton write_model made
+  uint64_t num_params = 0;          // rank 0: the model's parameter count
+  std::vector<std::string> parts;   // every rank's write_shard part, in rank order, as JSON text
+};
+
+// Phase 2 on this rank. Rank 0 writes the model file on a second thread while it writes its
+// shard, so the two page-cache copies overlap. It pays where the storage outpaces one core (1 GB
+// bench on tmpfs: 0.46 s -> 0.41 s); on this VM's disk the write-back bounds both (within noise).
+nlohmann::json write_model_and_shard(const SaveJob& job, Written& w) {
+  std::future<nlohmann::json> model;
+  if (job.rank == 0) model = std::async(std::launch::async, [&] { return write_model(job.tmp, job.in, w.num_params); });
+  nlohmann::json part;
+  std::string shard_err;
   try {
-    // Rank 0 writes the model file on a second thread while it writes its shard, so the two
-    // page-cache copies overlap. It pays where the storage outpaces one core (1 GB bench on
-    // tmpfs: 0.46 s -> 0.41 s); on this VM's disk the write-back bounds both (within noise).
-    std::future<nlohmann::json> model;
-    if (rank == 0) model = std::async(std::launch::async, [&] { return write_model(tmp, in, num_params); });
-    std::string shard_err;
-    try {
-      part = write_shard(tmp, in, rank, size > 1);
-    } catch (const std::exception& e) {
-      shard_err = e.what();
-    }
-    if (model.valid()) m = model.get();   // the model's error first: it names the model file
-    if (!shard_err.empty()) throw CheckpointError(shard_err);
+    part = write_shard(job.tmp, job.in, job.rank, job.size > 1);
+  } catch (const std::exception& e) {
+    shard_err = e.what();
+  }
+  if (model.valid()) w.manifest = model.get();   // the model's error first: it names the model file
+  if (!shard_err.empty()) throw CheckpointError(shard_err);
+  return part;
+}
+
+// Phase 2: every rank writes and verifies its shard; rank 0 also the model. Any rank's failure
+// abandons the temp directory on every rank.
+Written write_files(const SaveJob& job) {
+  Written w;
+  nlohmann::json part;
+  std::string err;
+  try {
+    part = write_model_and_shard(job, w);
   } catch (const std::exception& e) {
     err = e.what();
   }
+  std::string fail;
   try {
-    fail = agree(in.group, err, &got, err.empty() ? part.dump() : "");
+    fail = agree(job.in.group, err, &w.parts, err.empty() ? part.dump() : "");
   } catch (...) {
-    abandon();
+    job.abandon();
     throw;
   }
   if (!fail.empty()) {
-    abandon();
-    throw CheckpointError("save of " + final_dir.string() + " failed on " + fail +
+    job.abandon();
+    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail +
                           "; nothing was published, the previous checkpoint stays the newest");
   }
+  return w;
+}
 
-  // Phase 3: rank 0 writes the manifest and publishes; the others wait for the outcome.
-  SaveResult r;
-  r.dir = final_dir.string();
-  err.clear();
-  std::string summary;
-  if (rank == 0) {
-    try {
-      nlohmann::json shards = nlohmann::json::array(), rank_states = nlohmann::json::array();
-      for (size_t i = 0; i < got.size(); ++i) {
-        const nlohmann::json pj = nlohmann::json::parse(got[i]);
-        for (const auto& t : pj["tensors"]) m["tensors"].push_back(t);
-        m["files"].push_back(pj["file"]);
-        shards.push_back(pj["shard"]);
-        rank_states.push_back({{"dp_rank", i}, {"rng_states", pj["rng_states"]}});
-      }
-      m["dp_size"] = size;
-      m["shards"] = shards;
-      m["rank_states"] = rank_states;   // per-rank generators; train_state holds rank 0's
-      const std::string text = detail::finalize_disk_accounting(m, num_params);
-      // Within the temp directory order does not matter: the directory rename publishes.
-      write_file_durable((tmp / detail::kManifestFile).string(), text);
-      write_file_durable((tmp / detail::kDiskCsvFile).string(), detail::disk_csv(m));
-      fsync_dir(tmp.string());
-      const bool fresh = !path_exists(final_dir.string());
-      if (!fresh) {
-        if (exchange_dirs(tmp.string(), final_dir.string())) {
-          fsync_dir(root.string());
-        } else {
-          const fs::path aside = root / (".old." + name + "." + std::to_string(::getpid()));
-          remove_tree(aside.string());
-          rename_path(final_dir.string(), aside.string());
-          fsync_dir(root.string());
-          rename_path(tmp.string(), final_dir.string());
-          fsync_dir(root.string());
-          remove_tree(aside.string());
-        }
-        remove_tree(tmp.string());   // after an exchange: the replaced checkpoint
-      } else {
-        rename_path(tmp.string(), final_dir.string());
-        fsync_dir(root.string());
-      }
-      try {
-        write_file_atomic((root / detail::kPointerFile).string(), std::to_string(in.state->iteration) + "\n");
-      } catch (...) {
-        // The pointer still names the previous checkpoint: a directory published just now for a
-        // new iteration would be referenced by nothing, so it goes (a replaced one stays: it is
-        // the only copy of that iteration now).
-        if (fresh) {
-          std::error_code ec;
-          fs::remove_all(final_dir, ec);
-        }
-        throw;
-      }
-      summary = nlohmann::json{{"total_bytes", m["disk"]["total_bytes"]},
-                               {"bytes_per_key", m["disk"]["bytes_per_key"]},
-                               {"bytes_per_param", m["disk"]["bytes_per_param"]}}.dump();
-    } catch (const std::exception& e) {
-      err = e.what();
-      abandon();
-    }
+// Phase 3: every rank's shard part joined into rank 0's manifest, then the disk accounting (which
+// settles the manifest's own size). Returns the manifest's text.
+std::string assemble_manifest(const SaveJob& job, Written& w) {
+  nlohmann::json& m = w.manifest;
+  nlohmann::json shards = nlohmann::json::array(), rank_states = nlohmann::json::array();
+  for (size_t i = 0; i < w.parts.size(); ++i) {
+    const nlohmann::json pj = nlohmann::json::parse(w.parts[i]);
+    for (const auto& t : pj["tensors"]) m["tensors"].push_back(t);
+    m["files"].push_back(pj["file"]);
+    shards.push_back(pj["shard"]);
+    rank_states.push_back({{"dp_rank", i}, {"rng_states", pj["rng_states"]}});
   }
-  fail = agree(in.group, err, &got, summary);
-  if (!fail.empty()) throw CheckpointError("save of " + final_dir.string() + " failed on " + fail);
+  m["dp_size"] = job.size;
+  m["shards"] = shards;
+  m["rank_states"] = rank_states;   // per-rank generators; train_state holds rank 0's
+  return detail::finalize_disk_accounting(m, w.num_params);
+}
+
+// Phase 3: the complete, fsynced temp directory becomes the published one: a rename for a new
+// iteration; for a re-save an exchange, or the old directory renamed aside first (top of this
+// file). Returns whether the iteration is new.
+bool rename_into_place(const SaveJob& job) {
+  const std::string root = job.root.string(), tmp = job.tmp.string(), final_dir = job.final_dir.string();
+  const bool fresh = !path_exists(final_dir);
+  if (fresh) {
+    rename_path(tmp, final_dir);
+    fsync_dir(root);
+    return true;
+  }
+  if (exchange_dirs(tmp, final_dir)) {
+    fsync_dir(root);
+  } else {
+    const fs::path aside = job.root / (".old." + job.name + "." + std::to_string(::getpid()));
+    remove_tree(aside.string());
+    rename_path(final_dir, aside.string());
+    fsync_dir(root);
+    rename_path(tmp, final_dir);
+    fsync_dir(root);
+    remove_tree(aside.string());
+  }
+  remove_tree(tmp);   // after an exchange: the replaced checkpoint
+  return false;
+}
+
+// Phase 3, last: the pointer names the new iteration.
+void write_pointer(const SaveJob& job, bool fresh) {
+  try {
+    write_file_atomic((job.root / detail::kPointerFile).string(), std::to_string(job.in.state->iteration) + "\n");
+  } catch (...) {
+    // The pointer still names the previous checkpoint: a directory published just now for a
+    // new iteration would be referenced by nothing, so it goes (a replaced one stays: it is
+    // the only copy of that iteration now).
+    if (fresh) {
+      std::error_code ec;
+      fs::remove_all(job.final_dir, ec);
+    }
+    throw;
+  }
+}
+
+// Phase 3 on rank 0: manifest and disk.csv into the temp directory, publish, pointer. Returns the
+// summary every rank's SaveResult is made of.
+std::string publish(const SaveJob& job, Written& w) {
+  const std::string text = assemble_manifest(job, w);
+  // Within the temp directory order does not matter: the directory rename publishes.
+  write_file_durable((job.tmp / detail::kManifestFile).string(), text);
+  write_file_durable((job.tmp / detail::kDiskCsvFile).string(), detail::disk_csv(w.manifest));
+  fsync_dir(job.tmp.string());
+  const bool fresh = rename_into_place(job);
+  write_pointer(job, fresh);
+  nlohmann::json& m = w.manifest;
+  return nlohmann::json{{"total_bytes", m["disk"]["total_bytes"]},
+                        {"bytes_per_key", m["disk"]["bytes_per_key"]},
+                        {"bytes_per_param", m["disk"]["bytes_per_param"]}}.dump();
+}
+
+// The end: every rank learns rank 0's outcome of phase 3, and returns its summary.
+SaveResult agreed_result(const SaveJob& job, const std::string& err, const std::string& summary) {
+  std::vector<std::string> got;
+  const std::string fail = agree(job.in.group, err, &got, summary);
+  if (!fail.empty()) throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail);
   const nlohmann::json sj = nlohmann::json::parse(got.at(0));
+  SaveResult r;
+  r.dir = job.final_dir.string();
   r.total_bytes = sj["total_bytes"].get<uint64_t>();
   r.bytes_per_key = sj["bytes_per_key"].get<std::map<std::string, uint64_t>>();
   r.bytes_per_param = sj["bytes_per_param"].get<double>();
   return r;
+}
+
+}  // namespace
+
+SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
+  SaveJob job(root_str, in);
+  // Arguments wrong on every rank alike fail at once, before the ranks talk.
+  if (root_str.empty()) throw CheckpointError("save_checkpoint: the checkpoint root is an empty path");
+  if (in.state && (in.state->iteration < 0 || in.state->iteration > detail::kMaxCounter))
+    throw CheckpointError("save_checkpoint(" + root_str + "): iteration " + std::to_string(in.state->iteration) +
+                          " is outside [0, " + std::to_string(detail::kMaxCounter) + "]");
+  job.name = detail::iter_dir_name(in.state ? in.state->iteration : 0);
+  job.final_dir = job.root / job.name;
+  prepare(job);
+  Written w = write_files(job);
+  // Phase 3: rank 0 writes the manifest and publishes; the others wait for the outcome.
+  std::string err, summary;
+  if (job.rank == 0) {
+    try {
+      summary = publish(job, w);
+    } catch (const std::exception& e) {
+      err = e.what();
+      job.abandon();
+    }
+  }
+  return agreed_result(job, err, summary);
 }
 
 }  // namespace rh::ckpt

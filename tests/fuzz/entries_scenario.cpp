@@ -2,7 +2,7 @@
 #include <string>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/scenario.h"
+#include "harness/verify/scenario.h"
 #include "tests/fuzz/entries.h"
 
 namespace rh::fuzz {

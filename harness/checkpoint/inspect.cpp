@@ -1,0 +1,107 @@
+// inspect_checkpoint (the `inspect` command): every check load makes that needs no model or
+// optimizer, then the manifest's tensor table with totals per key, dtype and file.
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <ostream>
+#include <string>
+#include <utility>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/manifest.h"
+#include "harness/base/version.h"
+
+namespace rh::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The manifest's tensor table and totals. Compressed checkpoints add the stored bytes and the
+// ratio stored/raw per tensor and per key.
+void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
+  bool comp = false;
+  for (const auto& t : m["tensors"]) comp = comp || t.contains("stored_bytes");
+  out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape"
+      << std::right << std::setw(12) << "bytes";
+  if (comp) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
+  out << "  file\n";
+  std::map<std::string, std::pair<uint64_t, uint64_t>> per_key;   // kind -> raw, stored
+  for (const auto& t : m["tensors"]) {
+    const uint64_t raw = t["bytes"].get<uint64_t>();
+    const uint64_t st = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
+    per_key[t["kind"].get<std::string>()].first += raw;
+    per_key[t["kind"].get<std::string>()].second += st;
+    out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9)
+        << t["dtype"].get<std::string>() << std::setw(18) << t["shape"].dump() << std::right
+        << std::setw(12) << raw;
+    if (comp)
+      out << std::setw(12) << st << std::setw(8) << std::fixed << std::setprecision(3)
+          << (raw ? double(st) / double(raw) : 1.0) << std::defaultfloat;
+    out << "  " << t["file"].get<std::string>() << '\n';
+  }
+  if (comp) {
+    out << "compression per key (raw -> stored bytes, ratio stored/raw):\n";
+    for (const auto& [k, rs] : per_key)
+      out << "  " << std::left << std::setw(32) << k << std::right << std::setw(14) << rs.first << std::setw(14)
+          << rs.second << std::setw(8) << std::fixed << std::setprecision(3)
+          << (rs.first ? double(rs.second) / double(rs.first) : 1.0) << std::defaultfloat << '\n';
+  }
+  const auto& d = m["disk"];
+  auto section = [&](const char* title, const nlohmann::json& map) {
+    out << title << ":\n";
+    for (auto it = map.begin(); it != map.end(); ++it)
+      out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14)
+          << it.value().get<uint64_t>() << '\n';
+  };
+  section("bytes per key", d["bytes_per_key"]);
+  section("bytes per dtype", d["bytes_per_dtype"]);
+  section("bytes per file", d["bytes_per_file"]);
+  out << "total " << d["total_bytes"].get<uint64_t>() << " bytes, " << d["num_params"].get<uint64_t>()
+      << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
+      << " bytes/parameter\n";
+  if (d.contains("raw_total_bytes"))
+    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, " << d["raw_bytes_per_param"].get<double>()
+        << " bytes/parameter\n";
+  out.unsetf(std::ios::fixed);
+}
+
+}  // namespace
+
+int inspect_checkpoint(const std::string& dir, std::ostream& out) {
+  // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
+  // checkpoint (1): an iter_ directory without its manifest or a dangling pointer is damage.
+  std::error_code ec;
+  const fs::path p(dir);
+  const bool is_dir = fs::is_directory(p, ec);
+  if (!is_dir || (!fs::exists(p / detail::kManifestFile, ec) && !fs::exists(p / detail::kPointerFile, ec) &&
+                  p.filename().string().rfind("iter_", 0) != 0)) {
+    out << kErrorPrefix << dir << ": "
+        << (!fs::exists(p, ec) ? "no such file or directory"
+            : !is_dir          ? "not a directory"
+                               : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
+                                     ") nor a checkpoint root (no " + detail::kPointerFile + ")")
+        << "\n";
+    return 2;
+  }
+  try {
+    const std::string d = detail::resolve_checkpoint_dir(dir);
+    detail::Verified v = detail::verify_checkpoint_dir(d);   // the manifest's whole schema, as load
+    (void)detail::shard_index(v);                           // and the shards' coverage, as load
+    out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
+        << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
+        << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
+        << v.manifest.value("harness_version", std::string("?")) << ")\n";
+    print_tensor_table(v.manifest, out);
+    out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure"
+        << (v.manifest["save_policy"].value("compress", std::string("none")) != "none"
+                ? "; every compressed block's XXH3-64, stored and decoded)\n"
+                : ")\n");
+    return 0;
+  } catch (const std::exception& e) {
+    out << "DAMAGED: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace rh::ckpt

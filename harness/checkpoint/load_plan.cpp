@@ -1,0 +1,306 @@
+// Phase 2 of load_checkpoint (load_phases.h): for every state this rank restores, what the
+// checkpoint holds, what the optimizer holds, and the conversion between them. Reads the optimizer
+// and changes nothing; every refusal that does not need the optimizer's re-storage is made here.
+//
+// Conversion rules (Megatron PR 2790, plus exact master-mode conversions):
+//  - stored states whose dtype the optimizer still holds: set_stored, bit for bit, with scales;
+//  - remainders into a remainder optimizer: set_stored (per_key's fp32 container back to int16);
+//  - remainder + bf16 weight into an fp32/fp16 master: joined, set_scaled_state (exactness checked);
+//  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
+//  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
+//    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron-LM
+//    megatron/core/optimizer/distrib_optimizer.py @d08b402, _set_main_param_and_optimizer_states:
+//    with it every key goes through set_scaled_state; without it `main_param.copy_(param)`, no
+//    int16 branch). Where that disagrees with the checkpoint the PR misfires; load
+//    refuses, or with allow_lossy reproduces the misfire as upstream would. With an fp16 master
+//    the PR hands an int16 tensor to set_scaled_state, whose `assert unscaled_state.dtype ==
+//    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/load_phases.h"
+#include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/policy.h"
+#include "harness/optim/storage_codecs.h"
+
+namespace rh::ckpt::detail {
+
+using optim::StateKey;
+
+namespace {
+
+constexpr StateKey kKeys[] = {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq};
+
+// Plan, first: this rank's generators. train_state holds rank 0's, rank_states every rank's. A
+// rank the checkpoint had no counterpart for (resharding to more ranks) gets rank 0's.
+void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
+  if (my_rank == 0) return;
+  const nlohmann::json& m = vl.v.manifest;
+  const nlohmann::json* mine = nullptr;
+  if (m.contains("rank_states"))
+    for (const auto& rs : m["rank_states"])
+      if (rs.value("dp_rank", -1) == my_rank) mine = &rs;
+  if (mine) {
+    plan.train_state.rng_states = parse_rng_states(mine->at("rng_states"), vl.mpath);
+  } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
+    plan.notes.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
+                         m.value("dp_size", nlohmann::json(1)).dump() + ") has no generator state for it; rank 0's is used");
+  }
+}
+
+// Plan, second: the manifest's entry of every state key (tensor key -> entry). A state split
+// over shards is listed once per shard: those entries must agree. A state written lossily is
+// refused without allow_lossy, and noted with it.
+using Entries = std::map<std::string, const nlohmann::json*>;
+Entries index_entries(const VerifiedLoad& vl, const LoadOptions& opts, std::vector<std::string>& notes) {
+  Entries entries;
+  for (const auto& t : vl.v.manifest["tensors"]) {
+    const std::string key = t["key"].get<std::string>();
+    if (entries.count(key)) {   // the same state in several shards: one description
+      const nlohmann::json& o = *entries[key];
+      for (const char* f : {"kind", "dtype", "policy", "conversion", "exact"})
+        if (o[f] != t[f])
+          throw CheckpointError(vl.mpath + ": shards disagree on '" + key + "': " + f + " " + o[f].dump() + " in " +
+                                o["file"].get<std::string>() + ", " + t[f].dump() + " in " + t["file"].get<std::string>());
+      continue;
+    }
+    entries[key] = &t;
+    if (!t["exact"].get<bool>()) {
+      const std::string w = where(vl.v, t["file"], t["key"]);
+      if (!opts.allow_lossy)
+        throw CheckpointError(w + " was written lossily (policy " + t["policy"].get<std::string>() + ", conversion " +
+                              t["conversion"].get<std::string>() + "); refusing to load without allow_lossy");
+      notes.push_back(t["key"].get<std::string>() + ": lossy on save (" + t["conversion"].get<std::string>() + ")");
+    }
+  }
+  return entries;
+}
+
+// Int16 values out of a per_key fp32 container; every value must be an exact int16.
+torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
+  torch::Tensor ok = f.eq(f.trunc()).logical_and(f.ge(-32768)).logical_and(f.le(32767));
+  if (!ok.all().item<bool>()) throw CheckpointError(w + ": fp32 container does not hold int16 remainder values");
+  return f.to(torch::kShort);
+}
+
+// One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv"), if present.
+std::optional<float> read_scalar(const Verified& v, const ShardIndex& ix, const std::string& param,
+                                 const std::string& key, const std::string& file) {
+  torch::Tensor st = gather_scale(v, ix, param, key);
+  if (!st.defined()) return std::nullopt;
+  if (st.scalar_type() != torch::kFloat || st.numel() != 1)
+    throw CheckpointError(where(v, file, key) + ": expected a single F32 value");
+  return st.reshape({}).item<float>();
+}
+
+// One state as the checkpoint holds it, located for this rank.
+struct Source {
+  std::string param, skey, file, conv, kind, policy;   // skey: the tensor, "<param>/exp_avg"
+  std::string w;                       // where(): how messages name the tensor
+  StateKey key = StateKey::master_param;
+  StDtype dt = StDtype::F32;
+  int64_t ob = 0, oe = 0;              // the owned range, flat within the param
+  std::vector<int64_t> owned_shape;    // the optimizer's state shape for that range
+  torch::Tensor data;                  // the owned part, as stored
+  // A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
+  std::optional<float> scale, scale_inv, decode_mult;
+};
+
+// Plan, third: one Action per state, by the rules at the top of this file.
+class StatePlanner {
+ public:
+  StatePlanner(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts, const Entries& entries,
+               std::vector<std::string>& notes)
+      : vl_(vl), opt_(opt), opts_(opts), entries_(entries), notes_(notes), mf_(vl.v.files.at(kModelFile)) {
+    bf16_params_ = !opt.param_names().empty() && opt.param(opt.param_names()[0]).scalar_type() == torch::kBFloat16;
+    const bool pao = opt.config().use_precision_aware_optimizer;
+    pr_int16_ = pao && opt.config().store_param_remainders && bf16_params_;   // the PR's condition
+    tgt_rem_ = opt.master_mode() == optim::MasterMode::remainders;
+  }
+
+  // Nothing when the state is skipped (LoadOptions::skip_keys) or another rank holds it.
+  std::optional<Action> plan(const std::string& p, StateKey k) {
+    std::optional<Source> s = locate(p, k);
+    if (!s) return std::nullopt;
+    Action a;
+    a.param = p;
+    a.file = s->file;
+    a.tkey = s->skey;
+    a.key = k;
+    if (k == StateKey::master_param && (plan_pr_misfire(*s, a) || plan_saved_remainder(*s, a))) return a;
+    plan_conversion(*s, a);
+    return a;
+  }
+
+ private:
+  std::optional<Source> locate(const std::string& p, StateKey k);
+  void read_scales(Source& s) const;
+  bool plan_pr_misfire(const Source& s, Action& a);
+  bool plan_saved_remainder(const Source& s, Action& a);
+  void plan_conversion(const Source& s, Action& a);
+
+  // The whole param's state (conversions re-store a value as a whole, so scales come from the
+  // whole tensor as in one process), and this rank's part of such a tensor.
+  torch::Tensor full(const Source& s) const {
+    return gather_state(vl_.v, vl_.ix, s.param, s.skey, 0, opt_.param(s.param).numel()).reshape(opt_.param(s.param).sizes());
+  }
+  torch::Tensor owned(const Source& s, const torch::Tensor& t) const {
+    return t.reshape({-1}).narrow(0, s.ob, s.oe - s.ob).reshape(s.owned_shape);
+  }
+  // The state goes through set_scaled_state with this whole-param value.
+  void set_value(const Source& s, Action& a, torch::Tensor val, const std::string& note) {
+    a.use_stored = false;
+    a.value_owned = owned(s, val);
+    a.value = std::move(val);
+    if (!note.empty()) notes_.push_back(s.skey + ": " + note);
+  }
+
+  const VerifiedLoad& vl_;
+  const optim::PrecisionAdam& opt_;
+  const LoadOptions& opts_;
+  const Entries& entries_;
+  std::vector<std::string>& notes_;
+  const SafetensorsFile& mf_;
+  bool bf16_params_ = false, pr_int16_ = false, tgt_rem_ = false;
+};
+
+// The tensor a state is restored from, checked against the param's shape, and this rank's part of
+// it (stored bit for bit).
+std::optional<Source> StatePlanner::locate(const std::string& p, StateKey k) {
+  const std::string kname = optim::key_name(k), tfield = field_name(opt_, k);
+  if (opts_.skip_keys.count(kname) || opts_.skip_keys.count(tfield)) return std::nullopt;
+  Source s;
+  s.param = p;
+  s.key = k;
+  s.skey = p + "/" + kname;
+  if (k == StateKey::master_param && !entries_.count(s.skey)) s.skey = p + "/remainder";
+  if (!entries_.count(s.skey))
+    throw CheckpointError("checkpoint " + vl_.v.dir + ": no saved state for '" + p + "/" + kname + "'");
+  const nlohmann::json& e = *entries_.at(s.skey);
+  s.file = e["file"].get<std::string>();
+  s.conv = e["conversion"].get<std::string>();
+  s.kind = e["kind"].get<std::string>();
+  s.policy = e["policy"].get<std::string>();
+  s.dt = vl_.v.files.at(s.file).info(s.skey).dtype;
+  s.w = where(vl_.v, s.file, s.skey);
+  if (vl_.ix.shape.at(p) != opt_.param(p).sizes().vec())
+    throw CheckpointError(s.w + ": the parameter was saved with shape " + c10::str(c10::IntArrayRef(vl_.ix.shape.at(p))) +
+                          ", the parameter has " + c10::str(opt_.param(p).sizes()));
+  const auto range = opt_.shard_range(p);
+  s.ob = range.first;
+  s.oe = range.second;
+  if (s.ob == s.oe) return std::nullopt;   // another rank holds this param's state
+  s.owned_shape = opt_.stored(p, k).data.sizes().vec();
+  s.data = gather_state(vl_.v, vl_.ix, p, s.skey, s.ob, s.oe).reshape(s.owned_shape);
+  read_scales(s);
+  return s;
+}
+
+// A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
+void StatePlanner::read_scales(Source& s) const {
+  if (s.conv != "stored" || (s.dt != StDtype::F16 && s.dt != StDtype::F8_E4M3)) return;
+  s.scale = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale", s.file);
+  if (!s.scale)
+    throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale") + ": missing (a stored " + st_name(s.dt) + " state needs its scale)");
+  if (s.dt == StDtype::F8_E4M3) {
+    s.scale_inv = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale_inv", s.file);
+    if (!s.scale_inv)
+      throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale_inv") + ": missing (an fp8 state decodes with its scale_inv)");
+  }
+  s.decode_mult = s.dt == StDtype::F8_E4M3 ? s.scale_inv : s.scale;
+}
+
+// master_param under per_key, where the PR's int16 decision (pr_int16_) disagrees with the
+// checkpoint, or meets an fp16 master: refused, or the misfire reproduced (allow_lossy). False when
+// the PR's rule does not apply.
+bool StatePlanner::plan_pr_misfire(const Source& s, Action& a) {
+  const bool saved_rem = s.kind == "remainder";
+  if (s.policy == "per_key" && pr_int16_ && opt_.master_mode() == optim::MasterMode::fp16)
+    throw CheckpointError(s.w + ": per_key load converts 'param' to int16 (store_param_remainders=true, bf16 params) "
+                          "and hands it to set_scaled_state as master_param, but with an fp16 master TransformerEngine "
+                          "has remainders off and upstream fails an assertion here (FusedAdam.set_scaled_state: "
+                          "assert unscaled_state.dtype == torch.float32); refusing (PR 2790 misfire)");
+  if (s.policy != "per_key" || pr_int16_ == saved_rem) return false;
+  const std::string why = s.w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
+                          std::string(opt_.config().store_param_remainders ? "true" : "false") +
+                          " and params are " + (bf16_params_ ? "bf16" : "not bf16") + ", but the checkpoint holds " +
+                          (saved_rem ? "an int16 remainder" : "an fp32 master") + " (PR 2790 misfire)";
+  if (!opts_.allow_lossy) throw CheckpointError(why + "; refusing without allow_lossy");
+  notes_.push_back(s.skey + ": reproducing the PR misfire (" + why + ")");
+  // What upstream does: convert by the flag, then hand the result over as master_param.
+  torch::Tensor f = full(s).to(torch::kFloat);
+  torch::Tensor r = pr_int16_ ? f.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
+  if (pr_int16_ && tgt_rem_) a.stored = {owned(s, r).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
+  else set_value(s, a, pr_int16_ ? r.to(torch::kFloat) : f, "");
+  return true;
+}
+
+// A saved int16 remainder: stored into a remainder optimizer, or joined with the model file's bf16
+// weight into an fp32/fp16 master. False when the checkpoint holds a master instead.
+bool StatePlanner::plan_saved_remainder(const Source& s, Action& a) {
+  if (s.kind != "remainder") return false;
+  auto as_int16 = [&](const torch::Tensor& t) {
+    torch::Tensor rem = s.conv == "remainder_widened_f32" ? container_to_int16(t, s.w) : t;
+    if (rem.scalar_type() != torch::kShort) throw CheckpointError(s.w + ": remainder is " + st_name(s.dt) + ", expected I16");
+    return rem;
+  };
+  if (tgt_rem_) {
+    a.stored = {as_int16(s.data), optim::Dtype::int16, std::nullopt, std::nullopt};
+    return true;
+  }
+  const torch::Tensor rem = as_int16(full(s));
+  const TensorInfo& wi = mf_.info(s.param);
+  if (wi.dtype != StDtype::BF16)
+    throw CheckpointError(s.w + ": a remainder needs the bf16 weight, but " + mf_.path() + " holds '" + s.param + "' as " +
+                          st_name(wi.dtype));
+  set_value(s, a, optim::codec::remainder_join(mf_.tensor(s.param), rem.contiguous()),
+            "bf16 weight + int16 remainder -> " + optim::to_string(opt_.master_mode()) + " master");
+  return true;
+}
+
+// Every other state: stored bit for bit where the optimizer holds the saved dtype, a master split
+// for a remainder optimizer, or the decoded fp32 value for set_scaled_state.
+void StatePlanner::plan_conversion(const Source& s, Action& a) {
+  const optim::StoredState& cur = opt_.stored(s.param, s.key);
+  const bool split = s.key == StateKey::master_param && tgt_rem_;
+  if (s.conv == "stored" && s.dt == st_of(cur.dtype) && !split) {
+    a.stored = {s.data, cur.dtype, s.scale, s.scale_inv};
+    try {
+      opt_.check_stored(s.param, s.key, a.stored);
+    } catch (const std::invalid_argument& e) {
+      throw CheckpointError(s.w + ": " + e.what());
+    }
+  } else if (split) {
+    // An fp32/fp16 master into a remainder optimizer: upstream's set_scaled_state takes only
+    // the int16 remainder there, so the split (exact for every bit pattern) happens here and
+    // the bf16 weight that belongs to the remainder replaces the saved model weight.
+    torch::Tensor w16, rem;
+    optim::codec::remainder_split(decode_value(full(s), s.dt, s.conv, s.decode_mult).contiguous(), w16, rem);
+    a.stored = {owned(s, rem).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
+    a.weight = w16;
+    notes_.push_back(s.skey + ": " + st_name(s.dt) + " master -> bf16 weight + int16 remainder");
+  } else {
+    std::string note;
+    if (s.dt != st_of(cur.dtype)) note = st_name(s.dt) + " (" + s.conv + ") -> " + optim::to_string(cur.dtype) + " storage";
+    set_value(s, a, decode_value(full(s), s.dt, s.conv, s.decode_mult), note);
+  }
+}
+
+}  // namespace
+
+LoadPlan plan_load(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
+  LoadPlan plan;
+  plan.train_state = vl.train_state;
+  choose_generators(vl, opt.layout().rank, plan);
+  const Entries entries = index_entries(vl, opts, plan.notes);
+  StatePlanner planner(vl, opt, opts, entries, plan.notes);
+  for (const std::string& p : opt.param_names())
+    for (StateKey k : kKeys)
+      if (std::optional<Action> a = planner.plan(p, k)) plan.actions.push_back(std::move(*a));
+  return plan;
+}
+
+}  // namespace rh::ckpt::detail

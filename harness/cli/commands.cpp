@@ -1,0 +1,241 @@
+// Every subcommand, registered here (train, inspect, check, matrix, report); see commands.h.
+#include "harness/cli/commands.h"
+
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+
+#include "harness/dist/group.h"
+#include "harness/dist/launcher.h"
+#include "harness/dist/prestart.h"
+#include "harness/dist/process.h"
+#include "harness/base/version.h"
+#include "harness/train/env.h"
+#include "harness/train/job.h"
+#include "harness/verify/matrix.h"
+#include "reports/data_files.h"
+#include "reports/report.h"
+
+namespace rh {
+namespace {
+
+constexpr const char* kDefaultScenarioFile = "scenarios/default.toml";
+
+// What the parsed flags fill in, one member per subcommand.
+struct CommandState {
+  CLI::App* train_cmd = nullptr;
+  TrainJob job;
+  std::string policy = "native", fault = "none", compress = "none", save_root, save_plan;
+  std::vector<std::string> overrides;
+  int nproc = 1;
+  CLI::App* inspect_cmd = nullptr;
+  std::string inspect_dir;
+  MatrixOptions check, matrix;
+  bool no_report = false;
+  CLI::App* check_cmd = nullptr;
+  CLI::App* matrix_cmd = nullptr;
+  ReportCommand report;
+};
+
+void register_train(CLI::App& app, CommandState& st) {
+  auto* train = st.train_cmd = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
+  TrainJob& job = st.job;
+  train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
+                                          "fingerprints.csv")->default_val("reports/train");
+  train->add_option_function<std::string>(
+           "--config",
+           [&job](const std::string& file) { job.cfg = load_run_config_file(file); },
+           "run config JSON (as written to config.json / manifests); later flags override it")
+      ->trigger_on_parse();
+  train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
+  train->add_option("--stop-at", job.stop_at, "stop after this iteration (default: --train-iters)");
+  train->add_option("--load", job.load, "resume from this checkpoint root or iter_ directory "
+                                        "(writes load_result.json into --out)");
+  train->add_option("--fault", st.fault, "deliberate fault on load (for the resume check; needs --load)")
+      ->check(CLI::IsMember(fault_names()))
+      ->default_str("none");
+  train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
+  train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
+  train->add_flag("--quiet", job.quiet, "print nothing but errors");
+  train->add_option("--nproc", st.nproc,
+                    "data parallel: start N local worker processes (ranks) of this command; under "
+                    "torchrun or srun leave it out, the ranks come from the environment")
+      ->check(CLI::Range(1, 256));
+  train->add_option("--dist-timeout", job.dist_timeout_s,
+                    "seconds a data-parallel rendezvous or collective waits before failing")
+      ->check(CLI::PositiveNumber);
+  train->add_option("--save-compress", st.compress, "none | zstd: byte planes + zstd blocks, lossless")
+      ->check(CLI::IsMember({"none", "zstd"}));
+  train->add_option("--save", st.save_root, "checkpoint root to save into when stopping");
+  train->add_option("--save-policy", st.policy, "native | fp32 | per_key")
+      ->check(CLI::IsMember({"native", "fp32", "per_key"}));
+  train->add_option("--save-override", st.overrides,
+                    "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
+  train->add_option("--save-plan", st.save_plan,
+                    "JSON file of several checkpoints to write of the same state (root, policy, "
+                    "overrides, compress each; README, 'The resume check')");
+  add_run_options(*train, job.cfg);
+}
+
+void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& default_run_dir) {
+  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time")->check(CLI::Range(1, 64))->capture_default_str();
+  c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
+  c.add_flag("--keep-checkpoints", o.keep_checkpoints, "keep each scenario's checkpoint in the run directory");
+  c.add_option("--golden", o.golden_dir, "compare each baseline's metrics bitwise with golden CSVs in DIR");
+  c.add_flag("--update-golden", o.update_golden, "rewrite the golden CSVs instead of comparing");
+}
+
+void register_check_and_matrix(CLI::App& app, CommandState& st) {
+  // Both take the scenario file as -f/--file; matrix also as its first argument (matrix FILE).
+  st.check.file = kDefaultScenarioFile;
+  st.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
+  st.check_cmd->add_option("SCENARIO", st.check.filter,
+                           "canonical scenario name, a substring of names, or a glob with *")->required();
+  st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
+  add_matrix_options(*st.check_cmd, st.check, "reports/runs/check");
+  st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
+  auto* pos = st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml");
+  st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
+  st.matrix_cmd->add_option("--filter", st.matrix.filter, "only scenarios matching this name/substring/glob");
+  st.matrix_cmd->add_flag("--no-report", st.no_report, "do not write report.md / report.html at the end");
+  add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>");
+}
+
+int run_train_command(CommandState& st, int argc, char** argv) {
+  TrainJob& job = st.job;
+  job.fault = parse_fault(st.fault);
+  job.remainders_flag_given = st.train_cmd->get_option("--store-param-remainders")->count() > 0;
+  if (!st.save_root.empty()) {
+    SaveTarget t{st.save_root, parse_policy(st.policy, st.overrides)};
+    t.policy.compress = ckpt::parse_compression(st.compress);
+    job.saves.push_back(t);
+  }
+  if (!st.save_plan.empty())
+    for (const auto& t : read_save_plan(st.save_plan)) job.saves.push_back(t);
+  if (st.nproc > 1) {
+    if (dist::launched_by_environment())
+      throw std::invalid_argument("--nproc " + std::to_string(st.nproc) +
+                                  ": WORLD_SIZE (or SLURM_NTASKS) is set, so a launcher already started the ranks");
+    std::vector<std::string> args;   // the same command for every rank, without --nproc
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--nproc") { ++i; continue; }
+      if (a.rfind("--nproc=", 0) == 0) continue;
+      args.push_back(a);
+    }
+    return dist::launch_local(st.nproc, args, std::min(30.0, job.dist_timeout_s));
+  }
+  return run_train(job);
+}
+
+int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
+  if (o.file.empty())
+    throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
+  // check's default file: ./scenarios/default.toml, else the copy beside the tool (an install).
+  if (cmd == st.check_cmd && o.file == kDefaultScenarioFile && !std::filesystem::exists(o.file))
+    o.file = data_file(kDefaultScenarioFile);
+  o.tool = self_executable();
+  o.progress_tty = isatty(STDOUT_FILENO) != 0;
+  // Resumed runs start from a worker forked now, before any scenario is read or trained
+  // (dist/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
+  const char* no_prestart = std::getenv("RH_NO_PRESTART");
+  if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
+  if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";
+  auto res = run_matrix(o, std::cout);
+  if (cmd == st.check_cmd)
+    for (const auto& r : res.results) std::cout << r.name << ": " << r.verdict << "\n";
+  if (cmd == st.matrix_cmd && !st.no_report) {
+    const std::string dir =
+        o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
+    if (write_report(dir, std::cout) == 2) return 2;
+  }
+  return res.exit_code;
+}
+
+
+// "resume-harness frobnicate": CLI11 would say only that an argument was not expected.
+std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return "";
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->check_name(argv[1])) return "";
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  return std::string("unknown subcommand '") + argv[1] + "'; the subcommands are " + names +
+         " (resume-harness --help)";
+}
+
+void register_commands(CLI::App& app, CommandState& st) {
+  register_train(app, st);
+  st.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
+  st.inspect_cmd->add_option("CKPT_DIR", st.inspect_dir, "checkpoint root or iter_ directory")->required();
+  register_check_and_matrix(app, st);
+  register_report_command(app, st.report);
+}
+
+int run_command(CommandState& st, int argc, char** argv) {
+  if (*st.train_cmd) return run_train_command(st, argc, argv);
+  if (*st.inspect_cmd) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
+  if (*st.check_cmd) return run_matrix_command(st, st.check_cmd, st.check);
+  if (*st.matrix_cmd) return run_matrix_command(st, st.matrix_cmd, st.matrix);
+  if (st.report.active()) return run_report_command(st.report, std::cout);
+  return 2;
+}
+
+}  // namespace
+
+int tool_main(int argc, char** argv) {
+  CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return describe(runtime_info()); },
+                       "print the version, git commit, LibTorch, BLAS and its core, then exit");
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string where = a->get_parent() ? a->get_name() + " " : "";
+    return std::string(kErrorPrefix) + where + e.what() + " (run with --help for the options)\n";
+  });
+  CommandState st;
+  register_commands(app, st);
+  if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty()) {
+    std::cerr << kErrorPrefix << bad << "\n";
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  } catch (const std::exception& e) {   // thrown while parsing, e.g. by --config's loader
+    std::cerr << kErrorPrefix << e.what() << "\n";
+    return 2;
+  }
+  try {
+    return run_command(st, argc, argv);
+  } catch (const dist::DistError& e) {   // a peer failed: not this rank's input
+    std::cerr << kErrorPrefix << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << kErrorPrefix << e.what() << "\n";
+    return 2;
+  }
+}
+
+ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::string>& overrides) {
+  ckpt::SavePolicy p;
+  p.kind = ckpt::parse_save_policy(policy);
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos)
+      throw std::invalid_argument("--save-override '" + o + "': expected KEY=DTYPE");
+    const std::string key = o.substr(0, eq);
+    if (key != "master_param" && key != "exp_avg" && key != "exp_avg_sq")
+      throw std::invalid_argument("--save-override '" + o +
+                                  "': key must be master_param, exp_avg or exp_avg_sq");
+    p.overrides[key] = optim::parse_dtype(o.substr(eq + 1), "--save-override " + key);
+  }
+  return p;
+}
+
+}  // namespace rh

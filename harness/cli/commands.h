@@ -1,0 +1,20 @@
+// Every subcommand of the tool, registered on its CLI11 app in one place (train, inspect, check,
+// matrix, report), and the small flag parsers they share.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/checkpoint.h"
+
+namespace rh {
+
+// Parses "--save-policy" and "KEY=DTYPE" overrides; throws std::invalid_argument.
+ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::string>& overrides);
+
+// The tool with its argv: registers every subcommand on a new CLI11 app, parses, runs the one
+// given and maps errors to exit codes (0 ok, 1 a scenario missed its expectation or a checkpoint
+// is damaged, 2 bad input, 3 a data-parallel peer failed). main() is this after pinning the
+// numerics; the pre-started worker (dist/prestart.h) runs it in its children.
+int tool_main(int argc, char** argv);
+
+}  // namespace rh

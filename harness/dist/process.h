@@ -1,0 +1,56 @@
+// Child processes: the one fork/exec/wait loop of the tool. The resume check runs its resumed
+// (and data-parallel) runs as children of this same executable, so nothing in memory survives
+// from one run to the other; the local launcher (launcher.h) starts its ranks through it too.
+// LibTorch-free: the reports room runs the plot script through it.
+#pragma once
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rh {
+
+struct ChildSpec {
+  std::vector<std::string> argv;                              // argv[0] is the executable's path
+  std::vector<std::pair<std::string, std::string>> env;       // set in the child only
+  std::string log_path;           // stdout + stderr appended here ("" = inherited from this process)
+  bool die_with_parent = false;   // PR_SET_PDEATHSIG: killed if this process dies first
+  // Start it from the pre-started worker (prestart.h) when one runs and argv[0] is this tool
+  // (the worker runs the tool's entry in a fork of itself); else, or if that fails, fork + exec.
+  // Needs a log_path; env and die_with_parent are not supported that way (exec is used).
+  bool prestarted = false;
+};
+
+struct ChildExit {
+  int exit_code = -1;        // exit status, or 128 + signal
+  int signal = 0;            // the signal that ended it (0: it exited)
+  bool killed = false;       // killed by run_children (its deadline passed)
+  bool timed_out = false;    // killed because timeout_s was up
+  double seconds = 0;
+  bool ok() const { return signal == 0 && exit_code == 0 && !killed; }
+  std::string describe() const;   // "exited with code 2" / "was killed by signal 9 (Killed)"
+};
+
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
+// Starts every child, then waits for all of them. A child still running `timeout_s` seconds after
+// the start is killed (SIGKILL, timed_out). on_exit(i, e), when given, is called as child i ends
+// and returns how many more seconds the others may run (kNoLimit: no change); the launcher uses it
+// to stop the other ranks after one fails. Throws std::runtime_error if a child cannot be started
+// (the ones already started are killed first).
+using OnChildExit = std::function<double(size_t, const ChildExit&)>;
+std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, double timeout_s = kNoLimit,
+                                    const OnChildExit& on_exit = nullptr);
+
+// One child, its output appended to log_path, killed after timeout_s.
+ChildExit run_process(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s,
+                      bool prestarted = false);
+
+// The path of the running executable (/proc/self/exe).
+std::string self_executable();
+
+// The last `max_bytes` of a text file (for error messages from a child's log).
+std::string tail_of_file(const std::string& path, size_t max_bytes = 2000);
+
+}  // namespace rh

@@ -1,0 +1,378 @@
+// The field table behind RunConfig: each field once, with its section, key, flag and help, from
+// which the command-line flags, JSON and TOML forms are derived.
+#include "harness/train/config.h"
+
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/train/schedule.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <cmath>
+#include <functional>
+#include <tuple>
+#include <sstream>
+#include <stdexcept>
+#include <variant>
+
+namespace rh {
+namespace {
+
+using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, optim::Dtype*>;
+
+struct Field {
+  const char* section;  // "model" | "optimizer" | "train"
+  const char* key;      // JSON / TOML key
+  const char* flag;     // command-line flag
+  const char* help;
+  FieldPtr ptr;
+};
+
+std::vector<Field> fields(RunConfig& c) {
+  auto& m = c.model;
+  auto& o = c.optim;
+  auto& t = c.train;
+  return {
+      {"model", "vocab_size", "--vocab-size", "vocabulary size V", &m.vocab_size},
+      {"model", "seq_len", "--seq-length", "sequence length T", &m.seq_len},
+      {"model", "d_model", "--hidden-size", "model width C", &m.d_model},
+      {"model", "n_layers", "--num-layers", "transformer layers L", &m.n_layers},
+      {"model", "n_heads", "--num-attention-heads", "attention heads H", &m.n_heads},
+      {"model", "n_experts", "--num-experts", "experts per MoE layer E", &m.n_experts},
+      {"model", "top_k", "--moe-router-topk", "experts per token K", &m.top_k},
+      {"model", "dead_expert", "--moe-dead-expert",
+       "not upstream: an expert the router never selects (-1 = none), a dead expert", &m.dead_expert},
+      {"model", "score_function", "--moe-router-score-function", "router scores: softmax | sigmoid", &m.score_function},
+      {"model", "enable_expert_bias", "--moe-router-enable-expert-bias",
+       "aux-loss-free balancing: a per-router expert bias updated from token counts (sigmoid only)", &m.enable_expert_bias},
+      {"model", "bias_update_rate", "--moe-router-bias-update-rate", "expert-bias update rate", &m.bias_update_rate},
+      {"model", "capacity_factor", "--moe-expert-capacity-factor",
+       "expert capacity factor; < 0 = none, no token dropping (upstream default None)", &m.capacity_factor},
+      {"model", "token_drop_policy", "--moe-token-drop-policy",
+       "which pairs an over-capacity expert keeps: probs | position", &m.token_drop_policy},
+      {"model", "pad_to_capacity", "--moe-pad-expert-input-to-capacity",
+       "every expert processes exactly its capacity of tokens (needs a capacity factor)", &m.pad_to_capacity},
+      {"model", "router_dtype", "--moe-router-dtype",
+       "router logits dtype (upstream default none = the input's dtype; ours fp32): none | fp32 | fp64", &m.router_dtype},
+      {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
+      {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
+      {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
+      {"model", "dropout", "--dropout", "attention and hidden dropout", &m.dropout},
+      {"model", "router_jitter", "--moe-input-jitter-eps", "router input jitter (0 = off)", &m.router_jitter},
+      {"model", "rope_theta", "--rotary-base", "RoPE base", &m.rope_theta},
+      {"model", "init_std", "--init-method-std", "init standard deviation", &m.init_std},
+      {"model", "param_dtype", "--params-dtype", "parameter dtype: bf16 | fp32", &m.param_dtype},
+      {"model", "compute", "--compute", "bf16 compute: auto | fp32 | native", &m.compute},
+      {"optimizer", "use_precision_aware_optimizer", "--use-precision-aware-optimizer",
+       "keep optimizer states in the dtypes below", &o.use_precision_aware_optimizer},
+      {"optimizer", "main_grads_dtype", "--main-grads-dtype", "fp32 | bf16", &o.main_grads_dtype},
+      {"optimizer", "main_params_dtype", "--main-params-dtype", "fp32 | fp16", &o.main_params_dtype},
+      {"optimizer", "exp_avg_dtype", "--exp-avg-dtype", "fp32 | bf16 | fp16 | fp8", &o.exp_avg_dtype},
+      {"optimizer", "exp_avg_sq_dtype", "--exp-avg-sq-dtype", "fp32 | bf16 | fp16 | fp8", &o.exp_avg_sq_dtype},
+      {"optimizer", "store_param_remainders", "--store-param-remainders",
+       "bf16 weight + int16 remainder instead of an fp32 master", &o.store_param_remainders},
+      {"optimizer", "beta1", "--adam-beta1", "Adam beta1", &o.beta1},
+      {"optimizer", "beta2", "--adam-beta2", "Adam beta2", &o.beta2},
+      {"optimizer", "eps", "--adam-eps", "Adam epsilon", &o.eps},
+      {"optimizer", "weight_decay", "--weight-decay", "decoupled (AdamW) or L2 decay", &o.weight_decay},
+      {"optimizer", "adam_w_mode", "--adam-w-mode", "AdamW (true) or L2 decay (false)", &o.adam_w_mode},
+      {"optimizer", "scale_zero_guard", "--scale-zero-guard",
+       "not upstream: fp16/fp8 states whose scale has no finite reciprocal (all-zero) keep zeros "
+       "instead of TE's 0 * inf = NaN fp8 codes", &o.scale_zero_guard},
+      {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
+      {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
+      {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},
+      {"train", "lr", "--lr", "peak learning rate", &t.lr},
+      {"train", "min_lr", "--min-lr", "cosine floor", &t.min_lr},
+      {"train", "lr_warmup_iters", "--lr-warmup-iters", "linear warmup iterations", &t.lr_warmup_iters},
+      {"train", "lr_decay_iters", "--lr-decay-iters", "schedule length", &t.lr_decay_iters},
+      {"train", "lr_warmup_init", "--lr-warmup-init", "learning rate at the start of warmup", &t.lr_warmup_init},
+      {"train", "lr_decay_style", "--lr-decay-style",
+       "constant | linear | cosine | inverse-square-root | WSD (Megatron's default: linear)", &t.lr_decay_style},
+      {"train", "lr_wsd_decay_style", "--lr-wsd-decay-style",
+       "WSD anneal: exponential | linear | cosine | minus_sqrt", &t.lr_wsd_decay_style},
+      {"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", "WSD anneal iterations (-1 = unset)", &t.lr_wsd_decay_iters},
+      {"train", "start_weight_decay", "--start-weight-decay",
+       "weight decay at the start of its schedule (-1 = --weight-decay)", &t.start_weight_decay},
+      {"train", "end_weight_decay", "--end-weight-decay",
+       "weight decay at the end of its schedule (-1 = --weight-decay)", &t.end_weight_decay},
+      {"train", "weight_decay_incr_style", "--weight-decay-incr-style", "constant | linear | cosine",
+       &t.weight_decay_incr_style},
+      {"train", "override_opt_param_scheduler", "--override-opt_param-scheduler",
+       "on resume, use this run's scheduler values, not the checkpoint's", &t.override_opt_param_scheduler},
+      {"train", "use_checkpoint_opt_param_scheduler", "--use-checkpoint-opt_param-scheduler",
+       "on resume, use the checkpoint's scheduler values", &t.use_checkpoint_opt_param_scheduler},
+      {"train", "clip_grad", "--clip-grad", "global-norm clip (0 = off)", &t.clip_grad},
+      {"train", "seed", "--seed", "init and dropout seed", &t.seed},
+      {"train", "data_seed", "--data-seed", "synthetic corpus seed", &t.data_seed},
+      {"train", "threads", "--threads", "intra-op threads", &t.threads},
+      {"train", "device", "--device", "cpu | cuda", &t.device},
+  };
+}
+
+nlohmann::json field_to_json(const FieldPtr& p) {
+  return std::visit(
+      [](auto* v) -> nlohmann::json {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, optim::Dtype>) {
+          return optim::to_string(*v);
+        } else {
+          return *v;
+        }
+      },
+      p);
+}
+
+void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::string& where,
+                     const std::string& key) {
+  auto fail = [&](const char* expected) {
+    throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " +
+                                ckpt::quote_json(v));
+  };
+  std::visit(
+      [&](auto* dst) {
+        using T = std::remove_pointer_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) fail("true or false");
+          *dst = v.get<bool>();
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          if (!v.is_number_integer()) fail("an integer");
+          *dst = v.get<int64_t>();
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() &&
+                                         v.get<int64_t>() < 0))
+            fail("a non-negative integer");
+          *dst = v.get<uint64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!v.is_number()) fail("a number");
+          *dst = v.get<double>();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) fail("a string");
+          *dst = v.get<std::string>();
+        } else {
+          if (!v.is_string()) fail("a dtype string (fp32, bf16, fp16, fp8)");
+          *dst = optim::parse_dtype(v.get<std::string>(), where + ": key '" + key + "'");
+        }
+      },
+      p);
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw std::invalid_argument(msg);
+}
+
+bool one_of(const std::string& v, const std::vector<std::string>& names, std::string* all) {
+  for (const auto& n : names) *all += (all->empty() ? "" : ", ") + n;
+  return std::find(names.begin(), names.end(), v) != names.end();
+}
+
+// The asserts of optimizer_param_scheduler.py OptimizerParamScheduler.__init__ / get_wd, and
+// arguments.py's choices, as bad input.
+void validate_scheduler(const RunConfig& c) {
+  const auto& t = c.train;
+  std::string all;
+  require(one_of(t.lr_decay_style, lr_decay_styles(), &all),
+          "train.lr_decay_style (--lr-decay-style) must be one of " + all + ", got '" + ckpt::quote_text(t.lr_decay_style) + "'");
+  all.clear();
+  require(one_of(t.lr_wsd_decay_style, lr_wsd_decay_styles(), &all),
+          "train.lr_wsd_decay_style (--lr-wsd-decay-style) must be one of " + all + ", got '" +
+              ckpt::quote_text(t.lr_wsd_decay_style) + "'");
+  all.clear();
+  require(one_of(t.weight_decay_incr_style, wd_incr_styles(), &all),
+          "train.weight_decay_incr_style (--weight-decay-incr-style) must be one of " + all + ", got '" +
+              ckpt::quote_text(t.weight_decay_incr_style) + "'");
+  require(t.lr_decay_style != "WSD" || t.lr_wsd_decay_iters >= 0,
+          "train.lr_decay_style WSD needs train.lr_wsd_decay_iters (--lr-wsd-decay-iters) >= 0");
+  require(t.lr_wsd_decay_iters >= -1 && t.lr_wsd_decay_iters <= t.lr_decay_iters,
+          "train.lr_wsd_decay_iters must be -1 (unset) or in [0, train.lr_decay_iters]");
+  require(std::isfinite(t.lr_warmup_init) && t.lr_warmup_init >= 0 && t.lr_warmup_init <= t.lr,
+          "train.lr_warmup_init (--lr-warmup-init) must be in [0, train.lr]");
+  for (auto [name, v] : {std::pair{"train.start_weight_decay", t.start_weight_decay},
+                         std::pair{"train.end_weight_decay", t.end_weight_decay}})
+    require(std::isfinite(v) && (v >= 0 || v == -1), std::string(name) + " must be >= 0 or -1 (= optimizer.weight_decay)");
+  const auto s = scheduler_from_config(c);
+  require(s.end_wd >= s.start_wd, "train.end_weight_decay must be >= train.start_weight_decay (upstream asserts end_wd >= start_wd)");
+  require(t.weight_decay_incr_style != "constant" || s.start_wd == s.end_wd,
+          "train.weight_decay_incr_style constant needs start and end weight decay equal (upstream get_wd asserts it)");
+  require(!(t.override_opt_param_scheduler && t.use_checkpoint_opt_param_scheduler),
+          "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: both override and "
+          "use-checkpoint are set.");
+}
+
+}  // namespace
+
+void validate(const RunConfig& c) {
+  const auto& t = c.train;
+  require(t.iterations > 0, "train.iterations (--train-iters) must be > 0");
+  require(t.global_batch > 0 && t.micro_batch > 0,
+          "train.global_batch and train.micro_batch must be > 0");
+  require(t.global_batch % t.micro_batch == 0,
+          "train.global_batch (" + std::to_string(t.global_batch) +
+              ") must be a multiple of train.micro_batch (" + std::to_string(t.micro_batch) + ")");
+  require(t.lr >= 0 && t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, lr]");
+  require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
+          "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
+  require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
+  validate_scheduler(c);
+  require(t.threads >= 1 && t.threads <= kMaxThreads,
+          "train.threads (--threads) must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(t.threads));
+  require(t.iterations <= kMaxIterations,
+          "train.iterations (--train-iters) must be <= " + std::to_string(kMaxIterations) + ", got " + std::to_string(t.iterations));
+  require(t.global_batch <= kMaxBatch && t.lr_decay_iters <= kMaxIterations && t.lr_warmup_iters <= kMaxIterations,
+          "train.global_batch must be <= " + std::to_string(kMaxBatch) + " and train.lr_*_iters <= " +
+              std::to_string(kMaxIterations));
+  require(std::isfinite(t.lr) && std::isfinite(t.min_lr) && std::isfinite(t.clip_grad),
+          "train.lr, train.min_lr and train.clip_grad must be finite");
+  require(t.device == "cpu" || t.device == "cuda",
+          "train.device (--device) must be 'cpu' or 'cuda', got '" + ckpt::quote_text(t.device) + "'");
+#ifndef RH_WITH_CUDA
+  require(t.device != "cuda", "train.device (--device) cuda: this build has no CUDA (LibTorch without CUDA)");
+#endif
+  // The model's own rules (layers, heads dividing the width, top-k <= experts, dropout in [0, 1)),
+  // then sizes: each dimension capped, and the parameter count estimated without overflow.
+  models::validate_config(c.model);
+  const auto& m = c.model;
+  for (auto [name, v, cap] : {std::tuple{"model.vocab_size", m.vocab_size, int64_t(1) << 20},
+                              std::tuple{"model.seq_len", m.seq_len, int64_t(1) << 16},
+                              std::tuple{"model.d_model", m.d_model, int64_t(1) << 14},
+                              std::tuple{"model.n_layers", m.n_layers, int64_t(256)},
+                              std::tuple{"model.n_heads", m.n_heads, int64_t(1) << 10},
+                              std::tuple{"model.n_experts", m.n_experts, int64_t(1) << 10},
+                              std::tuple{"model.ffn_hidden", m.ffn_hidden, int64_t(1) << 16}})
+    require(v <= cap, std::string(name) + " must be <= " + std::to_string(cap) + ", got " + std::to_string(v));
+  const double params = double(m.vocab_size) * double(m.d_model) * 2 +
+                        double(m.n_layers) * (4.0 * double(m.d_model) * double(m.d_model) +
+                                              3.0 * double(m.n_experts) * double(m.d_model) * double(m.ffn_hidden));
+  require(params <= kMaxParams, "the model would have about " + std::to_string(static_cast<int64_t>(params)) +
+                                    " parameters, more than this tool's limit of " +
+                                    std::to_string(static_cast<int64_t>(kMaxParams)));
+  require(c.model.param_dtype == "bf16" || c.model.param_dtype == "fp32",
+          "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" +
+              c.model.param_dtype + "'");
+  optim::validate(c.optim, c.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+}
+
+nlohmann::json to_json(const RunConfig& cfg) {
+  RunConfig copy = cfg;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& f : fields(copy)) j[f.section][f.key] = field_to_json(f.ptr);
+  return j;
+}
+
+void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where) {
+  require(j.is_object(), where + ": expected a table of sections model/optimizer/train");
+  auto fs = fields(cfg);
+  for (const auto& [section, body] : j.items()) {
+    bool known_section = false;
+    for (const auto& f : fs) known_section = known_section || section == f.section;
+    require(known_section, where + ": unknown section '" + section +
+                               "' (expected model, optimizer or train)");
+    require(body.is_object(), where + ": section '" + section + "' must be a table");
+    for (const auto& [key, value] : body.items()) {
+      const Field* hit = nullptr;
+      for (const auto& f : fs)
+        if (section == f.section && key == f.key) hit = &f;
+      require(hit != nullptr, where + ": unknown key '" + section + "." + key + "'");
+      field_from_json(hit->ptr, value, where, section + "." + key);
+    }
+  }
+}
+
+RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where) {
+  RunConfig cfg;
+  apply_json(cfg, j, where);
+  return cfg;
+}
+
+RunConfig load_run_config_file(const std::string& path) {
+  std::string text;
+  try {
+    text = ckpt::read_regular_file(path, kMaxConfigBytes);   // no FIFO, no /dev/zero
+  } catch (const ckpt::CheckpointError& e) {
+    throw std::invalid_argument("run config " + std::string(e.what()));
+  }
+  // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
+  return run_config_from_json(ckpt::parse_json_bounded(text, path), path);
+}
+
+namespace {
+
+// The valid values of a field, from its help text ("param dtype: bf16 | fp32" -> {bf16, fp32}), so
+// the help shows them, the parser checks them, and the two never disagree. Empty: any value.
+std::vector<std::string> choices_of(const std::string& help) {
+  const auto colon = help.rfind(':');
+  const std::string tail = colon == std::string::npos ? help : help.substr(colon + 1);
+  if (tail.find(" | ") == std::string::npos) return {};
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= tail.size()) {
+    const auto bar = tail.find('|', pos);
+    std::string w = tail.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
+    w.erase(0, w.find_first_not_of(' '));
+    w.erase(w.find_last_not_of(' ') + 1);
+    if (w.empty() || w.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos) return {};
+    out.push_back(w);
+    if (bar == std::string::npos) break;
+    pos = bar + 1;
+  }
+  return out;
+}
+
+std::string default_text(const FieldPtr& p) {
+  const nlohmann::json j = field_to_json(p);
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+}  // namespace
+
+void add_run_options(CLI::App& app, RunConfig& cfg) {
+  for (const auto& f : fields(cfg)) {
+    const std::string group = std::string(f.section) + " options";
+    const std::string def = default_text(f.ptr);
+    std::visit(
+        [&](auto* dst) {
+          using T = std::remove_pointer_t<decltype(dst)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            // Two plain flags instead of CLI11's "--x,!--no-x", whose help shows "{false}" for the
+            // negation and reads as the default.
+            const std::string help = std::string(f.help) + " (default: " + def + ")";
+            app.add_flag_callback(f.flag, [dst] { *dst = true; }, help)->group(group);
+            app.add_flag_callback(std::string("--no-") + (f.flag + 2), [dst] { *dst = false; },
+                                  std::string("set ") + f.flag + " false")
+                ->group(group);
+          } else if constexpr (std::is_same_v<T, optim::Dtype>) {
+            const auto valid = choices_of(f.help);
+            app.add_option_function<std::string>(
+                   f.flag, [dst, flag = std::string(f.flag)](const std::string& s) {
+                     *dst = optim::parse_dtype(s, flag);
+                   },
+                   f.help)
+                ->check(CLI::IsMember(valid))
+                ->default_str(def)
+                ->group(group);
+          } else {
+            auto* opt = app.add_option(f.flag, *dst, f.help)->default_str(def)->group(group);
+            if (const auto valid = choices_of(f.help); !valid.empty()) opt->check(CLI::IsMember(valid));
+          }
+        },
+        f.ptr);
+  }
+}
+
+std::string describe(const RunConfig& cfg) {
+  RunConfig copy = cfg;
+  std::ostringstream os;
+  const char* section = "";
+  for (const auto& f : fields(copy)) {
+    if (std::string(section) != f.section) {
+      section = f.section;
+      os << "[" << section << "]\n";
+    }
+    os << "  " << f.key << " = " << field_to_json(f.ptr).dump() << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace rh

@@ -1,0 +1,372 @@
+// One training process; see job.h. run_train reads as its phases: check the flags, join the
+// data-parallel group, build the trainer, resume (writing load_result.json), train and save,
+// write the outputs.
+#include "harness/train/job.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "harness/base/text.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/dist/group.h"
+#include "harness/train/env.h"
+#include "harness/train/schedule.h"
+#include "harness/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+
+const std::vector<std::string>& fault_names() {
+  static const std::vector<std::string> names = {
+      "none",           "skip_rng_restore",  "skip_data_position_restore", "reset_step_counter",
+      "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders",
+      "reset_wd_schedule", "wrong_lr_decay_style", "skip_expert_bias_restore"};
+  return names;
+}
+
+std::string to_string(Fault f) { return fault_names().at(static_cast<size_t>(f)); }
+
+Fault parse_fault(const std::string& s) {
+  const auto& names = fault_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<Fault>(i);
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown fault '" + s + "' (expected one of: " + all + ")");
+}
+
+namespace {
+nlohmann::json read_small_json(const std::string& path, const std::string& what) {
+  return ckpt::parse_json_bounded(ckpt::read_regular_file(path, 1u << 20), what);
+}
+}  // namespace
+
+void write_save_plan(const std::string& path, const std::vector<SaveTarget>& saves) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& t : saves) {
+    nlohmann::json overrides = nlohmann::json::object();
+    for (const auto& [k, d] : t.policy.overrides) overrides[k] = optim::to_string(d);
+    list.push_back({{"root", t.root}, {"policy", ckpt::to_string(t.policy.kind)}, {"overrides", overrides},
+                    {"compress", ckpt::to_string(t.policy.compress)}});
+  }
+  write_text(path, nlohmann::json{{"schema_version", kSavePlanSchema}, {"saves", list}}.dump(2) + "\n");
+}
+
+std::vector<SaveTarget> read_save_plan(const std::string& path) {
+  const nlohmann::json j = read_small_json(path, "save plan " + path);
+  auto bad = [&](const std::string& what) { return std::invalid_argument("save plan " + path + ": " + what); };
+  if (!j.is_object() || j.value("schema_version", 0) != kSavePlanSchema || !j.contains("saves") || !j["saves"].is_array())
+    throw bad("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
+  std::vector<SaveTarget> out;
+  for (size_t i = 0; i < j["saves"].size(); ++i) {
+    const auto& e = j["saves"][i];
+    const std::string where = "saves[" + std::to_string(i) + "]";
+    if (!e.is_object() || !e.contains("root") || !e["root"].is_string() || e["root"].get<std::string>().empty())
+      throw bad(where + ": expected an object with a non-empty \"root\"");
+    SaveTarget t;
+    t.root = e["root"].get<std::string>();
+    try {
+      t.policy.kind = ckpt::parse_save_policy(e.value("policy", std::string("native")));
+      t.policy.compress = ckpt::parse_compression(e.value("compress", std::string("none")));
+      for (const auto& [k, d] : e.value("overrides", nlohmann::json::object()).items())
+        t.policy.overrides[k] = optim::parse_dtype(d.get<std::string>(), where + ".overrides." + k);
+    } catch (const std::exception& x) {
+      throw bad(where + ": " + x.what());
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+LoadResult read_load_result(const std::string& path) {
+  const nlohmann::json j = read_small_json(path, path);
+  if (!j.is_object() || j.value("schema_version", 0) != kLoadResultSchema)
+    throw std::runtime_error(path + ": expected a load result of schema_version " + std::to_string(kLoadResultSchema));
+  LoadResult r;
+  const std::string status = j.value("status", std::string());
+  if (status != "loaded" && status != "refused")
+    throw std::runtime_error(path + ": status '" + status + "', expected loaded or refused");
+  r.loaded = status == "loaded";
+  r.checkpoint = j.value("checkpoint", std::string());
+  r.iteration = j.value("iteration", int64_t{-1});
+  r.error_kind = j.value("error_kind", std::string());
+  r.file = j.value("file", std::string());
+  r.tensor = j.value("tensor", std::string());
+  r.message = j.value("message", std::string());
+  for (const auto& c : j.value("conversions", nlohmann::json::array())) r.conversions.push_back(c.get<std::string>());
+  return r;
+}
+
+namespace {
+
+std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std::string, uint64_t>>& fp) {
+  std::string out;
+  char buf[32];
+  for (const auto& [key, h] : fp) {
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+    out += std::to_string(iteration) + "," + key + "," + buf + "\n";
+  }
+  return out;
+}
+
+// Saves the trainer's state under `root` with `policy`.
+ckpt::SaveResult save_state(const Trainer& tr, const std::string& root, const ckpt::SavePolicy& policy,
+                            dist::Group* group) {
+  ckpt::SaveInput in;
+  in.group = group;
+  in.model = &tr.model();
+  in.optimizer = &tr.optimizer();
+  auto st = tr.state();
+  in.state = &st;
+  in.run_config = to_json(tr.config());
+  in.policy = policy;
+  return ckpt::save_checkpoint(root, in);
+}
+
+// A lossless dump of the in-memory state (native policy), for the state comparisons.
+void dump_state(const Trainer& tr, const fs::path& root, dist::Group* group) {
+  save_state(tr, root.string(), {ckpt::SavePolicyKind::native, {}}, group);
+}
+
+// This rank's fingerprints; data parallel, rank 0 returns every rank's: the keys that differ by
+// rank (optimizer parts, generators) of rank r > 0 get the suffix "@rank<r>".
+std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr, dist::Group* group) {
+  auto fp = tr.fingerprints();
+  if (!group) return fp;
+  std::string mine;
+  for (const auto& [k, h] : fp) mine += k + "," + std::to_string(h) + "\n";
+  const auto all = group->all_gather_strings(mine);
+  for (size_t r = 1; r < all.size(); ++r) {
+    std::istringstream in(all[r]);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto comma = line.rfind(',');
+      const std::string key = line.substr(0, comma);
+      if (key.rfind("model/", 0) == 0 || (key.rfind("state/", 0) == 0 && key.rfind("state/rng.", 0) != 0)) continue;
+      fp.emplace_back(key + "@rank" + std::to_string(r), std::stoull(line.substr(comma + 1)));
+    }
+  }
+  return fp;
+}
+
+// Every flag is checked before anything is built or written (config.json, the model).
+void check_job(const TrainJob& job, int64_t stop) {
+  const RunConfig& cfg = job.cfg;
+  if (stop > cfg.train.iterations || stop < 0)
+    throw std::invalid_argument("--stop-at " + std::to_string(stop) + " is outside [0, " +
+                                std::to_string(cfg.train.iterations) + "]");
+  if (job.save_at < -1 || job.save_at == 0)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + ": expected an iteration >= 1");
+  if (job.save_at >= 0 && job.saves.empty())
+    throw std::invalid_argument("--save-at needs --save (the checkpoint root)");
+  if (job.save_at > stop)
+    throw std::invalid_argument("--save-at " + std::to_string(job.save_at) + " is after the last iteration " +
+                                std::to_string(stop));
+  if (job.fault != Fault::none && job.load.empty())
+    throw std::invalid_argument("--fault " + to_string(job.fault) + " acts on load: it needs --load");
+  if (!job.load.empty()) {
+    std::error_code ec;
+    if (!fs::exists(job.load, ec))
+      throw std::invalid_argument("--load " + job.load + ": no such file or directory");
+  }
+}
+
+// What one process of the job holds while it runs.
+struct Run {
+  explicit Run(const TrainJob& j) : job(j) {}
+  const TrainJob& job;
+  std::unique_ptr<dist::Group> group;
+  bool lead = true, quiet = false, write_out = false;
+  fs::path out;
+  std::unique_ptr<Trainer> tr;
+  std::string fingerprints = "iteration,key,xxh3\n";
+
+  void fingerprint(int64_t iteration) {
+    const auto fp = all_fingerprints(*tr, group.get());
+    if (lead) fingerprints += fingerprint_rows(iteration, fp);
+  }
+  void dump(const char* name) {
+    if (job.dump_states && !job.out_dir.empty()) dump_state(*tr, out / name, group.get());
+  }
+};
+
+// Joins the data-parallel group (if the environment places this process in one), builds the
+// trainer and prints what it runs.
+void start(Run& run) {
+  const TrainJob& job = run.job;
+  const dist::Placement place = dist::placement_from_environment();
+  if (place.world_size > 1)
+    run.group = std::make_unique<dist::Group>(place, std::chrono::milliseconds(static_cast<int64_t>(job.dist_timeout_s * 1000)));
+  run.lead = place.rank == 0;
+  run.quiet = job.quiet || !run.lead;
+  run.out = job.out_dir;
+  run.write_out = run.lead && !job.out_dir.empty();
+  if (run.write_out) fs::create_directories(run.out);
+  const auto info = runtime_info();
+  if (!run.quiet) {
+    std::cout << describe(info) << "\n";
+    if (!info.blas_is_openblas) std::cout << "WARNING: OpenBLAS is not the BLAS in use; runs are about 12x slower\n";
+    std::cout << describe(job.cfg);
+  }
+  run.tr = std::make_unique<Trainer>(job.cfg, run.group.get());
+  if (!run.quiet) {
+    if (run.group) std::cout << "data parallel: " << place.world_size << " ranks (" << place.source << ")\n";
+    std::cout << run.tr->model().describe() << "\n" << run.tr->optimizer().describe() << "\n";
+    if (job.remainders_flag_given && !run.tr->optimizer().remainders_note().empty())
+      std::cout << "WARNING: --store-param-remainders: " << run.tr->optimizer().remainders_note() << "\n";
+  }
+  if (run.write_out) write_text((run.out / "config.json").string(), to_json(job.cfg).dump(2) + "\n");
+}
+
+// Loads the checkpoint into the trainer's model and optimizer; every rank refuses if one does,
+// with the first refusal's reason.
+ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
+  const TrainJob& job = run.job;
+  ckpt::LoadOptions opts;
+  opts.allow_lossy = job.allow_lossy;
+  if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
+  if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
+  if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");
+  ckpt::LoadReport report;
+  std::string err;
+  try {
+    report = ckpt::load_checkpoint(job.load, run.tr->model(), run.tr->optimizer(), st, to_json(job.cfg), opts);
+  } catch (const std::exception& e) {
+    if (!run.group) throw;
+    err = e.what();
+  }
+  if (run.group) {
+    const auto all = run.group->all_gather_strings(err);
+    for (size_t r = 0; r < all.size(); ++r)
+      if (!all[r].empty()) throw ckpt::CheckpointError("rank " + std::to_string(r) + ": " + all[r]);
+    run.tr->optimizer().sync_params();   // a conversion may have written only the owned parts
+  }
+  return report;
+}
+
+// The deliberate faults that act on the restored training state (the others act in load_into).
+void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainState& st) {
+  if (f == Fault::skip_data_position_restore) st.consumed_samples = 0;
+  if (f == Fault::reset_lr_schedule) st.opt_param_scheduler.num_steps = 0;
+  if (f == Fault::reset_wd_schedule) {
+    st.opt_param_scheduler.start_wd = st.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
+    st.opt_param_scheduler.wd_incr_style = "constant";
+  }
+  if (f == Fault::wrong_lr_decay_style)
+    st.opt_param_scheduler.lr_decay_style = st.opt_param_scheduler.lr_decay_style == "cosine" ? "linear" : "cosine";
+  if (f == Fault::reset_step_counter)
+    for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
+}
+
+void write_load_result(const Run& run, const nlohmann::json& j) {
+  if (!run.write_out) return;
+  nlohmann::json all = {{"schema_version", kLoadResultSchema}, {"checkpoint", run.job.load}};
+  all.update(j);
+  write_text((run.out / kLoadResultFile).string(), all.dump(2) + "\n");
+}
+
+const char* error_kind(const std::exception& e) {
+  if (dynamic_cast<const dist::DistError*>(&e)) return "peer";
+  if (dynamic_cast<const ckpt::CheckpointError*>(&e)) return "checkpoint";
+  if (dynamic_cast<const std::invalid_argument*>(&e)) return "input";
+  return "internal";
+}
+
+// Resumes from job.load: the fresh state's fingerprints (negative-control material), the load,
+// the scheduler state checked against this run's, the faults, load_result.json either way.
+void resume(Run& run) {
+  const TrainJob& job = run.job;
+  run.fingerprint(-1);
+  ckpt::TrainState st = run.tr->state();
+  ckpt::LoadReport report;
+  try {
+    report = load_into(run, st);
+    // Megatron's load_checkpoint hands state_dict['opt_param_scheduler'] to the scheduler this
+    // run built (checkpointing.py load_checkpoint -> OptimizerParamScheduler.load_state_dict):
+    // every saved value is checked against this run's, or taken from one side by the flags.
+    st.opt_param_scheduler = load_scheduler_state(scheduler_from_config(job.cfg), st.opt_param_scheduler,
+                                                  scheduler_args_from_config(job.cfg), "checkpoint " + report.dir);
+  } catch (const std::exception& e) {
+    nlohmann::json refused = {{"status", "refused"}, {"error_kind", error_kind(e)}, {"message", e.what()}};
+    if (const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e)) {
+      if (!ce->file.empty()) refused["file"] = ce->file;
+      if (!ce->tensor.empty()) refused["tensor"] = ce->tensor;
+    }
+    write_load_result(run, refused);
+    throw;
+  }
+  inject_state_fault(job.fault, job.cfg, *run.tr, st);
+  run.tr->set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);
+  write_load_result(run, {{"status", "loaded"}, {"iteration", report.iteration}, {"conversions", report.conversions}});
+  if (!run.quiet) {
+    char took[96];
+    std::snprintf(took, sizeof took, "; verified in %.3f s, restored in %.3f s", report.verify_seconds,
+                  report.apply_seconds);
+    std::cout << "loaded " << report.dir << " (iteration " << report.iteration << took << ")\n";
+    for (const auto& c : report.conversions) std::cout << "  conversion: " << c << "\n";
+    if (job.fault != Fault::none) std::cout << "  fault injected: " << to_string(job.fault) << "\n";
+  }
+  run.dump("state_after_load");
+  run.fingerprint(run.tr->iteration());
+}
+
+// The state dump, then every checkpoint of the plan, one after the other (a save only reads
+// the state: the fingerprints of the next iteration prove it).
+void save_all(Run& run) {
+  run.dump("state_at_save");
+  for (const auto& t : run.job.saves) {
+    const auto res = save_state(*run.tr, t.root, t.policy, run.group.get());
+    if (!run.quiet)
+      std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
+                  static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
+  }
+}
+
+std::vector<IterMetrics> train_until(Run& run, int64_t stop) {
+  std::vector<IterMetrics> rows;
+  while (run.tr->iteration() < stop) {
+    auto m = run.tr->train_iteration();
+    rows.push_back(m);
+    run.fingerprint(m.iteration);
+    if (!run.quiet) {
+      std::printf("iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
+                  "num zeros %lld | %.0f tokens/s\n",
+                  static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss),
+                  static_cast<double>(m.aux_loss), m.grad_norm, m.lr,
+                  static_cast<long long>(m.num_zeros), m.tokens_per_s);
+      std::fflush(stdout);
+    }
+    if (m.iteration == run.job.save_at) save_all(run);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int run_train(const TrainJob& job) {
+  validate(job.cfg);
+  configure_determinism(static_cast<int>(job.cfg.train.threads));
+  const int64_t stop = job.stop_at < 0 ? job.cfg.train.iterations : job.stop_at;
+  check_job(job, stop);
+  Run run(job);
+  start(run);
+  if (!job.load.empty()) resume(run);
+  else run.fingerprint(0);
+  const auto rows = train_until(run, stop);
+  if (!job.saves.empty() && job.save_at < 0) save_all(run);
+  run.dump("state_final");
+  if (run.write_out) {
+    write_metrics_csv((run.out / "metrics.csv").string(), rows);
+    write_timing_csv((run.out / "timing.csv").string(), rows);
+    write_text((run.out / "fingerprints.csv").string(), run.fingerprints);
+  }
+  return 0;
+}
+
+}  // namespace rh

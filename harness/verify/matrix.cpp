@@ -1,0 +1,192 @@
+// The matrix runner; see matrix.h. run_matrix: select and plan, run the plan's tasks on `jobs`
+// workers (baselines, then each cell once its runs are done), write the summaries.
+#include "harness/verify/matrix.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "harness/verify/baseline.h"
+#include "harness/verify/writers.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+namespace {
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return buf;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// The plan's tasks and what is done of them; every member is guarded by `mu`. A task is a
+// baseline (index < baselines) or a cell; a cell is ready when its baseline and reference are.
+struct Schedule {
+  const CheckPlan& plan;
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t next_baseline = 0, next_cell = 0, cells_done = 0;
+  std::vector<bool> baseline_done, cell_taken;
+  std::vector<std::string> baseline_error;
+  std::vector<size_t> users;   // cells not yet checked that use a baseline (as baseline or reference)
+
+  explicit Schedule(const CheckPlan& p)
+      : plan(p), baseline_done(p.baselines.size()), cell_taken(p.cells.size()),
+        baseline_error(p.baselines.size()), users(p.baselines.size()) {
+    for (const auto& c : p.cells) {
+      ++users[c.baseline];
+      if (c.reference != c.baseline) ++users[c.reference];
+    }
+  }
+  bool ready(const PlannedCell& c) const { return baseline_done[c.baseline] && baseline_done[c.reference]; }
+  // The next task, in this order: the first ready cell, else the next baseline. Blocks while
+  // nothing is ready but something runs; returns false when every task is taken.
+  bool take(std::unique_lock<std::mutex>& lk, bool& is_cell, size_t& index) {
+    while (true) {
+      for (size_t i = next_cell; i < plan.cells.size(); ++i)
+        if (!cell_taken[i] && ready(plan.cells[i])) {
+          cell_taken[i] = true;
+          while (next_cell < cell_taken.size() && cell_taken[next_cell]) ++next_cell;
+          is_cell = true, index = i;
+          return true;
+        }
+      if (next_baseline < plan.baselines.size()) {
+        is_cell = false, index = next_baseline++;
+        return true;
+      }
+      if (next_cell >= plan.cells.size()) return false;
+      cv.wait(lk);
+    }
+  }
+};
+
+}  // namespace
+
+std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario) {
+  const fs::path parent = run_dir / "scenarios";
+  const fs::path dir = parent / safe_name(scenario);
+  // safe_name guarantees this; checked again because the directory is removed before each run.
+  if (dir.parent_path() != parent || dir.filename() == "." || dir.filename() == ".." || dir.filename().empty())
+    throw std::logic_error("scenario directory " + dir.string() + " is not a child of " + parent.string());
+  return dir.string();
+}
+
+MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
+  auto all = load_scenarios(o.file);
+  auto sel = select_scenarios(all, o.filter);
+  if (sel.empty()) throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
+  const fs::path run_dir = o.run_dir.empty() ? fs::path("reports/runs") / fs::path(o.file).stem() : fs::path(o.run_dir);
+  std::vector<std::string> work_dirs;   // every name is checked before anything runs
+  for (const auto& s : sel) work_dirs.push_back(scenario_work_dir(run_dir, s.name));
+  fs::create_directories(run_dir / "scenarios");
+  if (!o.golden_dir.empty()) fs::create_directories(o.golden_dir);
+  const CheckPlan plan = plan_checks(sel, run_dir / "baselines");
+
+  MatrixResult out;
+  out.results.resize(sel.size());
+  Schedule sched(plan);
+  const auto t0 = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto status = [&](const std::string& current) {   // called with sched.mu held
+    const double e = elapsed();
+    const size_t d = sched.cells_done;
+    const double eta = d ? e / static_cast<double>(d) * static_cast<double>(sel.size() - d) : 0;
+    const std::string line = "[" + std::to_string(d) + "/" + std::to_string(sel.size()) + "] elapsed " +
+                             fmt_seconds(e) + (d ? ", ETA " + fmt_seconds(eta) : std::string()) + " | " + current;
+    if (o.progress_tty) log << "\r\033[K" << line << std::flush;
+    else log << line << "\n" << std::flush;
+  };
+
+  auto run_one_baseline = [&](size_t b) {
+    std::string err;
+    try {
+      run_baseline(plan.baselines[b], o.tool, 900);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    std::lock_guard<std::mutex> lk(sched.mu);
+    sched.baseline_done[b] = true;
+    sched.baseline_error[b] = err;
+    if (!err.empty()) log << (o.progress_tty ? "\r\033[K" : "") << "baseline " << plan.baselines[b].id << " failed: " << err << "\n";
+  };
+  auto run_one_cell = [&](size_t i) {
+    const PlannedCell& c = plan.cells[i];
+    const Scenario& s = sel[c.scenario];
+    CheckOptions co;
+    co.tool = o.tool;
+    co.work_dir = work_dirs[c.scenario];
+    co.keep_checkpoints = o.keep_checkpoints;
+    if (!o.golden_dir.empty()) co.golden_csv = (fs::path(o.golden_dir) / (safe_name(s.name) + ".csv")).string();
+    co.update_golden = o.update_golden;
+    CellRuns runs;
+    {
+      std::lock_guard<std::mutex> lk(sched.mu);
+      const auto& b = plan.baselines[c.baseline];
+      runs.baseline = b.dir;
+      runs.checkpoint = b.saves.at(c.save).root;
+      runs.reference = plan.baselines[c.reference].dir;
+      runs.baseline_error = !sched.baseline_error[c.baseline].empty() ? sched.baseline_error[c.baseline]
+                                                                       : sched.baseline_error[c.reference];
+    }
+    CheckResult r;
+    try {
+      reset_work_dir(co.work_dir);
+      r = check_cell(s, runs, co);
+    } catch (const std::exception& e) {   // the work directory itself could not be made
+      r.name = s.name;
+      r.expectation = to_string(s.expect.kind);
+      r.first_divergence = e.what();
+      judge(s, r);
+    }
+    std::lock_guard<std::mutex> lk(sched.mu);
+    out.results[c.scenario] = r;
+    ++sched.cells_done;
+    auto release = [&](size_t b) {   // the last cell that needed a baseline's checkpoints and dumps
+      if (--sched.users[b] == 0 && !o.keep_checkpoints) prune_baseline(plan.baselines[b]);
+    };
+    release(c.baseline);
+    if (c.reference != c.baseline) release(c.reference);
+    if (o.progress_tty) log << "\r\033[K";
+    log << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
+        << (r.passed ? "" : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o.file +
+                                " '" + r.name + "'")
+        << "\n";
+  };
+
+  auto worker = [&] {
+    std::unique_lock<std::mutex> lk(sched.mu);
+    bool is_cell = false;
+    size_t index = 0;
+    while (sched.take(lk, is_cell, index)) {
+      status(is_cell ? "checking " + sel[plan.cells[index].scenario].name
+                     : "training baseline " + plan.baselines[index].id);
+      lk.unlock();
+      if (is_cell) run_one_cell(index);
+      else run_one_baseline(index);
+      lk.lock();
+      sched.cv.notify_all();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < std::max(1, o.jobs); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  if (o.progress_tty) log << "\r\033[K";
+
+  size_t failed = 0;
+  for (const auto& r : out.results) failed += r.passed ? 0 : 1;
+  write_summary({o.file, o.filter, run_dir.string(), o.jobs, elapsed()}, sel, out.results);
+  write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
+  log << (sel.size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(elapsed()) << ", "
+      << plan.baselines.size() << " baselines for " << sel.size() << " scenarios), run directory " << run_dir.string()
+      << "\n";
+  out.exit_code = failed ? 1 : 0;
+  return out;
+}
+
+}  // namespace rh

@@ -1,0 +1,39 @@
+// The matrix run: every scenario of a file, several at a time, with a progress display, writing
+// a run directory (summary.csv, summary.json, junit.xml, per-scenario results) and comparing each
+// baseline's metrics bitwise against committed golden CSVs when asked. Cells that differ only at
+// save or load share one baseline (baseline.h, in <run dir>/baselines/bNN); each cell's resumed run
+// is still its own process, started once its baseline (and reference) has finished.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "harness/verify/check.h"
+
+namespace rh {
+
+struct MatrixOptions {
+  std::string file;              // scenario file
+  std::string filter;            // canonical name / substring / glob ("" = all)
+  std::string run_dir;           // default reports/runs/<file stem>
+  int jobs = 1;
+  bool keep_checkpoints = false;
+  std::string golden_dir;        // compare baselines against golden CSVs here
+  bool update_golden = false;    // rewrite them instead
+  std::string tool;              // executable for the child processes
+  bool progress_tty = false;     // redraw one status line (else plain lines)
+};
+
+struct MatrixResult {
+  std::vector<CheckResult> results;   // in scenario order
+  int exit_code = 0;                  // 0 all met expectations, 1 otherwise
+};
+
+// Runs the matrix; throws ScenarioError / std::invalid_argument for bad input.
+MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log);
+
+// run_dir/scenarios/<safe_name(scenario)>: the only directory a matrix run removes and rewrites
+// for a scenario. Throws ScenarioError for a name safe_name refuses.
+std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario);
+
+}  // namespace rh

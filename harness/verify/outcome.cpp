@@ -1,0 +1,21 @@
+// The verdict type's names; see outcome.h.
+#include "harness/verify/outcome.h"
+
+#include <stdexcept>
+
+namespace rh {
+
+namespace {
+constexpr const char* kNames[] = {"identical", "within-tolerance", "diverged", "load-refused", "error"};
+}
+
+const char* to_string(Outcome o) { return kNames[static_cast<int>(o)]; }
+
+Outcome parse_outcome(const std::string& s) {
+  for (int i = 0; i < 5; ++i)
+    if (s == kNames[i]) return static_cast<Outcome>(i);
+  throw std::invalid_argument("unknown outcome '" + s +
+                              "' (expected identical, within-tolerance, diverged, load-refused or error)");
+}
+
+}  // namespace rh
