@@ -56,8 +56,8 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
   });
   for (size_t r = 0; r < exits.size(); ++r)
     if (exits[r].killed)
-      std::cerr << "launcher: rank " << r << " was still running " << grace_s << " s after rank " << first
-                << " failed; killed it\n";
+      std::cerr << "launcher: rank " << r << " still running " << grace_s << " s after rank " << first
+                << " failed; killing it\n";
   if (first < 0) return 0;
   // The first failing rank's own code (2 bad input, 3 a peer failed); a rank killed by a signal
   // is a peer failure for the launcher: 3, as documented in cli/main.cpp.
