@@ -9,8 +9,15 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <sstream>
 
+#include "harness/train/job.h"
+#include "harness/train/metrics.h"
+#include "harness/verify/baseline.h"
 #include "harness/verify/check.h"
+#include "harness/verify/golden.h"
+#include "harness/verify/matrix.h"
 
 namespace fs = std::filesystem;
 
@@ -80,6 +87,14 @@ train = { start_weight_decay = 0.0, end_weight_decay = 0.1, weight_decay_incr_st
   name = "fault"
   key = "fault"
   values = ["reset_wd_schedule", "wrong_lr_decay_style"]
+
+# A lossy checkpoint loaded without allow_lossy: the resumed run refuses it (load_result.json).
+[[scenario]]
+name = "refused"
+optimizer = { exp_avg_dtype = "fp32", exp_avg_sq_dtype = "fp32" }
+save_overrides = { exp_avg_sq = "bf16" }
+expect = "diverge"
+reason = "a lossy load must be refused"
 
 # Every decay style and weight-decay style resumes bit for bit.
 [[matrix]]
@@ -196,6 +211,90 @@ TEST_F(Check, EveryDecayStyleResumesBitForBit) {
   }
 }
 
+// The resumed process says why it refused in load_result.json (no log is read): the check's
+// load_error is that file's message, and the file names the kind of error.
+TEST_F(Check, ARefusedLoadIsReadFromLoadResultJson) {
+  auto r = run("refused");
+  EXPECT_TRUE(r.passed) << r.verdict;
+  EXPECT_EQ(r.outcome, rh::Outcome::load_refused);
+  const auto lr = rh::read_load_result((dir_ / "refused" / "resumed" / rh::kLoadResultFile).string());
+  EXPECT_FALSE(lr.loaded);
+  EXPECT_EQ(lr.error_kind, "checkpoint");
+  EXPECT_FALSE(lr.message.empty());
+  EXPECT_EQ(r.load_error, lr.message);
+  EXPECT_NE(lr.message.find("exp_avg_sq"), std::string::npos) << lr.message;
+  // A load that succeeds says so, with the iteration it resumed from.
+  auto ok = run("exact");
+  const auto done = rh::read_load_result((dir_ / "exact" / "resumed" / rh::kLoadResultFile).string());
+  EXPECT_TRUE(done.loaded);
+  EXPECT_EQ(done.iteration, 3);
+}
+
+// The golden comparison is part of the verdict before anything is written: result.json, and the
+// matrix's summary.json and summary.csv, say the same.
+TEST_F(Check, AGoldenMismatchIsInResultJsonAndTheSummaries) {
+  const fs::path golden = dir_ / "golden";
+  fs::create_directories(golden);
+  std::vector<rh::IterMetrics> rows(6);
+  for (int i = 0; i < 6; ++i) rows[static_cast<size_t>(i)].iteration = i + 1;
+  rh::write_metrics_csv((golden / "exact.csv").string(), rows);   // not what training gives
+  rh::MatrixOptions mo;
+  mo.file = (dir_ / "tiny.toml").string();
+  mo.filter = "exact";
+  mo.run_dir = (dir_ / "golden-run").string();
+  mo.golden_dir = golden.string();
+  mo.tool = RH_TOOL;
+  std::ostringstream log;
+  const auto m = rh::run_matrix(mo, log);
+  ASSERT_EQ(m.results.size(), 1u);
+  EXPECT_FALSE(m.results[0].passed);
+  EXPECT_EQ(m.results[0].outcome, rh::Outcome::identical);   // the resume itself was exact
+  EXPECT_NE(m.results[0].verdict.find("baseline differs from golden"), std::string::npos) << m.results[0].verdict;
+  auto read_json = [](const fs::path& p) {
+    std::ifstream f(p);
+    return nlohmann::json::parse(f);
+  };
+  const auto result = read_json(dir_ / "golden-run" / "scenarios" / "exact" / "result.json");
+  const auto summary = read_json(dir_ / "golden-run" / "summary.json");
+  EXPECT_EQ(result["passed"], false);
+  EXPECT_EQ(result["verdict"], m.results[0].verdict);
+  EXPECT_EQ(summary["scenarios"][0]["passed"], false);
+  EXPECT_EQ(summary["scenarios"][0]["verdict"], result["verdict"]);
+  EXPECT_EQ(summary["failed"], 1);
+  std::ifstream csv(dir_ / "golden-run" / "summary.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  EXPECT_EQ(row.rfind("exact,exact,0,identical,", 0), 0u) << row;
+}
+
+// Cells that differ only at load share one baseline in a matrix; their results are the same as
+// each checked on its own with its own baseline.
+TEST_F(Check, ASharedBaselineGivesTheSameResultsAsSeparateOnes) {
+  rh::MatrixOptions mo;
+  mo.file = (dir_ / "tiny.toml").string();
+  mo.filter = "sched-faults/*";
+  mo.run_dir = (dir_ / "shared-run").string();
+  mo.tool = RH_TOOL;
+  mo.jobs = 2;
+  std::ostringstream log;
+  const auto m = rh::run_matrix(mo, log);
+  ASSERT_EQ(m.results.size(), 2u);
+  EXPECT_NE(log.str().find("1 baselines for 2 scenarios"), std::string::npos) << log.str();
+  for (const auto& shared : m.results) {
+    const auto alone = run(shared.name);
+    EXPECT_EQ(shared.passed, alone.passed) << shared.name;
+    EXPECT_EQ(shared.outcome, alone.outcome) << shared.name;
+    EXPECT_EQ(shared.first_divergence, alone.first_divergence) << shared.name;
+    ASSERT_EQ(shared.metric_diffs.size(), alone.metric_diffs.size());
+    for (size_t i = 0; i < shared.metric_diffs.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&shared.metric_diffs[i].resumed, &alone.metric_diffs[i].resumed, sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&shared.metric_diffs[i].baseline, &alone.metric_diffs[i].baseline, sizeof(double)), 0);
+    }
+    EXPECT_EQ(shared.checkpoint_bytes, alone.checkpoint_bytes);
+  }
+}
+
 class CheckFault : public Check, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CheckFault, IsCaughtAndNamed) {
@@ -228,6 +327,69 @@ TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
     }
   }
   fs::remove_all(dir);
+}
+
+// The matrix's plan: the CI file's 51 cells train 21 baselines; cells differing only in save
+// policy, compression or fault share one, and a resharded cell's reference is the baseline of its
+// resumed size.
+TEST(CheckPlan, CellsThatDifferOnlyAtSaveOrLoadShareABaseline) {
+  const auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
+  const auto plan = rh::plan_checks(all, "/nonexistent/baselines");
+  ASSERT_EQ(plan.cells.size(), all.size());
+  EXPECT_EQ(plan.baselines.size(), 21u);
+  auto cell = [&](const std::string& name) {
+    for (const auto& c : plan.cells)
+      if (all[c.scenario].name == name) return c;
+    throw std::runtime_error("no cell " + name);
+  };
+  const auto a = cell("states/moments=bf16,master=fp32,policy=native");
+  const auto b = cell("states/moments=bf16,master=fp32,policy=per_key");
+  EXPECT_EQ(a.baseline, b.baseline);
+  EXPECT_NE(a.save, b.save);   // two checkpoints of one state
+  const auto f1 = cell("faults/fault=skip_rng_restore");
+  const auto f2 = cell("faults/fault=drop_remainders");
+  EXPECT_EQ(f1.baseline, f2.baseline);
+  EXPECT_EQ(f1.save, f2.save);   // the same checkpoint: faults act on load
+  EXPECT_NE(cell("states/moments=bf16,master=remainders,policy=native").baseline, a.baseline);
+  const auto r = cell("reshard/sizes=1to2");
+  EXPECT_NE(r.reference, r.baseline);
+  EXPECT_EQ(plan.baselines[r.reference].dp_size, 2);
+  for (const auto& c : plan.cells) {
+    const auto& s = all[c.scenario];
+    const auto& base = plan.baselines[c.baseline];
+    EXPECT_EQ(rh::to_json(base.cfg), rh::to_json(s.cfg)) << s.name;
+    EXPECT_EQ(base.dp_size, s.dp_size) << s.name;
+    EXPECT_EQ(base.save_at, s.save_at) << s.name;
+  }
+}
+
+TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
+  const fs::path d = fs::temp_directory_path() / ("rh_save_plan_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  rh::SaveTarget a{(d / "a").string(), {}}, b{(d / "b").string(), {}};
+  b.policy.kind = rh::ckpt::SavePolicyKind::per_key;
+  b.policy.compress = rh::ckpt::Compression::zstd;
+  b.policy.overrides["exp_avg_sq"] = rh::optim::Dtype::bf16;
+  rh::write_save_plan((d / "plan.json").string(), {a, b});
+  const auto back = rh::read_save_plan((d / "plan.json").string());
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].root, b.root);
+  EXPECT_EQ(back[1].policy.kind, rh::ckpt::SavePolicyKind::per_key);
+  EXPECT_EQ(back[1].policy.compress, rh::ckpt::Compression::zstd);
+  EXPECT_EQ(back[1].policy.overrides.at("exp_avg_sq"), rh::optim::Dtype::bf16);
+  for (const auto& [text, want] : {std::pair{R"({"schema_version": 2, "saves": []})", "schema_version"},
+                                   std::pair{R"({"schema_version": 1, "saves": [{"policy": "native"}]})", "saves[0]"},
+                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "x", "policy": "fp64"}]})", "saves[0]"}}) {
+    std::ofstream(d / "bad.json") << text;
+    try {
+      rh::read_save_plan((d / "bad.json").string());
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find((d / "bad.json").string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckFault,

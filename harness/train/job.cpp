@@ -74,7 +74,8 @@ std::vector<SaveTarget> read_save_plan(const std::string& path) {
     try {
       t.policy.kind = ckpt::parse_save_policy(e.value("policy", std::string("native")));
       t.policy.compress = ckpt::parse_compression(e.value("compress", std::string("none")));
-      for (const auto& [k, d] : e.value("overrides", nlohmann::json::object()).items())
+      const nlohmann::json overrides = e.value("overrides", nlohmann::json::object());
+      for (const auto& [k, d] : overrides.items())
         t.policy.overrides[k] = optim::parse_dtype(d.get<std::string>(), where + ".overrides." + k);
     } catch (const std::exception& x) {
       throw bad(where + ": " + x.what());
