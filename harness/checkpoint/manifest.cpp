@@ -67,32 +67,25 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& file, const std::string& what) {
-  throw CheckpointError("checkpoint file " + file + ": " + what);
+// Every refusal names the file (and load_result.json gets it, with the tensor where known).
+[[noreturn]] void fail(const std::string& file, const std::string& what, const std::string& tensor = "") {
+  throw CheckpointError("checkpoint file " + file + ": " + what, file, tensor);
 }
 
-}  // namespace
+// One file the manifest lists, with what it must hash to.
+struct Want {
+  std::string name, path, hash;
+  uint64_t size;
+  uint64_t block_bytes = 0;            // > 0: verify block_hash (in parallel) instead of hash
+  std::vector<std::string> block_hash;
+  bool compressed = false;             // "compress": "zstd": decoded after every check
+  uint64_t header_bytes = 0;
+  std::string header_hash;             // compressed files: damage is located to a block
+};
 
-Verified verify_checkpoint_dir(const std::string& dir) {
-  Verified v;
-  v.dir = dir;
-  const std::string mpath = (fs::path(dir) / kManifestFile).string();
-  if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
-  // Size cap, regular file, bounded depth, and the schema of every field read below.
-  v.manifest = read_manifest_file(mpath);
-  const nlohmann::json& m = v.manifest;
-  const JsonField mf(m, "checkpoint file " + mpath);
-
-  // Files: plain names only, so nothing outside the directory can be read through a manifest.
-  struct Want {
-    std::string name, path, hash;
-    uint64_t size;
-    uint64_t block_bytes = 0;            // > 0: verify block_hash (in parallel) instead of hash
-    std::vector<std::string> block_hash;
-    bool compressed = false;             // "compress": "zstd": decoded after every check
-    uint64_t header_bytes = 0;
-    std::string header_hash;             // compressed files: damage is located to a block
-  };
+// The manifest's files: plain names only, so nothing outside the directory can be read through a
+// manifest; each one present and not a link.
+std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, const std::string& mpath) {
   std::vector<Want> wants;
   std::set<std::string> names;
   mf["files"].each([&](const JsonField& f) {
@@ -117,62 +110,68 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     }
     wants.push_back(std::move(w));
   });
-  // Size and checksum before the structure, so damage is reported as damage. Files are hashed
-  // concurrently (hashing is most of a load's CPU time); the first failure in list order wins.
-  auto open_one = [](const Want& w) {
-    // A compressed file whose header is intact names the damaged block (tensor, block index).
-    auto located = [&](const uint8_t* data, uint64_t size) -> std::string {
-      if (!w.compressed || w.header_bytes > size || hex64(XXH3_64bits(data, w.header_bytes)) != w.header_hash) return "";
-      const std::string loc = SafetensorsFile::locate_damaged_block(w.path, data, size);
-      return loc.empty() ? "" : loc + " (file is corrupted; ";
-    };
-    auto check_size = [&](uint64_t size) {
-      if (size != w.size)
-        fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
-                         (size < w.size ? " (truncated)" : ""));
-      // Every byte is covered by exactly one block. The count was checked against the listed
-      // size; the size equals it here: never skip both checks.
-      const size_t nb = w.block_hash.size();
-      if (w.block_bytes > 0 && (block_count(size, w.block_bytes) != nb || (size > 0 && nb == 0)))
-        fail(w.path, std::to_string(nb) + " block checksums of " + std::to_string(w.block_bytes) +
-                         " bytes do not cover its " + std::to_string(size) + " bytes");
-    };
-    auto check_blocks = [&](const uint8_t* data, uint64_t size, const std::vector<uint64_t>& got) {
-      for (size_t b = 0; b < got.size(); ++b)
-        if (hex64(got[b]) != w.block_hash[b]) {
-          const std::string loc = located(data, size);
-          fail(w.path, loc + "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
-                           std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + hex64(got[b]) +
-                           " != manifest " + w.block_hash[b] + (loc.empty() ? " (file is corrupted)" : ")"));
-        }
-    };
-    auto check = [&](const uint8_t* data, uint64_t size) {   // a file without block checksums
-      check_size(size);
-      const std::string got = hex64(XXH3_64bits(data, size));
-      if (got != w.hash) {
-        const std::string loc = located(data, size);
-        fail(w.path, loc + "XXH3-64 checksum " + got + " != manifest " + w.hash + (loc.empty() ? " (file is corrupted)" : ")"));
-      }
-    };
-    // Files with block checksums are read, hashed and copied in one pass into pooled memory
-    // (size first, before anything is allocated): an uncompressed file's staging is what the state
-    // then adopts (load_apply.cpp); a compressed file's stored bytes are decoded from it, which is
-    // faster than decoding from a mapping (no page faults on the stored bytes; measured in
-    // bench_compress). Files without block checksums are mapped and hashed whole.
-    SafetensorsFile sf = w.block_bytes > 0 ? SafetensorsFile::read_hashed(
-                                                 w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks)
-                                           : SafetensorsFile::open(w.path, check);
-    if (sf.compressed() != w.compressed)
-      fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
-                                   : "the manifest says compressed, but the file names no codec (rh_codec)");
-    return w.compressed ? sf.decoded() : sf;   // every block checked and decoded on all cores
+  return wants;
+}
+
+// One file: size and checksum before the structure, so damage is reported as damage.
+SafetensorsFile open_verified(const Want& w) {
+  // A compressed file whose header is intact names the damaged block (tensor, block index).
+  auto located = [&](const uint8_t* data, uint64_t size) -> std::string {
+    if (!w.compressed || w.header_bytes > size || hex64(XXH3_64bits(data, w.header_bytes)) != w.header_hash) return "";
+    const std::string loc = SafetensorsFile::locate_damaged_block(w.path, data, size);
+    return loc.empty() ? "" : loc + " (file is corrupted; ";
   };
+  auto check_size = [&](uint64_t size) {
+    if (size != w.size)
+      fail(w.path, "size " + std::to_string(size) + " bytes, manifest says " + std::to_string(w.size) +
+                       (size < w.size ? " (truncated)" : ""));
+    // Every byte is covered by exactly one block. The count was checked against the listed
+    // size; the size equals it here: never skip both checks.
+    const size_t nb = w.block_hash.size();
+    if (w.block_bytes > 0 && (block_count(size, w.block_bytes) != nb || (size > 0 && nb == 0)))
+      fail(w.path, std::to_string(nb) + " block checksums of " + std::to_string(w.block_bytes) +
+                       " bytes do not cover its " + std::to_string(size) + " bytes");
+  };
+  auto check_blocks = [&](const uint8_t* data, uint64_t size, const std::vector<uint64_t>& got) {
+    for (size_t b = 0; b < got.size(); ++b)
+      if (hex64(got[b]) != w.block_hash[b]) {
+        const std::string loc = located(data, size);
+        fail(w.path, loc + "XXH3-64 checksum of bytes [" + std::to_string(b * w.block_bytes) + ", " +
+                         std::to_string(std::min<uint64_t>((b + 1) * w.block_bytes, size)) + ") " + hex64(got[b]) +
+                         " != manifest " + w.block_hash[b] + (loc.empty() ? " (file is corrupted)" : ")"));
+      }
+  };
+  auto check = [&](const uint8_t* data, uint64_t size) {   // a file without block checksums
+    check_size(size);
+    const std::string got = hex64(XXH3_64bits(data, size));
+    if (got != w.hash) {
+      const std::string loc = located(data, size);
+      fail(w.path, loc + "XXH3-64 checksum " + got + " != manifest " + w.hash + (loc.empty() ? " (file is corrupted)" : ")"));
+    }
+  };
+  // Files with block checksums are read, hashed and copied in one pass into pooled memory
+  // (size first, before anything is allocated): an uncompressed file's staging is what the state
+  // then adopts (load_apply.cpp); a compressed file's stored bytes are decoded from it, which is
+  // faster than decoding from a mapping (no page faults on the stored bytes; measured in
+  // bench_compress). Files without block checksums are mapped and hashed whole.
+  SafetensorsFile sf = w.block_bytes > 0 ? SafetensorsFile::read_hashed(
+                                               w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks)
+                                         : SafetensorsFile::open(w.path, check);
+  if (sf.compressed() != w.compressed)
+    fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
+                                 : "the manifest says compressed, but the file names no codec (rh_codec)");
+  return w.compressed ? sf.decoded() : sf;   // every block checked and decoded on all cores
+}
+
+// Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
+// list order wins.
+void open_all(const std::vector<Want>& wants, Verified& v) {
   std::vector<std::future<SafetensorsFile>> jobs;
-  for (size_t i = 1; i < wants.size(); ++i) jobs.push_back(std::async(std::launch::async, open_one, wants[i]));
+  for (size_t i = 1; i < wants.size(); ++i) jobs.push_back(std::async(std::launch::async, open_verified, wants[i]));
   std::exception_ptr first;
   if (!wants.empty()) {
     try {
-      v.files.emplace(wants[0].name, open_one(wants[0]));
+      v.files.emplace(wants[0].name, open_verified(wants[0]));
     } catch (...) {
       first = std::current_exception();
     }
@@ -185,8 +184,10 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     }
   }
   if (first) std::rethrow_exception(first);
+}
 
-  // Manifest tensors <-> file tensors: same set, same dtype, shape and bytes.
+// Manifest tensors <-> file tensors: same set, same dtype, shape and bytes.
+void match_tensors(const JsonField& mf, const Verified& v) {
   std::map<std::string, std::set<std::string>> listed;
   mf["tensors"].each([&](const JsonField& t) {
     const std::string file = t["file"].str();
@@ -196,20 +197,34 @@ Verified verify_checkpoint_dir(const std::string& dir) {
     const std::string path = it->second.path();
     if (!listed[file].insert(key).second) t["key"].fail("tensor '" + quote_text(key) + "' of " + file + " listed twice");
     const TensorInfo* ti = it->second.find(key);
-    if (!ti) fail(path, "has no tensor '" + quote_text(key) + "' (listed in the manifest)");
+    if (!ti) fail(path, "has no tensor '" + quote_text(key) + "' (listed in the manifest)", key);
     std::vector<int64_t> shape;
     t["shape"].each([&](const JsonField& d) { shape.push_back(d.i64()); });
     const uint64_t stored = t.has("stored_bytes") ? t["stored_bytes"].u64() : t["bytes"].u64();
     if (it->second.stored_bytes(key) != stored)
       fail(path, "tensor '" + key + "' takes " + std::to_string(it->second.stored_bytes(key)) +
-                     " bytes in the file, manifest says " + std::to_string(stored));
+                     " bytes in the file, manifest says " + std::to_string(stored), key);
     if (st_name(ti->dtype) != t["dtype"].str() || ti->shape != shape || ti->end - ti->begin != t["bytes"].u64())
       fail(path, "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
-                     ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()));
+                     ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()), key);
   });
   for (const auto& [name, sf] : v.files)
     for (const auto& ti : sf.tensors())
-      if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest");
+      if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest", ti.key);
+}
+
+}  // namespace
+
+Verified verify_checkpoint_dir(const std::string& dir) {
+  Verified v;
+  v.dir = dir;
+  const std::string mpath = (fs::path(dir) / kManifestFile).string();
+  if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
+  // Size cap, regular file, bounded depth, and the schema of every field read below.
+  v.manifest = read_manifest_file(mpath);
+  const JsonField mf(v.manifest, "checkpoint file " + mpath);
+  open_all(listed_files(mf, dir, mpath), v);
+  match_tensors(mf, v);
   return v;
 }
 

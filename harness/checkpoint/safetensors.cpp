@@ -113,9 +113,11 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
-                             const std::map<std::string, std::string>& metadata, bool do_fsync) {
-  // Bytes in (itemsize descending, key) order keeps every tensor aligned to its element size.
+namespace {
+
+// The tensors checked (key, definedness, dtype) and put in (itemsize descending, key) order,
+// which keeps every tensor aligned to its element size.
+std::vector<const WriteTensor*> write_order(const std::string& path, const std::vector<WriteTensor>& tensors) {
   std::vector<const WriteTensor*> order;
   std::set<std::string> seen;
   for (const auto& t : tensors) {
@@ -137,7 +139,12 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
     int64_t sa = st_itemsize(a->dtype), sb = st_itemsize(b->dtype);
     return sa != sb ? sa > sb : a->key < b->key;
   });
+  return order;
+}
 
+// The 8-byte length and the JSON header (padded to a multiple of 8); *data_bytes: the bytes after it.
+std::string header_bytes(const std::string& path, const std::vector<const WriteTensor*>& order,
+                         const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -161,78 +168,107 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   if (json.size() > kMaxHeaderBytes) bad_safetensors(path, "header of " + std::to_string(json.size()) +
                                                    " bytes exceeds the 100 MB cap");
   std::string prefix(8, '\0');
-  uint64_t n = json.size();
+  const uint64_t n = json.size();
   std::memcpy(prefix.data(), &n, 8);
+  *data_bytes = offset;
+  return prefix + json;
+}
 
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  XXH3_state_t* bst = XXH3_createState();   // the current kHashBlock block
-  XXH3_64bits_reset(bst);
-  uint64_t in_block = 0;
-  WriteStats out;
-  auto hash = [&](const char* p, size_t k) {
-    XXH3_64bits_update(st, p, k);
+// XXH3-64 of the whole file and of every kHashBlock block, fed in order as the bytes are written.
+class FileHasher {
+ public:
+  FileHasher() : all_(XXH3_createState()), block_(XXH3_createState()) {
+    XXH3_64bits_reset(all_);
+    XXH3_64bits_reset(block_);
+  }
+  ~FileHasher() {
+    XXH3_freeState(all_);
+    XXH3_freeState(block_);
+  }
+  FileHasher(const FileHasher&) = delete;
+  FileHasher& operator=(const FileHasher&) = delete;
+  void update(const char* p, size_t k) {
+    XXH3_64bits_update(all_, p, k);
     while (k > 0) {
-      const size_t m = static_cast<size_t>(std::min<uint64_t>(k, kHashBlock - in_block));
-      XXH3_64bits_update(bst, p, m);
+      const size_t m = static_cast<size_t>(std::min<uint64_t>(k, kHashBlock - in_block_));
+      XXH3_64bits_update(block_, p, m);
       p += m;
       k -= m;
-      in_block += m;
-      if (in_block == kHashBlock) {
-        out.block_xxh3.push_back(XXH3_64bits_digest(bst));
-        XXH3_64bits_reset(bst);
-        in_block = 0;
+      in_block_ += m;
+      if (in_block_ == kHashBlock) {
+        blocks_.push_back(XXH3_64bits_digest(block_));
+        XXH3_64bits_reset(block_);
+        in_block_ = 0;
       }
     }
-  };
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    XXH3_freeState(st);
-    XXH3_freeState(bst);
-    throw_errno("cannot create", path);
   }
-  try {
-    std::string head = prefix + json;
-    out.header_xxh3 = XXH3_64bits(head.data(), head.size());
-    hash(head.data(), head.size());
-    write_all(fd, head.data(), head.size(), path);
-    WriteBack wb(fd);
-    uint64_t written = head.size();
-    for (const WriteTensor* t : order) {
-      std::vector<std::pair<const uint8_t*, uint64_t>> pieces = t->pieces;
-      torch::Tensor c;
-      if (pieces.empty()) {
-        c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
-        pieces.push_back({static_cast<const uint8_t*>(c.data_ptr()), static_cast<uint64_t>(c.numel()) * st_itemsize(t->dtype)});
-      }
-      for (const auto& [piece, piece_len] : pieces) {
+  // The whole file's hash; the block hashes (the last one partial) into out.
+  uint64_t finish(std::vector<uint64_t>& blocks) {
+    if (in_block_ > 0) blocks_.push_back(XXH3_64bits_digest(block_));
+    blocks = std::move(blocks_);
+    return XXH3_64bits_digest(all_);
+  }
+
+ private:
+  XXH3_state_t* all_;
+  XXH3_state_t* block_;
+  uint64_t in_block_ = 0;
+  std::vector<uint64_t> blocks_;
+};
+
+// Every tensor's bytes (or byte pieces), hashed and written in kSlice slices; with do_fsync the
+// write-back starts behind the writer.
+void write_data(int fd, const std::string& path, const std::vector<const WriteTensor*>& order, uint64_t written,
+                bool do_fsync, FileHasher& hash) {
+  WriteBack wb(fd);
+  for (const WriteTensor* t : order) {
+    std::vector<std::pair<const uint8_t*, uint64_t>> pieces = t->pieces;
+    torch::Tensor c;
+    if (pieces.empty()) {
+      c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
+      pieces.push_back({static_cast<const uint8_t*>(c.data_ptr()), static_cast<uint64_t>(c.numel()) * st_itemsize(t->dtype)});
+    }
+    for (const auto& [piece, piece_len] : pieces) {
       const char* p = reinterpret_cast<const char*>(piece);
       size_t left = static_cast<size_t>(piece_len);
       while (left > 0) {
-        size_t k = std::min(left, kSlice);
-        hash(p, k);
+        const size_t k = std::min(left, kSlice);
+        hash.update(p, k);
         write_all(fd, p, k, path);
         written += k;
         if (do_fsync) wb.wrote(written);
         p += k;
         left -= k;
       }
-      }
     }
+  }
+}
+
+}  // namespace
+
+WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
+                             const std::map<std::string, std::string>& metadata, bool do_fsync) {
+  const auto order = write_order(path, tensors);
+  uint64_t data_bytes = 0;
+  const std::string head = header_bytes(path, order, metadata, &data_bytes);
+  FileHasher hash;
+  WriteStats out;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot create", path);
+  try {
+    out.header_xxh3 = XXH3_64bits(head.data(), head.size());
+    hash.update(head.data(), head.size());
+    write_all(fd, head.data(), head.size(), path);
+    write_data(fd, path, order, head.size(), do_fsync, hash);
     if (do_fsync) fsync_fd(fd, path);
   } catch (...) {
     ::close(fd);
-    XXH3_freeState(st);
-    XXH3_freeState(bst);
     throw;
   }
-  out.xxh3 = XXH3_64bits_digest(st);
-  if (in_block > 0) out.block_xxh3.push_back(XXH3_64bits_digest(bst));
-  XXH3_freeState(st);
-  XXH3_freeState(bst);
+  out.xxh3 = hash.finish(out.block_xxh3);
   if (::close(fd) != 0) throw_errno("cannot close", path);
-  out.header_bytes = 8 + n;
-  out.file_bytes = 8 + n + offset;
+  out.header_bytes = head.size();
+  out.file_bytes = head.size() + data_bytes;
   return out;
 }
 

@@ -76,7 +76,8 @@ struct TrainJob {
   bool quiet = false;
   bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect
   // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
-  // `--nproc` launcher, see dist.h); rendezvous and every collective time out after this.
+  // `--nproc` launcher, see dist/group.h and dist/launcher.h); rendezvous and every collective
+  // time out after this.
   double dist_timeout_s = 120;
 };
 

@@ -66,6 +66,134 @@ struct Schedule {
   }
 };
 
+// One matrix run in progress: the options, the selected scenarios, the plan, the results, and the
+// schedule the workers share.
+class MatrixRun {
+ public:
+  MatrixRun(const MatrixOptions& o, std::vector<Scenario> sel, const fs::path& run_dir, std::ostream& log)
+      : o_(o), sel_(std::move(sel)), plan_(plan_checks(sel_, run_dir / "baselines")), sched_(plan_), log_(log) {
+    for (const auto& s : sel_) work_dirs_.push_back(scenario_work_dir(run_dir, s.name));
+    results_.resize(sel_.size());
+  }
+
+  // Runs every task on `jobs` workers; returns the results in scenario order.
+  std::vector<CheckResult> run() {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < std::max(1, o_.jobs); ++t) threads.emplace_back([this] { worker(); });
+    for (auto& t : threads) t.join();
+    if (o_.progress_tty) log_ << "\r\033[K";
+    return results_;
+  }
+  const std::vector<Scenario>& scenarios() const { return sel_; }
+  size_t baselines() const { return plan_.baselines.size(); }
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+ private:
+  void worker() {
+    std::unique_lock<std::mutex> lk(sched_.mu);
+    bool is_cell = false;
+    size_t index = 0;
+    while (sched_.take(lk, is_cell, index)) {
+      status(is_cell ? "checking " + sel_[plan_.cells[index].scenario].name
+                     : "training baseline " + plan_.baselines[index].id);
+      lk.unlock();
+      if (is_cell) check(index);
+      else train(index);
+      lk.lock();
+      sched_.cv.notify_all();
+    }
+  }
+
+  // The progress line (sched_.mu held): one redrawn line on a terminal, else a line per change.
+  void status(const std::string& current) {
+    const double e = elapsed();
+    const size_t d = sched_.cells_done;
+    const double eta = d ? e / static_cast<double>(d) * static_cast<double>(sel_.size() - d) : 0;
+    const std::string line = "[" + std::to_string(d) + "/" + std::to_string(sel_.size()) + "] elapsed " +
+                             fmt_seconds(e) + (d ? ", ETA " + fmt_seconds(eta) : std::string()) + " | " + current;
+    if (o_.progress_tty) log_ << "\r\033[K" << line << std::flush;
+    else log_ << line << "\n" << std::flush;
+  }
+
+  void train(size_t b) {
+    std::string err;
+    try {
+      run_baseline(plan_.baselines[b], o_.tool, 900);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    std::lock_guard<std::mutex> lk(sched_.mu);
+    sched_.baseline_done[b] = true;
+    sched_.baseline_error[b] = err;
+    if (!err.empty())
+      log_ << (o_.progress_tty ? "\r\033[K" : "") << "baseline " << plan_.baselines[b].id << " failed: " << err << "\n";
+  }
+
+  CheckOptions options_for(const Scenario& s, size_t i) const {
+    CheckOptions co;
+    co.tool = o_.tool;
+    co.work_dir = work_dirs_[i];
+    co.keep_checkpoints = o_.keep_checkpoints;
+    if (!o_.golden_dir.empty()) co.golden_csv = (fs::path(o_.golden_dir) / (safe_name(s.name) + ".csv")).string();
+    co.update_golden = o_.update_golden;
+    return co;
+  }
+
+  void check(size_t i) {
+    const PlannedCell& c = plan_.cells[i];
+    const Scenario& s = sel_[c.scenario];
+    const CheckOptions co = options_for(s, c.scenario);
+    CellRuns runs;
+    runs.baseline = plan_.baselines[c.baseline].dir;
+    runs.checkpoint = plan_.baselines[c.baseline].saves.at(c.save).root;
+    runs.reference = plan_.baselines[c.reference].dir;
+    {
+      std::lock_guard<std::mutex> lk(sched_.mu);
+      runs.baseline_error = !sched_.baseline_error[c.baseline].empty() ? sched_.baseline_error[c.baseline]
+                                                                        : sched_.baseline_error[c.reference];
+    }
+    CheckResult r;
+    try {
+      reset_work_dir(co.work_dir);
+      r = check_cell(s, runs, co);
+    } catch (const std::exception& e) {   // the work directory itself could not be made
+      r.name = s.name;
+      r.expectation = to_string(s.expect.kind);
+      r.first_divergence = e.what();
+      judge(s, r);
+    }
+    std::lock_guard<std::mutex> lk(sched_.mu);
+    results_[c.scenario] = r;
+    ++sched_.cells_done;
+    release(c.baseline);
+    if (c.reference != c.baseline) release(c.reference);
+    report(r);
+  }
+
+  // The last cell that needed a baseline's checkpoints and dumps is done (sched_.mu held).
+  void release(size_t b) {
+    if (--sched_.users[b] == 0 && !o_.keep_checkpoints) prune_baseline(plan_.baselines[b]);
+  }
+
+  // One line per finished cell; a failure with its verdict and the command that reproduces it.
+  void report(const CheckResult& r) {
+    if (o_.progress_tty) log_ << "\r\033[K";
+    log_ << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
+         << (r.passed ? "" : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o_.file +
+                                 " '" + r.name + "'")
+         << "\n";
+  }
+
+  const MatrixOptions& o_;
+  std::vector<Scenario> sel_;
+  std::vector<std::string> work_dirs_;   // every name is checked before anything runs
+  CheckPlan plan_;
+  Schedule sched_;
+  std::vector<CheckResult> results_;
+  std::ostream& log_;
+  const Clock::time_point t0_ = Clock::now();
+};
+
 }  // namespace
 
 std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario) {
@@ -82,109 +210,18 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   auto sel = select_scenarios(all, o.filter);
   if (sel.empty()) throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
   const fs::path run_dir = o.run_dir.empty() ? fs::path("reports/runs") / fs::path(o.file).stem() : fs::path(o.run_dir);
-  std::vector<std::string> work_dirs;   // every name is checked before anything runs
-  for (const auto& s : sel) work_dirs.push_back(scenario_work_dir(run_dir, s.name));
+  MatrixRun run(o, std::move(sel), run_dir, log);   // refuses a bad scenario name before anything is written
   fs::create_directories(run_dir / "scenarios");
   if (!o.golden_dir.empty()) fs::create_directories(o.golden_dir);
-  const CheckPlan plan = plan_checks(sel, run_dir / "baselines");
-
   MatrixResult out;
-  out.results.resize(sel.size());
-  Schedule sched(plan);
-  const auto t0 = Clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  auto status = [&](const std::string& current) {   // called with sched.mu held
-    const double e = elapsed();
-    const size_t d = sched.cells_done;
-    const double eta = d ? e / static_cast<double>(d) * static_cast<double>(sel.size() - d) : 0;
-    const std::string line = "[" + std::to_string(d) + "/" + std::to_string(sel.size()) + "] elapsed " +
-                             fmt_seconds(e) + (d ? ", ETA " + fmt_seconds(eta) : std::string()) + " | " + current;
-    if (o.progress_tty) log << "\r\033[K" << line << std::flush;
-    else log << line << "\n" << std::flush;
-  };
-
-  auto run_one_baseline = [&](size_t b) {
-    std::string err;
-    try {
-      run_baseline(plan.baselines[b], o.tool, 900);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    std::lock_guard<std::mutex> lk(sched.mu);
-    sched.baseline_done[b] = true;
-    sched.baseline_error[b] = err;
-    if (!err.empty()) log << (o.progress_tty ? "\r\033[K" : "") << "baseline " << plan.baselines[b].id << " failed: " << err << "\n";
-  };
-  auto run_one_cell = [&](size_t i) {
-    const PlannedCell& c = plan.cells[i];
-    const Scenario& s = sel[c.scenario];
-    CheckOptions co;
-    co.tool = o.tool;
-    co.work_dir = work_dirs[c.scenario];
-    co.keep_checkpoints = o.keep_checkpoints;
-    if (!o.golden_dir.empty()) co.golden_csv = (fs::path(o.golden_dir) / (safe_name(s.name) + ".csv")).string();
-    co.update_golden = o.update_golden;
-    CellRuns runs;
-    {
-      std::lock_guard<std::mutex> lk(sched.mu);
-      const auto& b = plan.baselines[c.baseline];
-      runs.baseline = b.dir;
-      runs.checkpoint = b.saves.at(c.save).root;
-      runs.reference = plan.baselines[c.reference].dir;
-      runs.baseline_error = !sched.baseline_error[c.baseline].empty() ? sched.baseline_error[c.baseline]
-                                                                       : sched.baseline_error[c.reference];
-    }
-    CheckResult r;
-    try {
-      reset_work_dir(co.work_dir);
-      r = check_cell(s, runs, co);
-    } catch (const std::exception& e) {   // the work directory itself could not be made
-      r.name = s.name;
-      r.expectation = to_string(s.expect.kind);
-      r.first_divergence = e.what();
-      judge(s, r);
-    }
-    std::lock_guard<std::mutex> lk(sched.mu);
-    out.results[c.scenario] = r;
-    ++sched.cells_done;
-    auto release = [&](size_t b) {   // the last cell that needed a baseline's checkpoints and dumps
-      if (--sched.users[b] == 0 && !o.keep_checkpoints) prune_baseline(plan.baselines[b]);
-    };
-    release(c.baseline);
-    if (c.reference != c.baseline) release(c.reference);
-    if (o.progress_tty) log << "\r\033[K";
-    log << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
-        << (r.passed ? "" : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o.file +
-                                " '" + r.name + "'")
-        << "\n";
-  };
-
-  auto worker = [&] {
-    std::unique_lock<std::mutex> lk(sched.mu);
-    bool is_cell = false;
-    size_t index = 0;
-    while (sched.take(lk, is_cell, index)) {
-      status(is_cell ? "checking " + sel[plan.cells[index].scenario].name
-                     : "training baseline " + plan.baselines[index].id);
-      lk.unlock();
-      if (is_cell) run_one_cell(index);
-      else run_one_baseline(index);
-      lk.lock();
-      sched.cv.notify_all();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < std::max(1, o.jobs); ++t) threads.emplace_back(worker);
-  for (auto& t : threads) t.join();
-  if (o.progress_tty) log << "\r\033[K";
-
+  out.results = run.run();
   size_t failed = 0;
   for (const auto& r : out.results) failed += r.passed ? 0 : 1;
-  write_summary({o.file, o.filter, run_dir.string(), o.jobs, elapsed()}, sel, out.results);
+  write_summary({o.file, o.filter, run_dir.string(), o.jobs, run.elapsed()}, run.scenarios(), out.results);
   write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
-  log << (sel.size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(elapsed()) << ", "
-      << plan.baselines.size() << " baselines for " << sel.size() << " scenarios), run directory " << run_dir.string()
-      << "\n";
+  log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
+      << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
+      << run_dir.string() << "\n";
   out.exit_code = failed ? 1 : 0;
   return out;
 }
