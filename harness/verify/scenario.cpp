@@ -249,6 +249,63 @@ std::string value_text(const toml::node& n) {
   return os.str();
 }
 
+// One [[matrix.axis]]: a name, values, and either a key each value sets or a preset per value.
+Axis parse_axis(const toml::table& at, const std::string& file, const std::string& mname) {
+  Axis ax;
+  for (const auto& [k, v] : at) {
+    const std::string key(k.str());
+    if (key == "name") {
+      ax.name = need_string(file, v, "axis.name");
+      check_name_part(file, v, "axis.name", ax.name);
+    }
+    else if (key == "key") ax.key = need_string(file, v, "axis.key");
+    else if (key == "values") {
+      if (!v.is_array()) fail(file, v, "axis.values", "expected an array");
+      for (const auto& e : *v.as_array()) {
+        ax.values.push_back(value_text(e));
+        check_name_part(file, e, "axis.values", ax.values.back());
+        ax.value_nodes.push_back(&e);
+      }
+    } else if (key == "presets") {
+      for (const auto& [pk, pv] : need_table(file, v, "axis.presets"))
+        ax.presets[std::string(pk.str())] = &need_table(file, pv, "axis.presets." + std::string(pk.str()));
+    } else {
+      fail(file, v, "axis." + key, "unknown key (expected name, key, values, presets)");
+    }
+  }
+  if (ax.name.empty() || ax.values.empty()) fail(file, at, mname, "each axis needs a name and values");
+  if (ax.key.empty() == ax.presets.empty()) fail(file, at, "axis " + ax.name, "needs exactly one of key or presets");
+  for (const auto& v : ax.values)
+    if (!ax.key.empty() ? false : !ax.presets.count(v))
+      fail(file, at, "axis " + ax.name, "value '" + v + "' has no preset");
+  return ax;
+}
+
+// One cell: the matrix's settings, each axis's value (its key or preset), then every
+// [[matrix.expect]] whose `when` matches (marked used).
+Scenario build_cell(const Scenario& mbase, const std::vector<Axis>& axes, const std::vector<size_t>& idx,
+                    const std::string& name, const std::map<std::string, std::string>& cell,
+                    const std::vector<const toml::table*>& expects, std::vector<bool>& expect_used,
+                    const std::string& file, const std::string& mname, const toml::table& m) {
+  Scenario s = mbase;
+  s.name = name;
+  for (size_t a = 0; a < axes.size(); ++a) {
+    if (!axes[a].key.empty()) apply_dotted(s, axes[a].key, *axes[a].value_nodes[idx[a]], file);
+    else apply_settings(s, *axes[a].presets.at(axes[a].values[idx[a]]), file);
+  }
+  for (size_t i = 0; i < expects.size(); ++i) {
+    const auto* e = expects[i];
+    const auto* when = e->get("when");
+    if (!when) fail(file, *e, mname + ".expect", "needs a when table");
+    if (when_matches(need_table(file, *when, "when"), cell, file)) {
+      expect_used[i] = true;
+      apply_settings(s, *e, file, {"when"});
+    }
+  }
+  check_complete(s, m);
+  return s;
+}
+
 void expand_matrix(const toml::table& m, const Scenario& base, const std::string& file,
                    std::vector<Scenario>& out) {
   const auto* name_node = m.get("name");
@@ -258,37 +315,7 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
   std::vector<Axis> axes;
   const auto* axis_arr = m.get("axis");
   if (!axis_arr || !axis_arr->is_array_of_tables()) fail(file, m, mname, "needs [[matrix.axis]] entries");
-  for (const auto& an : *axis_arr->as_array()) {
-    const auto& at = *an.as_table();
-    Axis ax;
-    for (const auto& [k, v] : at) {
-      const std::string key(k.str());
-      if (key == "name") {
-        ax.name = need_string(file, v, "axis.name");
-        check_name_part(file, v, "axis.name", ax.name);
-      }
-      else if (key == "key") ax.key = need_string(file, v, "axis.key");
-      else if (key == "values") {
-        if (!v.is_array()) fail(file, v, "axis.values", "expected an array");
-        for (const auto& e : *v.as_array()) {
-          ax.values.push_back(value_text(e));
-          check_name_part(file, e, "axis.values", ax.values.back());
-          ax.value_nodes.push_back(&e);
-        }
-      } else if (key == "presets") {
-        for (const auto& [pk, pv] : need_table(file, v, "axis.presets"))
-          ax.presets[std::string(pk.str())] = &need_table(file, pv, "axis.presets." + std::string(pk.str()));
-      } else {
-        fail(file, v, "axis." + key, "unknown key (expected name, key, values, presets)");
-      }
-    }
-    if (ax.name.empty() || ax.values.empty()) fail(file, at, mname, "each axis needs a name and values");
-    if (ax.key.empty() == ax.presets.empty()) fail(file, at, "axis " + ax.name, "needs exactly one of key or presets");
-    for (const auto& v : ax.values)
-      if (!ax.key.empty() ? false : !ax.presets.count(v))
-        fail(file, at, "axis " + ax.name, "value '" + v + "' has no preset");
-    axes.push_back(std::move(ax));
-  }
+  for (const auto& an : *axis_arr->as_array()) axes.push_back(parse_axis(*an.as_table(), file, mname));
   Scenario mbase = base;
   static const std::set<std::string> structural = {"name", "axis", "exclude", "expect"};
   apply_settings(mbase, m, file, structural);
@@ -327,25 +354,7 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
     bool excluded = false;
     for (size_t i = 0; i < excludes.size(); ++i)
       if (when_matches(*excludes[i], cell, file)) excluded = exclude_used[i] = true;
-    if (!excluded) {
-      Scenario s = mbase;
-      s.name = name;
-      for (size_t a = 0; a < axes.size(); ++a) {
-        if (!axes[a].key.empty()) apply_dotted(s, axes[a].key, *axes[a].value_nodes[idx[a]], file);
-        else apply_settings(s, *axes[a].presets.at(axes[a].values[idx[a]]), file);
-      }
-      for (size_t i = 0; i < expects.size(); ++i) {
-        const auto* e = expects[i];
-        const auto* when = e->get("when");
-        if (!when) fail(file, *e, mname + ".expect", "needs a when table");
-        if (when_matches(need_table(file, *when, "when"), cell, file)) {
-          expect_used[i] = true;
-          apply_settings(s, *e, file, {"when"});
-        }
-      }
-      check_complete(s, m);
-      out.push_back(std::move(s));
-    }
+    if (!excluded) out.push_back(build_cell(mbase, axes, idx, name, cell, expects, expect_used, file, mname, m));
     size_t a = axes.size();
     while (a > 0) {
       --a;
