@@ -9,9 +9,6 @@ build=${BUILD_DIR:-$here/build}
 t0=$(date +%s); t=$t0
 step_time() { local now; now=$(date +%s); echo "== $1: $((now - t)) s"; t=$now; }   # CI time per step
 "$here/scripts/setup.sh" "$build" || exit 2
-# The build leaves gigabytes of dirty pages; on ext4 every fsync the checks make (each checkpoint
-# and state dump) would wait for them. Flushed once here, the gate measures its own work.
-sync
 step_time "set-up (packages, build)"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cd "$here"
@@ -27,7 +24,6 @@ if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
   san_rc=$?
   grep -E "tests passed|tests failed|^sanitize:" "$build/sanitize.log"
   [ $san_rc -ne 0 ] && tail -60 "$build/sanitize.log"
-  sync   # the instrumented build's dirty pages, as after set-up
   step_time "sanitizer step"
 fi
 echo "== unit tests (CTest)"
