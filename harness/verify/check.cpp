@@ -54,10 +54,11 @@ bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, Chec
   if (s.resume_dp() > 1) argv.insert(argv.end(), {"--nproc", std::to_string(s.resume_dp())});
   const auto e = run_process(argv, log.string(), o.timeout_s, /*prestarted=*/true);
   const fs::path result = dir / "resumed" / kLoadResultFile;
-  const bool refused = e.exit_code == 2 && !e.killed && fs::exists(result) && !read_load_result(result.string()).loaded;
-  if (refused) {
+  const bool exited_bad_input = e.exit_code == 2 && !e.killed && fs::exists(result);
+  const LoadResult load = exited_bad_input ? read_load_result(result.string()) : LoadResult{};
+  if (exited_bad_input && !load.loaded) {
     r.outcome = Outcome::load_refused;
-    r.load_error = read_load_result(result.string()).message;
+    r.load_error = load.message;
     r.first_divergence = "load refused";
     r.control_fresh_differs = true;   // nothing was loaded; the control is moot
     return false;
@@ -141,9 +142,8 @@ void compare_iterations(const Scenario& s, const CellRuns& runs, const fs::path&
 }
 
 // Everything the resumed run left, against the baseline (and the reference when resharded).
-void compare(const Scenario& s, const CellRuns& runs, const fs::path& dir, CheckResult& r) {
+void compare(const Scenario& s, const CellRuns& runs, const fs::path& dir, const Fingerprints& fb, CheckResult& r) {
   const int64_t K = s.save_at;
-  const auto fb = read_fingerprints((runs.baseline / "fingerprints.csv").string());
   const auto fc = s.resharded() ? read_fingerprints((runs.reference / "fingerprints.csv").string()) : fb;
   const auto fr = read_fingerprints((dir / "resumed" / "fingerprints.csv").string());
   // Negative control 1: a fresh optimizer (before loading) differs from the saved state.
@@ -158,8 +158,7 @@ void compare(const Scenario& s, const CellRuns& runs, const fs::path& dir, Check
 }
 
 // Negative control 2: the state at K differs from the state at K-1.
-void control_k(const Scenario& s, const CellRuns& runs, CheckResult& r) {
-  const auto fb = read_fingerprints((runs.baseline / "fingerprints.csv").string());
+void control_k(const Scenario& s, const Fingerprints& fb, CheckResult& r) {
   for (const auto& k : differing_keys(fb.at(s.save_at), fb.at(s.save_at - 1)))
     r.control_k_differs = r.control_k_differs || is_optimizer_key(k);
 }
@@ -250,8 +249,9 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
     copy_baseline_metrics(runs, dir);
     const bool loaded = resume(s, runs, o, r);
     measure(runs, dir, r);
-    control_k(s, runs, r);
-    if (loaded) compare(s, runs, dir, r);
+    const auto fb = read_fingerprints((runs.baseline / "fingerprints.csv").string());
+    control_k(s, fb, r);
+    if (loaded) compare(s, runs, dir, fb, r);
     if (!o.keep_checkpoints)
       for (const char* d : {"state_after_load", "state_final"}) fs::remove_all(dir / "resumed" / d);
   } catch (const std::exception& e) {
