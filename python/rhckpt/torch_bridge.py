@@ -37,7 +37,10 @@ ndarray / dtype (numpy._core spelled as numpy.core), numpy.random._pickle's cons
 build a bit generator by name from numpy's own table), argparse.Namespace, types.SimpleNamespace.
 torch 1.13's weights_only=True is narrower (refuses Python floats in an args dict and numpy's
 RNG state). Anything else: `<file>: refused to unpickle <module>.<name> (not a checkpoint type;
-rerun with --trust-pickle if you trust this file)`, exit 2. TorchScript archives are refused
+rerun with --trust-pickle if you trust this file)`, exit 2. The restricted module goes straight to
+torch.serialization._load / _legacy_load (torch.load's own readers): Debian's torch 1.13.0a0
+torch.load silently replaces a pickle_module argument by pickle unless weights_only=True, so
+torch.load(pickle_module=...) would unpickle anything. TorchScript archives are refused
 (torch.load would hand them to torch.jit.load). --trust-pickle uses plain torch.load.
 
 torch.distributed.checkpoint: the installed torch (Debian's 1.13, python3-torch) has no
@@ -51,6 +54,7 @@ multiple of 8, at most 100 MB), tensor data packed in key order; written to OUT.
 The same checkpoint gives the same bytes. Exit 0 converted, 2 bad input (one line on stderr,
 `torch_bridge: <file>: <what>`, never a traceback).
 """
+import _compat_pickle
 import collections
 import io
 import json
@@ -124,12 +128,16 @@ def _allowed_globals():
 
 
 def restricted_pickle_module(source):
-    """A module object for torch.load(pickle_module=...): Unpickler and load refuse every global
-    outside _allowed_globals(), naming `source` in the message."""
+    """A module object for torch.serialization._load / _legacy_load: its Unpickler and load refuse
+    every global outside _allowed_globals(), naming `source` in the message."""
     allowed = _allowed_globals()
 
     class Unpickler(pickle.Unpickler):
         def find_class(self, module, name):
+            if (module, name) in _compat_pickle.NAME_MAPPING:   # Python 2 names, as pickle's own find_class
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            elif module in _compat_pickle.IMPORT_MAPPING:       # (protocol 2 writes __builtin__.complex)
+                module = _compat_pickle.IMPORT_MAPPING[module]
             if module.startswith("numpy._core"):   # numpy 2 spelling of the same functions
                 module = "numpy.core" + module[len("numpy._core"):]
             got = allowed.get((module, name))
@@ -179,9 +187,10 @@ def load_torch(path, trust):
             raise BridgeError("%s: a zip archive without data.pkl, not a torch.save file" % path)
     elif blob[:2] not in PICKLE_PROTOCOLS:
         raise BridgeError("%s: not a torch.save file (no zip or pickle magic)" % path)
-    module = pickle if trust else restricted_pickle_module(path)
     try:
-        return torch.load(io.BytesIO(blob), map_location="cpu", pickle_module=module)
+        if trust:
+            return torch.load(io.BytesIO(blob), map_location="cpu")
+        return _restricted_load(path, blob)
     except BridgeError:
         raise
     except RecursionError:
@@ -189,6 +198,27 @@ def load_torch(path, trust):
     except Exception as e:   # torch raises RuntimeError, pickle UnpicklingError/EOFError/... on damage
         what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BridgeError("%s: torch.load failed: %s: %s" % (path, type(e).__name__, what[:300])) from None
+
+
+def _restricted_load(path, blob):
+    """torch.load's own readers with the restricted module. Not torch.load(pickle_module=...):
+    Debian's torch 1.13.0a0 replaces any pickle_module by pickle when weights_only is False
+    (serialization.py: `else: pickle_module = pickle`), which would unpickle anything."""
+    import torch.serialization as ts
+    if not all(hasattr(ts, n) for n in ("_load", "_legacy_load", "_open_zipfile_reader")):
+        raise BridgeError("%s: this torch %s has no torch.serialization._load/_legacy_load to restrict "
+                          "(rerun with --trust-pickle if you trust this file)" % (path, torch_version()))
+    module = restricted_pickle_module(path)
+    f = io.BytesIO(blob)
+    if blob[:4] == ZIP_MAGIC:
+        with ts._open_zipfile_reader(f) as z:
+            return ts._load(z, "cpu", module, encoding="utf-8")
+    return ts._legacy_load(f, "cpu", module, encoding="utf-8")
+
+
+def torch_version():
+    import torch
+    return torch.__version__
 
 
 def load_safetensors(path):
@@ -399,7 +429,8 @@ class Flat:
             if isinstance(v, np.ndarray):
                 if v.dtype.hasobject or v.dtype.fields is not None or v.dtype.kind not in "biuf":
                     raise BridgeError("%s: numpy array '%s' has dtype %s, refused" % (self.source, out_key, v.dtype))
-                a = np.ascontiguousarray(v.astype(v.dtype.newbyteorder("=")) if not v.dtype.isnative else v)
+                a = v.astype(v.dtype.newbyteorder("=")) if not v.dtype.isnative else v
+                a = a if a.flags.c_contiguous else a.copy(order="C")   # (ascontiguousarray makes 0-d 1-d)
                 wide = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32, np.dtype(np.uint64): np.int64}
                 if a.dtype in wide:   # no unsigned tensor dtypes: same bits as signed, original recorded
                     original = str(a.dtype)

@@ -1,0 +1,347 @@
+#!/usr/bin/python3
+"""python/rhckpt/torch_bridge.py: torch.save checkpoints -> flat safetensors. A handcrafted nested
+checkpoint with every leaf kind is converted and read back with rhckpt's strict safetensors parser
+(bytes, dtype and shape of every tensor, the text of every metadata leaf); the same input twice
+gives the same bytes; a directory gets relative-path prefixes; the restricted unpickler refuses a
+pickle that REDUCEs os.system (and the command never runs) while --trust-pickle accepts a harmless
+class; hostile inputs (truncated, garbage, empty, 10^5-deep nesting, symlinks, a
+torch.distributed.checkpoint directory, a missing output directory) exit 2 with exactly one
+stderr line and no traceback.
+
+  /usr/bin/python3 tests/test_torch_bridge.py [TOOL]     (the tool argument CTest passes is ignored)
+"""
+import argparse
+import collections
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.join(HERE, "..", "python")
+sys.path.insert(0, PYTHON_DIR)
+from rhckpt import safetensors as st  # noqa: E402
+from rhckpt import torch_bridge  # noqa: E402
+
+
+def bridge(*args, extra_path=None):
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + (os.pathsep + extra_path if extra_path else ""))
+    return subprocess.run([sys.executable, "-m", "rhckpt.torch_bridge"] + list(args), env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def inproc(*args):
+    """torch_bridge.main in this process (no torch import per call): (exit status, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = torch_bridge.main(list(args))
+    return types.SimpleNamespace(returncode=rc, stderr=err.getvalue())
+
+
+def read(path):
+    """(metadata, {key: (dtype, shape, bytes)}) after rhckpt's strict checks plus the writer's own
+    promises: header keys sorted, space padding to 8, data packed in key order."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    meta, entries = st.parse(path, blob)
+    (n,) = struct.unpack("<Q", blob[:8])
+    assert n % 8 == 0, n
+    header = json.loads(blob[8:8 + n])
+    assert list(header) == sorted(header), "header keys not sorted"
+    offsets = [header[k]["data_offsets"] for k in sorted(header) if k != "__metadata__"]
+    assert offsets == sorted(offsets), "data not in key order"
+    return meta, {k: (dt, shape, bytes(raw)) for k, (dt, shape, raw) in entries.items()}
+
+
+def raw(t):
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().tobytes()
+    if t.dtype in (torch.bool, torch.int8):
+        return t.view(torch.uint8).numpy().tobytes()
+    return t.numpy().tobytes()
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def handcrafted():
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 6, generator=g)
+    tensors = {
+        "f64": torch.randn(2, 3, generator=g, dtype=torch.float64), "f32": base,
+        "f16": torch.randn(5, generator=g).half(), "bf16": torch.randn(3, 2, generator=g).bfloat16(),
+        "i64": torch.arange(-3, 3), "i32": torch.arange(4, dtype=torch.int32).reshape(2, 2),
+        "i16": torch.tensor([-2, 7], dtype=torch.int16), "u8": torch.tensor([0, 255], dtype=torch.uint8),
+        "bool": torch.tensor([[True, False], [False, True]]), "i8": torch.tensor([-128, 5, 127], dtype=torch.int8),
+        "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "transposed": base.t(), "offset_view": base[1:3, 2:],
+        "param": torch.nn.Parameter(torch.ones(2)),
+    }
+    ck = {
+        "model": collections.OrderedDict([("layers.0.weight", tensors["f32"]), ("layers.0.bias", tensors["bf16"])]),
+        "optimizer": {"state": {3: {"exp_avg": tensors["f16"], "step": tensors["scalar"]}},
+                      "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [3]}]},
+        "t": tensors,
+        "np": {"f32": np.arange(6, dtype=np.float32).reshape(2, 3), "u32": np.array([1, 2 ** 32 - 1], dtype=np.uint32),
+               "bool": np.array([True, False]), "i8": np.array([-1, 1], dtype=np.int8), "f64_0d": np.array(0.25)},
+        "leaves": {"int": 10, "big": 2 ** 70, "float": 0.1, "true": True, "false": False, "str": "héllo",
+                   "none": None, "bytes": b"\x00\xff", "np_f32": np.float32(0.1), "np_i64": np.int64(-7),
+                   "np_bool": np.bool_(True), "dtype": torch.bfloat16, "size": torch.Size([2, 3]),
+                   "size0": torch.Size([]), "complex": complex(1.5, -2.0), "set": {3, 1}, "inf": float("inf")},
+        "args": argparse.Namespace(lr=0.001, name="run"), "ns": types.SimpleNamespace(k=1),
+        "a/b%c": torch.ones(1), 7: "seven", "empty_dict": {}, "empty_list": [], "empty_tuple": (),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    return ck, tensors
+
+
+class Bridge(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rh_bridge_")
+        cls.ck, cls.tensors = handcrafted()
+        cls.src = cls.path("ck.pt")
+        torch.save(cls.ck, cls.src)
+        cls.legacy = cls.path("legacy.pt")
+        torch.save(cls.ck, cls.legacy, _use_new_zipfile_serialization=False)
+        p = bridge(cls.src, cls.path("ck.st"), cls.src, cls.path("ck2.st"), cls.legacy, cls.path("legacy.st"))
+        assert p.returncode == 0, p.stderr
+        cls.meta, cls.out = read(cls.path("ck.st"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    @classmethod
+    def path(cls, *parts):
+        return os.path.join(cls.tmp, *parts)
+
+    def one_line_refusal(self, p, *needles):
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        lines = p.stderr.splitlines()
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertTrue(lines[0].startswith("torch_bridge: "), lines[0])
+        for n in needles:
+            self.assertIn(n, lines[0])
+        return lines[0]
+
+    # --- the round trip ----------------------------------------------------------------------
+    def test_every_tensor_bytes_dtype_shape(self):
+        want = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "U8": torch.uint8}
+        for name, t in self.tensors.items():
+            dt, shape, data = self.out["t/" + name]
+            self.assertEqual(shape, list(t.shape), name)
+            self.assertEqual(data, raw(t.detach()), name)
+            if t.dtype in (torch.bool, torch.int8):
+                self.assertEqual(dt, "U8", name)
+                self.assertEqual(self.meta["dtype:t/" + name], "bool" if t.dtype == torch.bool else "int8")
+            else:
+                self.assertEqual(want[dt], t.dtype, name)
+                self.assertNotIn("dtype:t/" + name, self.meta)
+        self.assertEqual(self.out["model/layers.0.weight"][2], raw(self.tensors["f32"]))
+        self.assertEqual(self.out["optimizer/state/3/exp_avg"][2], raw(self.tensors["f16"]))
+        self.assertEqual(self.out["a%2Fb%25c"], ("F32", [1], raw(torch.ones(1))))
+        self.assertEqual(self.out["rng/torch"][2], raw(self.ck["rng"]["torch"]))
+
+    def test_numpy_arrays(self):
+        n = self.ck["np"]
+        self.assertEqual(self.out["np/f32"], ("F32", [2, 3], n["f32"].tobytes()))
+        self.assertEqual(self.out["np/u32"], ("I32", [2], n["u32"].tobytes()))
+        self.assertEqual(self.meta["dtype:np/u32"], "uint32")
+        self.assertEqual(self.out["np/bool"], ("U8", [2], b"\x01\x00"))
+        self.assertEqual(self.meta["dtype:np/bool"], "bool")
+        self.assertEqual(self.out["np/i8"], ("U8", [2], n["i8"].tobytes()))
+        self.assertEqual(self.out["np/f64_0d"], ("F64", [], n["f64_0d"].tobytes()))
+        self.assertEqual(self.out["rng/numpy/1"][2], self.ck["rng"]["numpy"][1].tobytes())
+
+    def test_metadata_leaves(self):
+        want = {
+            "leaves/int": "int:10", "leaves/big": "int:%d" % 2 ** 70, "leaves/float": "float:0x1.999999999999ap-4",
+            "leaves/true": "bool:true", "leaves/false": "bool:false", "leaves/str": "str:héllo", "leaves/none": "none:",
+            "leaves/bytes": "bytes:00ff", "leaves/np_f32": "numpy.float32:0x1.99999a0000000p-4",
+            "leaves/np_i64": "numpy.int64:-7", "leaves/np_bool": "numpy.bool_:true", "leaves/dtype": "dtype:torch.bfloat16",
+            "leaves/size": "size:2x3", "leaves/size0": "size:", "leaves/complex": "complex:0x1.8000000000000p+0,-0x1.0000000000000p+1",
+            "leaves/set": 'set:["int:1", "int:3"]', "leaves/inf": "float:inf",
+            "optimizer/param_groups/0/lr": "float:0x1.0624dd2f1a9fcp-10", "optimizer/param_groups/0/betas/0": "float:0x1.ccccccccccccdp-1",
+            "optimizer/param_groups/0/params/0": "int:3", "args/lr": "float:0x1.0624dd2f1a9fcp-10", "args/name": "str:run",
+            "ns/k": "int:1", "7": "str:seven", "empty_dict": "empty:dict", "empty_list": "empty:list", "empty_tuple": "empty:list",
+            "rng/numpy/0": "str:MT19937", "rng/python/0": "int:3",
+        }
+        for k, v in want.items():
+            self.assertEqual(self.meta.get("leaf:" + k), v, k)
+        self.assertEqual(self.meta["class:args"], "argparse.Namespace")
+        self.assertEqual(self.meta["rh_bridge"], "1")
+        self.assertEqual(self.meta["rh_source:."], "ck.pt")
+        # every leaf of random.getstate() is there, exactly
+        state = random.getstate()
+        self.assertEqual(self.meta["leaf:rng/python/1/624"], "int:%d" % state[1][624])
+
+    def test_deterministic_and_legacy_format(self):
+        with open(self.path("ck.st"), "rb") as a, open(self.path("ck2.st"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        meta, out = read(self.path("legacy.st"))
+        self.assertEqual(out, self.out)
+        self.assertEqual(meta["rh_source:."], "legacy.pt")
+        self.assertEqual({k: v for k, v in meta.items() if k != "rh_source:."},
+                         {k: v for k, v in self.meta.items() if k != "rh_source:."})
+
+    def test_namedtuple_and_custom_objects_in_process(self):
+        flat = torch_bridge.Flat("x", trust=True)
+        flat.add("", {"p": Point(1, torch.ones(2))})
+        self.assertEqual(flat.meta["leaf:p/x"], "int:1")
+        self.assertIn("p/y", flat.tensors)
+        self.assertTrue(flat.meta["class:p"].endswith("Point"))
+        for trust in (False, True):   # a function or class object has no flat form
+            with self.assertRaisesRegex(torch_bridge.BridgeError, "'f' is a builtins"):
+                torch_bridge.Flat("x", trust=trust).add("", {"f": len})
+            with self.assertRaisesRegex(torch_bridge.BridgeError, "'c' is a builtins.type"):
+                torch_bridge.Flat("x", trust=trust).add("", {"c": Point})
+
+    def test_leaf_cap(self):
+        old = torch_bridge.MAX_LEAVES
+        torch_bridge.MAX_LEAVES = 5
+        try:
+            with self.assertRaisesRegex(torch_bridge.BridgeError, "more than 5 leaves"):
+                torch_bridge.Flat("x", trust=False).add("", list(range(6)))
+        finally:
+            torch_bridge.MAX_LEAVES = old
+
+    def test_duplicate_keys_refused(self):
+        with self.assertRaisesRegex(torch_bridge.BridgeError, "two values flatten to the key '1'"):
+            torch_bridge.Flat("x", trust=False).add("", {1: 1, "1": 2})
+
+    # --- directories -----------------------------------------------------------------------------
+    def test_directory_with_prefixes(self):
+        d = self.path("dir")
+        os.makedirs(os.path.join(d, "mp_rank_00"))
+        os.makedirs(os.path.join(d, "mp_rank_01"))
+        torch.save({"optimizer": {"state": {3: {"exp_avg": torch.ones(2)}}}, "iter": 5},
+                   os.path.join(d, "mp_rank_00", "model_optim_rng.pt"))
+        torch.save({"w": torch.zeros(3)}, os.path.join(d, "mp_rank_01", "model_optim_rng.pt"))
+        with open(os.path.join(d, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("5")
+        shutil.copy(self.path("ck.st"), os.path.join(d, "extra.safetensors"))
+        p = inproc(d, self.path("dir.st"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        meta, out = read(self.path("dir.st"))
+        self.assertEqual(out["mp_rank_00/model_optim_rng.pt/optimizer/state/3/exp_avg"], ("F32", [2], raw(torch.ones(2))))
+        self.assertEqual(out["mp_rank_01/model_optim_rng.pt/w"], ("F32", [3], raw(torch.zeros(3))))
+        self.assertEqual(meta["leaf:mp_rank_00/model_optim_rng.pt/iter"], "int:5")
+        self.assertEqual(meta["rh_source:mp_rank_00/model_optim_rng.pt"], "model_optim_rng.pt")
+        self.assertEqual(out["extra.safetensors/t/bf16"], self.out["t/bf16"])   # safetensors copied key by key
+        self.assertEqual(meta["leaf:extra.safetensors/__metadata__/leaf:leaves%2Fint"], "str:int:10")
+        self.assertFalse(any("latest_checkpointed" in k for k in list(out) + list(meta)))
+
+    # --- safety ----------------------------------------------------------------------------------
+    def test_restricted_unpickler_refuses_os_system(self):
+        marker = self.path("pwned")
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch " + marker,))
+        src = self.path("evil.pt")
+        torch.save({"model": {"w": torch.ones(1)}, "x": Evil()}, src)
+        line = self.one_line_refusal(bridge(src, self.path("evil.st")), src, "refused to unpickle posix.system",
+                                     "--trust-pickle")
+        self.assertIn("not a checkpoint type", line)
+        self.assertFalse(os.path.exists(marker))
+        self.assertFalse(os.path.exists(self.path("evil.st")))
+        # the legacy (non-zip) format goes through the same module
+        torch.save({"x": Evil()}, self.path("evil_legacy.pt"), _use_new_zipfile_serialization=False)
+        self.one_line_refusal(inproc(self.path("evil_legacy.pt"), self.path("e2.st")), "refused to unpickle posix.system")
+        self.assertFalse(os.path.exists(marker))
+
+    def test_trust_pickle_accepts_a_harmless_class(self):
+        mod_dir = self.path("mods")
+        os.makedirs(mod_dir)
+        with open(os.path.join(mod_dir, "harmless_cfg.py"), "w") as f:
+            f.write("class Config:\n    def __init__(self):\n        self.lr = 0.5\n        self.layers = [1, 2]\n")
+        sys.path.insert(0, mod_dir)
+        try:
+            import harmless_cfg
+            torch.save({"cfg": harmless_cfg.Config(), "w": torch.ones(2)}, self.path("cfg.pt"))
+        finally:
+            sys.path.remove(mod_dir)
+        self.one_line_refusal(inproc(self.path("cfg.pt"), self.path("cfg.st")), "refused to unpickle harmless_cfg.Config")
+        self.assertFalse(os.path.exists(self.path("cfg.st")))
+        p = bridge("--trust-pickle", self.path("cfg.pt"), self.path("cfg.st"), extra_path=mod_dir)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        meta, out = read(self.path("cfg.st"))
+        self.assertEqual(meta["leaf:cfg/lr"], "float:0x1.0000000000000p-1")
+        self.assertEqual(meta["leaf:cfg/layers/1"], "int:2")
+        self.assertEqual(meta["class:cfg"], "harmless_cfg.Config")
+        self.assertEqual(out["w"][2], raw(torch.ones(2)))
+
+    # --- hostile inputs --------------------------------------------------------------------------
+    def test_hostile_inputs(self):
+        with open(self.src, "rb") as f:
+            good = f.read()
+        cases = {"truncated.pt": good[:len(good) // 2], "garbage.pt": bytes(range(256)) * 8, "empty.pt": b"",
+                 "pickle_garbage.pt": b"\x80\x02garbage", "zip_head_only.pt": good[:64]}
+        for name, blob in cases.items():
+            with open(self.path(name), "wb") as f:
+                f.write(blob)
+            run = bridge if name == "truncated.pt" else inproc   # one through the CLI, the rest in-process
+            self.one_line_refusal(run(self.path(name), self.path(name + ".st")), self.path(name))
+            self.assertFalse(os.path.exists(self.path(name + ".st")), name)
+        # a 10^5-deep nested list in a well-formed torch zip
+        deep = self.path("deep.pt")
+        w = torch._C.PyTorchFileWriter(deep)
+        n = 100_000
+        pk = b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b"."
+        w.write_record("data.pkl", pk, len(pk))
+        w.write_end_of_file()
+        del w
+        self.one_line_refusal(bridge(deep, self.path("deep.st")), deep, "nested deeper")
+        # symlinks: as the input, and inside a directory
+        os.symlink(self.src, self.path("link.pt"))
+        self.one_line_refusal(inproc(self.path("link.pt"), self.path("link.st")), "link.pt", "symlink")
+        d = self.path("linkdir")
+        os.makedirs(d)
+        torch.save({"w": torch.ones(1)}, os.path.join(d, "a.pt"))
+        os.symlink(self.src, os.path.join(d, "b.pt"))
+        self.one_line_refusal(inproc(d, self.path("linkdir.st")), "b.pt", "symlink")
+        # no torch file in a directory; a missing input; a missing output directory
+        os.makedirs(self.path("nothing"))
+        with open(self.path("nothing", "notes.txt"), "w") as f:
+            f.write("hello")
+        self.one_line_refusal(inproc(self.path("nothing"), self.path("n.st")), "no torch.save")
+        self.one_line_refusal(inproc(self.path("missing.pt"), self.path("m.st")), "missing.pt", "no such file")
+        self.one_line_refusal(inproc(self.src, self.path("no_dir", "x.st")), "no_dir")
+        # refused tensor kinds name the key
+        for name, t in {"sparse": torch.eye(2).to_sparse(), "complex": torch.ones(2, dtype=torch.complex64)}.items():
+            torch.save({"model": {name: t}}, self.path(name + ".pt"))
+            self.one_line_refusal(inproc(self.path(name + ".pt"), self.path(name + ".st")), "model/" + name, name)
+        # usage errors
+        self.one_line_refusal(inproc(self.src))
+        self.one_line_refusal(inproc())
+
+    def test_distributed_checkpoint_directory_refused(self):
+        d = self.path("dcp")
+        os.makedirs(d)
+        torch.save({"w": torch.ones(1)}, os.path.join(d, "__0_0.distcp"))
+        with open(os.path.join(d, ".metadata"), "wb") as f:
+            f.write(b"\x80\x04.")
+        self.one_line_refusal(inproc(d, self.path("dcp.st")), "torch.distributed.checkpoint", torch.__version__)
+
+    def test_torchscript_archive_refused(self):
+        src = self.path("script.pt")
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), src)
+        self.one_line_refusal(inproc(src, self.path("script.st")), "TorchScript")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
