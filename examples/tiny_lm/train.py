@@ -44,7 +44,7 @@ def parse(argv):
     p.add_argument("--out", required=True, help="directory of iter_<i>.pt checkpoints")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--load", help="resume from the highest iter_<i>.pt in this directory")
-    g.add_argument("--resume", action="store_true", help="resume from --out itself")
+    g.add_argument("--resume", action="store_true", help="resume from --out itself (start fresh if it has no checkpoint)")
     p.add_argument("--bug", help="reproduce one resume bug: " + ", ".join(BUGS))
     p.add_argument("--probe", action="store_true", help="call rhckpt.probe (records only with RH_PROBE_DIR)")
     p.add_argument("--metrics-jsonl", help="append {iteration, loss, lr} per iteration, exact JSON numbers")
@@ -249,6 +249,10 @@ def train(a):
     if a.probe:
         from rhckpt import probe
     done = 0
+    if a.resume and not any(re.fullmatch(r"iter_(\d+)\.pt", n) for n in
+                            (os.listdir(a.out) if os.path.isdir(a.out) else [])):
+        print("train.py: no iter_<i>.pt in %s: starting from iteration 0" % a.out, file=sys.stderr)
+        a.load = None   # --resume on an empty --out starts fresh (one command line for every run)
     if a.load:
         done = restore(a, seed, model, opt, sched, loader)
         if done > a.iters:
