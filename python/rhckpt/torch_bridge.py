@@ -56,7 +56,6 @@ The same checkpoint gives the same bytes. Exit 0 converted, 2 bad input (one lin
 """
 import _compat_pickle
 import collections
-import io
 import json
 import os
 import pickle
@@ -173,24 +172,25 @@ def load_torch(path, trust):
     import torch
     import zipfile
     with open(path, "rb") as f:
-        blob = f.read()
-    if not blob:
+        head = f.read(4)
+    if not head:
         raise BridgeError("%s: empty file" % path)
-    if blob[:4] == ZIP_MAGIC:
+    if head == ZIP_MAGIC:
         try:
-            names = zipfile.ZipFile(io.BytesIO(blob)).namelist()
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, ValueError, EOFError) as e:
             raise BridgeError("%s: not a readable zip archive (%s)" % (path, e)) from None
         if any(n.endswith("constants.pkl") for n in names) and not trust:
             raise BridgeError("%s: a TorchScript archive (torch.jit.save), not a checkpoint" % path)
         if not any(n.endswith("data.pkl") for n in names):
             raise BridgeError("%s: a zip archive without data.pkl, not a torch.save file" % path)
-    elif blob[:2] not in PICKLE_PROTOCOLS:
+    elif head[:2] not in PICKLE_PROTOCOLS:
         raise BridgeError("%s: not a torch.save file (no zip or pickle magic)" % path)
     try:
         if trust:
-            return torch.load(io.BytesIO(blob), map_location="cpu")
-        return _restricted_load(path, blob)
+            return torch.load(path, map_location="cpu")
+        return _restricted_load(path, head == ZIP_MAGIC)
     except BridgeError:
         raise
     except RecursionError:
@@ -200,7 +200,7 @@ def load_torch(path, trust):
         raise BridgeError("%s: torch.load failed: %s: %s" % (path, type(e).__name__, what[:300])) from None
 
 
-def _restricted_load(path, blob):
+def _restricted_load(path, is_zip):
     """torch.load's own readers with the restricted module. Not torch.load(pickle_module=...):
     Debian's torch 1.13.0a0 replaces any pickle_module by pickle when weights_only is False
     (serialization.py: `else: pickle_module = pickle`), which would unpickle anything."""
@@ -209,11 +209,11 @@ def _restricted_load(path, blob):
         raise BridgeError("%s: this torch %s has no torch.serialization._load/_legacy_load to restrict "
                           "(rerun with --trust-pickle if you trust this file)" % (path, torch_version()))
     module = restricted_pickle_module(path)
-    f = io.BytesIO(blob)
-    if blob[:4] == ZIP_MAGIC:
-        with ts._open_zipfile_reader(f) as z:
+    if is_zip:
+        with ts._open_zipfile_reader(path) as z:   # reads records from the file, no copy in memory
             return ts._load(z, "cpu", module, encoding="utf-8")
-    return ts._legacy_load(f, "cpu", module, encoding="utf-8")
+    with open(path, "rb") as f:
+        return ts._legacy_load(f, "cpu", module, encoding="utf-8")
 
 
 def torch_version():
@@ -413,7 +413,6 @@ class Flat:
 
     def add(self, root_key, obj):
         """Iterative depth-first flattening (no recursion: deep nesting is refused, not a crash)."""
-        import argparse
         import numpy as np
         import torch
         stack = [(root_key, obj, 0)]
