@@ -13,9 +13,11 @@ stderr line and no traceback.
 import argparse
 import collections
 import contextlib
+import enum
 import io
 import json
 import os
+import pathlib
 import random
 import shutil
 import struct
@@ -78,6 +80,7 @@ def raw(t):
 
 
 Point = collections.namedtuple("Point", "x y")
+Color = enum.Enum("Color", "RED GREEN")
 
 
 def handcrafted():
@@ -102,7 +105,8 @@ def handcrafted():
         "leaves": {"int": 10, "big": 2 ** 70, "float": 0.1, "true": True, "false": False, "str": "héllo",
                    "none": None, "bytes": b"\x00\xff", "np_f32": np.float32(0.1), "np_i64": np.int64(-7),
                    "np_bool": np.bool_(True), "dtype": torch.bfloat16, "size": torch.Size([2, 3]),
-                   "size0": torch.Size([]), "complex": complex(1.5, -2.0), "set": {3, 1}, "inf": float("inf")},
+                   "size0": torch.Size([]), "complex": complex(1.5, -2.0), "set": {3, 1}, "inf": float("inf"),
+                   "path": pathlib.PurePosixPath("/data/x.bin")},
         "args": argparse.Namespace(lr=0.001, name="run"), "ns": types.SimpleNamespace(k=1),
         "a/b%c": torch.ones(1), 7: "seven", "empty_dict": {}, "empty_list": [], "empty_tuple": (),
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
@@ -178,7 +182,7 @@ class Bridge(unittest.TestCase):
             "leaves/bytes": "bytes:00ff", "leaves/np_f32": "numpy.float32:0x1.99999a0000000p-4",
             "leaves/np_i64": "numpy.int64:-7", "leaves/np_bool": "numpy.bool_:true", "leaves/dtype": "dtype:torch.bfloat16",
             "leaves/size": "size:2x3", "leaves/size0": "size:", "leaves/complex": "complex:0x1.8000000000000p+0,-0x1.0000000000000p+1",
-            "leaves/set": 'set:["int:1", "int:3"]', "leaves/inf": "float:inf",
+            "leaves/set": 'set:["int:1", "int:3"]', "leaves/inf": "float:inf", "leaves/path": "path:/data/x.bin",
             "optimizer/param_groups/0/lr": "float:0x1.0624dd2f1a9fcp-10", "optimizer/param_groups/0/betas/0": "float:0x1.ccccccccccccdp-1",
             "optimizer/param_groups/0/params/0": "int:3", "args/lr": "float:0x1.0624dd2f1a9fcp-10", "args/name": "str:run",
             "ns/k": "int:1", "7": "str:seven", "empty_dict": "empty:dict", "empty_list": "empty:list", "empty_tuple": "empty:list",
@@ -208,6 +212,8 @@ class Bridge(unittest.TestCase):
         self.assertEqual(flat.meta["leaf:p/x"], "int:1")
         self.assertIn("p/y", flat.tensors)
         self.assertTrue(flat.meta["class:p"].endswith("Point"))
+        flat.add("e", Color.RED)
+        self.assertEqual(flat.meta["leaf:e"], "enum:__main__.Color.RED")
         for trust in (False, True):   # a function or class object has no flat form
             with self.assertRaisesRegex(torch_bridge.BridgeError, "'f' is a builtins"):
                 torch_bridge.Flat("x", trust=trust).add("", {"f": len})

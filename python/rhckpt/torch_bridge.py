@@ -20,7 +20,7 @@ and other dtypes are refused, naming the key. Every other leaf is `__metadata__[
 `int:10`, `float:<float.hex>`, `bool:true`, `str:<text>`, `none:`, `bytes:<hex>`,
 `complex:<re hex>,<im hex>`, `dtype:torch.float32`, `size:2x3` (torch.Size; `size:` for []),
 `device:cpu`, `layout:torch.strided`, `numpy.<type>:<value>` (numpy scalars: floats as the hex
-of the exactly widened Python float, ints decimal, bools true/false), `set:` / `frozenset:` /
+of the exactly widened Python float, ints decimal, bools true/false), `path:<text>` (pathlib paths), `enum:<module.class>.<member>` (with --trust-pickle), `set:` / `frozenset:` /
 `slice:` + a JSON list of the element texts (sets sorted), `empty:dict` / `empty:list`
 (empty tuples too). numpy RandomState / Generator / BitGenerator objects are flattened as their
 state dict. Objects flattened with --trust-pickle other than the plain containers record their
@@ -34,7 +34,7 @@ torch.Tensor, storage classes, torch.Size / device / dtype names / layouts, coll
 OrderedDict, builtins set / frozenset / bytearray / slice / complex (plain values, no code),
 _codecs.encode with latin-1 only (how protocol 2 pickles bytes), numpy's _reconstruct / scalar /
 ndarray / dtype (numpy._core spelled as numpy.core), numpy.random._pickle's constructors (they
-build a bit generator by name from numpy's own table), argparse.Namespace, types.SimpleNamespace.
+build a bit generator by name from numpy's own table), argparse.Namespace, types.SimpleNamespace, pathlib.PosixPath / PurePosixPath / PureWindowsPath.
 torch 1.13's weights_only=True is narrower (refuses Python floats in an args dict and numpy's
 RNG state). Anything else: `<file>: refused to unpickle <module>.<name> (not a checkpoint type;
 rerun with --trust-pickle if you trust this file)`, exit 2. The restricted module goes straight to
@@ -56,8 +56,10 @@ The same checkpoint gives the same bytes. Exit 0 converted, 2 bad input (one lin
 """
 import _compat_pickle
 import collections
+import enum
 import json
 import os
+import pathlib
 import pickle
 import stat
 import struct
@@ -102,6 +104,8 @@ def _allowed_globals():
         ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
         ("argparse", "Namespace"): argparse.Namespace,
         ("types", "SimpleNamespace"): types.SimpleNamespace,
+        ("pathlib", "PosixPath"): pathlib.PosixPath, ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
+        ("pathlib", "PureWindowsPath"): pathlib.PureWindowsPath,
         ("torch", "Size"): torch.Size, ("torch", "device"): torch.device, ("torch", "Tensor"): torch.Tensor,
         ("torch._tensor", "_rebuild_from_type_v2"): torch._tensor._rebuild_from_type_v2,
         ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
@@ -398,6 +402,10 @@ class Flat:
             return "device:" + str(v)
         if isinstance(v, (torch.layout, torch.memory_format)):
             return type(v).__name__ + ":" + str(v)
+        if isinstance(v, pathlib.PurePath):
+            return "path:" + str(v)
+        if isinstance(v, enum.Enum):
+            return "enum:%s.%s" % (_qualname(v), v.name)
         if isinstance(v, (set, frozenset)):
             items = sorted(self._plain_text(key, x) for x in v)
             return type(v).__name__ + ":" + json.dumps(items, ensure_ascii=False)
