@@ -29,6 +29,7 @@ const char* outcome_meaning(Outcome o) {
     case Outcome::diverged: return "differs after resume (the first divergence is named)";
     case Outcome::load_refused: return "the resumed run refused the checkpoint";
     case Outcome::error: return "the check could not run";
+    case Outcome::nondeterministic: return "the trainer's uninterrupted runs differ from each other: resume not judged";
   }
   return "unknown outcome";
 }

@@ -207,7 +207,8 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
-    const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused;
+    const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused &&
+                          r.outcome != Outcome::nondeterministic;
     std::vector<std::string> row = {r.scenario, r.expectation, to_string(r.outcome), r.verdict,
                                     r.first_divergence.empty() ? "none" : r.first_divergence,
                                     compared ? human(r.max_abs_dloss) : kDash};

@@ -14,7 +14,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libeigen3-dev libfccp-dev libgtest-dev
-  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev libre2-dev
   python3-matplotlib python3-numpy python3-xxhash python3-zstandard
   python3-torch   # python/rhckpt/torch_bridge.py, examples/tiny_lm, tests/test_{torch_bridge,probe,tiny_lm}.py
   chromium   # tests/test_report_browser.py renders report.html headless

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: set-up (packages + build), the CI scenario matrix gated against the
-# committed golden metrics, the parser and checkpoint tests under ASan + UBSan (scripts/sanitize.sh;
+# committed golden metrics, the external-trainer matrix (scenarios/external.toml), the parser and checkpoint tests under ASan + UBSan (scripts/sanitize.sh;
 # RH_SKIP_SANITIZE=1 skips it for a quick local run), then the whole unit-test suite through CTest
 # (its summary last).
 set -uo pipefail
@@ -17,6 +17,10 @@ echo "== scenario gate: matrix scenarios/ci.toml --golden scenarios/golden/ci"
   --run-dir "$build/ci-run"
 matrix_rc=$?
 step_time "scenario gate"
+echo "== external trainers: matrix scenarios/external.toml (examples/tiny_lm and the tool itself)"
+"$build/resume-harness" matrix scenarios/external.toml -j "$(nproc)" --run-dir "$build/external-run" --no-report
+external_rc=$?
+step_time "external trainers"
 san_rc=0
 if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== parser and checkpoint tests under ASan + UBSan: scripts/sanitize.sh"
@@ -33,5 +37,6 @@ ctest_rc=$?
 step_time "unit tests"
 echo "== total: $(( $(date +%s) - t0 )) s"
 [ $matrix_rc -ne 0 ] && echo "scenario gate FAILED (exit $matrix_rc): see $build/ci-run/summary.csv"
+[ $external_rc -ne 0 ] && echo "external trainers FAILED (exit $external_rc): see $build/external-run/summary.csv"
 [ $san_rc -ne 0 ] && echo "sanitizer step FAILED (exit $san_rc): see $build/sanitize.log"
-[ $matrix_rc -eq 0 ] && [ $san_rc -eq 0 ] && [ $ctest_rc -eq 0 ]
+[ $matrix_rc -eq 0 ] && [ $external_rc -eq 0 ] && [ $san_rc -eq 0 ] && [ $ctest_rc -eq 0 ]

@@ -4,6 +4,8 @@
 #include "harness/dist/prestart.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -156,6 +158,172 @@ ChildExit run_process(const std::vector<std::string>& argv, const std::string& l
   c.log_path = log_path;
   c.prestarted = prestarted;
   return run_children({c}, timeout_s).front();
+}
+
+namespace {
+
+// The executable argv0 names: itself when it holds a '/', else the first executable regular file
+// of that name on PATH.
+std::string resolve_executable(const std::string& argv0, const std::string& path_var) {
+  if (argv0.empty()) throw std::runtime_error("empty command");
+  if (argv0.find('/') != std::string::npos) return argv0;
+  size_t b = 0;
+  while (b <= path_var.size()) {
+    const size_t e = std::min(path_var.find(':', b), path_var.size());
+    const std::string dir = e > b ? path_var.substr(b, e - b) : ".";
+    const std::string cand = dir + "/" + argv0;
+    struct stat st {};
+    if (::stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(cand.c_str(), X_OK) == 0) return cand;
+    b = e + 1;
+  }
+  throw std::runtime_error("command '" + argv0 + "' not found on PATH");
+}
+
+void kill_group(pid_t pgid) {
+  if (pgid > 0) ::kill(-pgid, SIGKILL);
+}
+
+}  // namespace
+
+CapturedExit run_captured(const CapturedSpec& c) {
+  if (c.argv.empty()) throw std::runtime_error("run_captured: empty argv");
+  std::vector<std::string> env_strings;
+  std::string path_var = "/usr/local/bin:/usr/bin:/bin";
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool replaced = false;
+    for (const auto& [k, v] : c.env) replaced = replaced || kv.compare(0, k.size() + 1, k + "=") == 0;
+    if (!replaced) env_strings.push_back(kv);
+    if (!replaced && kv.rfind("PATH=", 0) == 0) path_var = kv.substr(5);
+  }
+  for (const auto& [k, v] : c.env) {
+    env_strings.push_back(k + "=" + v);
+    if (k == "PATH") path_var = v;
+  }
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  // A relative executable is found from the command's own directory, as a shell in cwd would.
+  std::string exe = resolve_executable(c.argv[0], path_var);
+  if (exe.find('/') != std::string::npos && exe[0] != '/' && !c.cwd.empty()) exe = c.cwd + "/" + exe;
+  std::vector<char*> args;
+  args.push_back(exe.data());
+  for (size_t i = 1; i < c.argv.size(); ++i) args.push_back(const_cast<char*>(c.argv[i].c_str()));
+  args.push_back(nullptr);
+
+  auto open_out = [](const std::string& p) {
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) throw std::runtime_error("cannot open " + p + ": " + std::strerror(errno));
+    return fd;
+  };
+  int out_fd[2] = {open_out(c.stdout_path), open_out(c.stderr_path)};
+  int pipes[2][2] = {{-1, -1}, {-1, -1}};
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  auto close_all = [&] {
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j)
+        if (pipes[i][j] >= 0) ::close(pipes[i][j]), pipes[i][j] = -1;
+      if (out_fd[i] >= 0) ::close(out_fd[i]), out_fd[i] = -1;
+    }
+    if (devnull >= 0) ::close(devnull);
+  };
+  if (devnull < 0 || ::pipe2(pipes[0], O_CLOEXEC) != 0 || ::pipe2(pipes[1], O_CLOEXEC) != 0) {
+    close_all();
+    throw std::runtime_error(std::string("run_captured: pipe: ") + std::strerror(errno));
+  }
+  const char* cwd = c.cwd.empty() ? nullptr : c.cwd.c_str();
+  const auto t0 = Clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close_all();
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    dup2(devnull, 0);
+    dup2(pipes[0][1], 1);
+    dup2(pipes[1][1], 2);
+    if (cwd && ::chdir(cwd) != 0) {
+      const char msg[] = "cannot change to the trainer's cwd\n";
+      (void)!write(2, msg, sizeof msg - 1);
+      _exit(127);
+    }
+    execve(args[0], args.data(), envp.data());
+    const char msg[] = "exec failed\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  ::setpgid(pid, pid);   // also here: no window in which a kill of the group misses it
+  ::close(pipes[0][1]), pipes[0][1] = -1;
+  ::close(pipes[1][1]), pipes[1][1] = -1;
+
+  CapturedExit r;
+  bool exited = false, timed_out = false;
+  int status = 0;
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(c.timeout_s, 1e9)));
+  auto exited_at = Clock::time_point::max();
+  char buf[65536];
+  while (pipes[0][0] >= 0 || pipes[1][0] >= 0 || !exited) {
+    if (!exited) {
+      const pid_t w = waitpid(pid, &status, WNOHANG);
+      if (w == pid) {
+        exited = true;
+        exited_at = Clock::now();
+        kill_group(pid);   // workers it left behind end with it
+      }
+    }
+    const auto now = Clock::now();
+    if (!exited && now > deadline) {
+      timed_out = true;
+      kill_group(pid);
+      waitpid(pid, &status, 0);
+      exited = true;
+      exited_at = now;
+    }
+    // Output still open a second after the command ended: a descendant that left the group holds it.
+    if (exited && now - exited_at > std::chrono::seconds(1)) break;
+    pollfd fds[2];
+    nfds_t n = 0;
+    int which[2];
+    for (int i = 0; i < 2; ++i)
+      if (pipes[i][0] >= 0) fds[n] = {pipes[i][0], POLLIN, 0}, which[n++] = i;
+    if (n == 0) {
+      if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    const int pr = ::poll(fds, n, 50);
+    if (pr < 0 && errno != EINTR) break;
+    for (nfds_t k = 0; pr > 0 && k < n; ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const int i = which[k];
+      const ssize_t got = ::read(pipes[i][0], buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(pipes[i][0]);
+        pipes[i][0] = -1;
+        continue;
+      }
+      uint64_t keep = static_cast<uint64_t>(got);
+      if (r.output_bytes + keep > c.output_cap_bytes) {
+        keep = c.output_cap_bytes - r.output_bytes;
+        if (!r.output_capped) kill_group(pid);
+        r.output_capped = true;
+      }
+      if (keep > 0 && ::write(out_fd[i], buf, keep) != static_cast<ssize_t>(keep)) {
+        kill_group(pid);
+        close_all();
+        if (!exited) waitpid(pid, &status, 0);
+        throw std::runtime_error("cannot write the captured output of " + c.argv[0] + ": " + std::strerror(errno));
+      }
+      r.output_bytes += keep;
+    }
+  }
+  if (!exited) waitpid(pid, &status, 0);
+  close_all();
+  static_cast<ChildExit&>(r) = exit_of(status, t0);
+  r.timed_out = timed_out;
+  r.killed = timed_out || r.output_capped;
+  return r;
 }
 
 std::string self_executable() {

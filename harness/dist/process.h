@@ -3,6 +3,7 @@
 // from one run to the other; the local launcher (launcher.h) starts its ranks through it too.
 // LibTorch-free: the reports room runs the plot script through it.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <string>
@@ -46,6 +47,26 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
 // One child, its output appended to log_path, killed after timeout_s.
 ChildExit run_process(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s,
                       bool prestarted = false);
+
+// A foreign command (an external trainer): run as argv, never through a shell, in its own process
+// group, in `cwd`, stdin from /dev/null, stdout and stderr captured to two files through pipes.
+// Output beyond output_cap_bytes (both streams together) is not written: the group is killed and
+// output_capped set. At timeout_s, or when the command itself has exited, the whole process group
+// is killed, so no worker it started outlives it. argv[0] without a '/' is looked up on PATH (the
+// child's PATH when env sets one). Throws std::runtime_error if it cannot be started.
+struct CapturedSpec {
+  std::vector<std::string> argv;
+  std::string cwd;                                          // "" = this process's
+  std::vector<std::pair<std::string, std::string>> env;     // added to (or replacing in) this environment
+  std::string stdout_path, stderr_path;
+  uint64_t output_cap_bytes = 64ull << 20;
+  double timeout_s = 600;
+};
+struct CapturedExit : ChildExit {
+  bool output_capped = false;
+  uint64_t output_bytes = 0;   // written to both files
+};
+CapturedExit run_captured(const CapturedSpec& spec);
 
 // The path of the running executable (/proc/self/exe).
 std::string self_executable();

@@ -13,6 +13,7 @@
 #include "harness/dist/process.h"
 #include "harness/train/metrics.h"
 #include "harness/verify/baseline.h"
+#include "harness/verify/external_check.h"
 #include "harness/verify/golden.h"
 #include "harness/verify/writers.h"
 
@@ -187,6 +188,22 @@ void copy_baseline_metrics(const CellRuns& runs, const fs::path& dir) {
 }  // namespace
 
 void judge(const Scenario& s, CheckResult& r) {
+  judge_expectation(s, r);
+  // An external cell's diagnosis and first divergence, where the scenario asserts them.
+  if (!r.passed || !s.trainer) return;
+  if (!s.expect_diagnosis.empty() && r.diagnosis != s.expect_diagnosis) {
+    r.passed = false;
+    r.verdict = "FAIL: expected diagnosis " + s.expect_diagnosis + ", got " + (r.diagnosis.empty() ? "none" : r.diagnosis) +
+                ": " + (r.explanation.empty() ? r.first_divergence : r.explanation);
+  } else if (!s.expect_first_divergence.empty() && r.first_divergence.find(s.expect_first_divergence) == std::string::npos) {
+    r.passed = false;
+    r.verdict = "FAIL: expected a first divergence naming '" + s.expect_first_divergence + "', got '" + r.first_divergence + "'";
+  } else if (!s.expect_diagnosis.empty() && r.diagnosis != "none") {
+    r.verdict += " [" + r.diagnosis + "]";
+  }
+}
+
+void judge_expectation(const Scenario& s, CheckResult& r) {
   const bool controls_ok = r.control_fresh_differs && r.control_k_differs;
   const bool refused = r.outcome == Outcome::load_refused;
   auto set = [&](bool pass, const std::string& why) {
@@ -194,7 +211,11 @@ void judge(const Scenario& s, CheckResult& r) {
     r.verdict = std::string(pass ? "PASS" : "FAIL") + ": " + why;
   };
   if (r.outcome == Outcome::error) return set(false, "error: " + r.first_divergence);
-  if (!controls_ok && !refused)
+  if (s.trainer && !controls_ok && r.outcome != Outcome::nondeterministic)
+    return set(false, std::string("negative control failed: ") +
+                          (!r.control_fresh_differs ? "the resumed run logged no iteration after save_at, so nothing was compared"
+                                                    : "every row the uninterrupted run logged is the same, so a difference could not show"));
+  if (!controls_ok && !refused && !s.trainer)
     return set(false, std::string("negative control failed: ") +
                           (!r.control_fresh_differs ? "a fresh optimizer equals the saved state"
                                                     : "the state at K equals the state at K-1"));
@@ -271,6 +292,7 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
 
 CheckResult run_check(const Scenario& s, const CheckOptions& o) {
   reset_work_dir(o.work_dir);
+  if (s.trainer) return check_external_cell(s, o);
   const fs::path dir(o.work_dir);
   CheckPlan plan = plan_checks({s}, dir);
   // One cell: its baseline in <work dir>/baseline (its checkpoint in baseline/checkpoints/0), a

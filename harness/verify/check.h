@@ -53,6 +53,12 @@ struct CheckResult {
   std::vector<MetricDiff> metric_diffs;
   std::vector<TensorDiff> after_load, final_state;
   std::string after_load_differs;      // first key whose state after load differs from the saved one
+  // External cells (external_check.h): the diagnosis code (outcome.h) and the diagnosis in words,
+  // notes on what the comparison could see (a metric's printed resolution), and the seconds the
+  // trainer's own runs took (the rest of `seconds` is the harness's overhead).
+  std::string diagnosis, explanation;
+  std::vector<std::string> notes;
+  double trainer_seconds = 0;
 };
 
 struct CheckOptions {
@@ -83,7 +89,9 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
 // check_cell.
 CheckResult run_check(const Scenario& s, const CheckOptions& opts);
 
-// Applies the expectation to a filled result (sets passed, verdict). Exposed for tests.
+// Applies the expectation to a filled result (sets passed, verdict), then an external cell's
+// expect_diagnosis / expect_first_divergence. Exposed for tests.
 void judge(const Scenario& s, CheckResult& r);
+void judge_expectation(const Scenario& s, CheckResult& r);   // the expectation alone
 
 }  // namespace rh

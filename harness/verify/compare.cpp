@@ -1,5 +1,6 @@
 // State-dump and fingerprint comparison; see compare.h.
 #include "harness/verify/compare.h"
+#include "harness/verify/tensor_compare.h"
 
 #include <torch/torch.h>
 
@@ -61,6 +62,11 @@ std::string key_kind(const std::string& key) {
 
 std::vector<TensorDiff> compare_state_dumps(const std::string& a, const std::string& b) {
   auto la = ckpt::read_joined_tensors(a), lb = ckpt::read_joined_tensors(b);
+  return compare_tensor_maps(la.tensors, lb.tensors);
+}
+
+std::vector<TensorDiff> compare_tensor_maps(const TensorMap& ta_map, const TensorMap& tb_map) {
+  struct { const TensorMap& tensors; } la{ta_map}, lb{tb_map};
   std::set<std::string> keys;
   for (const auto& [k, v] : la.tensors) keys.insert(k);
   for (const auto& [k, v] : lb.tensors) keys.insert(k);

@@ -10,12 +10,31 @@
 #include <thread>
 
 #include "harness/verify/baseline.h"
+#include "harness/verify/external_check.h"
 #include "harness/verify/writers.h"
 
 namespace fs = std::filesystem;
 
 namespace rh {
 namespace {
+
+// The plan of the built-in cells (external ones have no baseline), indexed into all of `sel`.
+CheckPlan plan_builtin(const std::vector<Scenario>& sel, const fs::path& dir) {
+  std::vector<Scenario> builtin;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < sel.size(); ++i)
+    if (!sel[i].trainer) builtin.push_back(sel[i]), index.push_back(i);
+  CheckPlan p = plan_checks(builtin, dir);
+  for (auto& c : p.cells) c.scenario = index[c.scenario];
+  return p;
+}
+
+std::vector<size_t> external_cells(const std::vector<Scenario>& sel) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < sel.size(); ++i)
+    if (sel[i].trainer) out.push_back(i);
+  return out;
+}
 
 std::string fmt_seconds(double s) {
   char buf[32];
@@ -31,13 +50,14 @@ struct Schedule {
   const CheckPlan& plan;
   std::mutex mu;
   std::condition_variable cv;
-  size_t next_baseline = 0, next_cell = 0, cells_done = 0;
+  size_t next_baseline = 0, next_cell = 0, next_external = 0, cells_done = 0;
+  std::vector<size_t> external;   // scenario indices of external-trainer cells (no baseline; always ready)
   std::vector<bool> baseline_done, cell_taken;
   std::vector<std::string> baseline_error;
   std::vector<size_t> users;   // cells not yet checked that use a baseline (as baseline or reference)
 
-  explicit Schedule(const CheckPlan& p)
-      : plan(p), baseline_done(p.baselines.size()), cell_taken(p.cells.size()),
+  Schedule(const CheckPlan& p, std::vector<size_t> ext)
+      : plan(p), external(std::move(ext)), baseline_done(p.baselines.size()), cell_taken(p.cells.size()),
         baseline_error(p.baselines.size()), users(p.baselines.size()) {
     for (const auto& c : p.cells) {
       ++users[c.baseline];
@@ -45,19 +65,24 @@ struct Schedule {
     }
   }
   bool ready(const PlannedCell& c) const { return baseline_done[c.baseline] && baseline_done[c.reference]; }
-  // The next task, in this order: the first ready cell, else the next baseline. Blocks while
-  // nothing is ready but something runs; returns false when every task is taken.
-  bool take(std::unique_lock<std::mutex>& lk, bool& is_cell, size_t& index) {
+  // The next task, in this order: the first ready cell, else the next baseline, else the next
+  // external cell (kind 2). Blocks while nothing is ready but something runs; returns false when
+  // every task is taken.
+  bool take(std::unique_lock<std::mutex>& lk, int& kind, size_t& index) {
     while (true) {
       for (size_t i = next_cell; i < plan.cells.size(); ++i)
         if (!cell_taken[i] && ready(plan.cells[i])) {
           cell_taken[i] = true;
           while (next_cell < cell_taken.size() && cell_taken[next_cell]) ++next_cell;
-          is_cell = true, index = i;
+          kind = 1, index = i;
           return true;
         }
       if (next_baseline < plan.baselines.size()) {
-        is_cell = false, index = next_baseline++;
+        kind = 0, index = next_baseline++;
+        return true;
+      }
+      if (next_external < external.size()) {
+        kind = 2, index = external[next_external++];
         return true;
       }
       if (next_cell >= plan.cells.size()) return false;
@@ -71,7 +96,8 @@ struct Schedule {
 class MatrixRun {
  public:
   MatrixRun(const MatrixOptions& o, std::vector<Scenario> sel, const fs::path& run_dir, std::ostream& log)
-      : o_(o), sel_(std::move(sel)), plan_(plan_checks(sel_, run_dir / "baselines")), sched_(plan_), log_(log) {
+      : o_(o), sel_(std::move(sel)), plan_(plan_builtin(sel_, run_dir / "baselines")), sched_(plan_, external_cells(sel_)),
+        log_(log) {
     for (const auto& s : sel_) work_dirs_.push_back(scenario_work_dir(run_dir, s.name));
     results_.resize(sel_.size());
   }
@@ -91,13 +117,15 @@ class MatrixRun {
  private:
   void worker() {
     std::unique_lock<std::mutex> lk(sched_.mu);
-    bool is_cell = false;
+    int kind = 0;
     size_t index = 0;
-    while (sched_.take(lk, is_cell, index)) {
-      status(is_cell ? "checking " + sel_[plan_.cells[index].scenario].name
-                     : "training baseline " + plan_.baselines[index].id);
+    while (sched_.take(lk, kind, index)) {
+      status(kind == 1   ? "checking " + sel_[plan_.cells[index].scenario].name
+             : kind == 2 ? "running trainer of " + sel_[index].name
+                         : "training baseline " + plan_.baselines[index].id);
       lk.unlock();
-      if (is_cell) check(index);
+      if (kind == 1) check(index);
+      else if (kind == 2) check_external(index);
       else train(index);
       lk.lock();
       sched_.cv.notify_all();
@@ -167,6 +195,26 @@ class MatrixRun {
     ++sched_.cells_done;
     release(c.baseline);
     if (c.reference != c.baseline) release(c.reference);
+    report(r);
+  }
+
+  // An external trainer's cell (external_check.h): no baseline, its own runs.
+  void check_external(size_t i) {
+    const Scenario& s = sel_[i];
+    const CheckOptions co = options_for(s, i);
+    CheckResult r;
+    try {
+      reset_work_dir(co.work_dir);
+      r = check_external_cell(s, co);
+    } catch (const std::exception& e) {
+      r.name = s.name;
+      r.expectation = to_string(s.expect.kind);
+      r.first_divergence = e.what();
+      judge(s, r);
+    }
+    std::lock_guard<std::mutex> lk(sched_.mu);
+    results_[i] = r;
+    ++sched_.cells_done;
     report(r);
   }
 

@@ -12,11 +12,18 @@ enum class Outcome {
   diverged,           // differs (what a deliberate fault must give)
   load_refused,       // the resumed run refused the checkpoint (load_result.json says why)
   error,              // the check itself could not run (a child crashed, a file was missing)
+  nondeterministic,   // an external trainer's uninterrupted runs differ from each other: resume is not judged
 };
 
-// "identical", "within-tolerance", "diverged", "load-refused", "error": the names in every file.
+// "identical", "within-tolerance", "diverged", "load-refused", "error", "nondeterministic": the names in every file.
 const char* to_string(Outcome o);
 // The inverse; throws std::invalid_argument naming the text and the valid names.
 Outcome parse_outcome(const std::string& s);
+
+// An external cell's diagnosis (external_check.h), the first that applies in this order: none,
+// nondeterministic, before-save, saved-state, round-trip, after-load, not-in-checkpoint,
+// resumed-metrics, final-state. Scenario files assert them with expect_diagnosis.
+bool is_diagnosis_code(const std::string& s);
+std::string diagnosis_codes();   // "none, nondeterministic, ..."
 
 }  // namespace rh

@@ -3,6 +3,7 @@
 #include "harness/verify/scenario.h"
 
 #include "harness/train/metrics.h"
+#include "harness/verify/outcome.h"
 
 #include <toml++/toml.h>
 
@@ -14,6 +15,8 @@
 
 #include <cstdio>
 
+#include <algorithm>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -68,6 +71,73 @@ const toml::table& need_table(const std::string& file, const toml::node& n, cons
   return *n.as_table();
 }
 
+std::vector<std::string> need_strings(const std::string& file, const toml::node& n, const std::string& key) {
+  if (!n.is_array()) fail(file, n, key, "expected an array of strings");
+  std::vector<std::string> out;
+  for (const auto& e : *n.as_array()) out.push_back(need_string(file, e, key));
+  return out;
+}
+
+bool need_bool(const std::string& file, const toml::node& n, const std::string& key) {
+  if (!n.is_boolean()) fail(file, n, key, "expected true or false");
+  return n.as_boolean()->get();
+}
+
+// Merges a [trainer] table into the scenario's external trainer (creating it): scalars replace,
+// `args` appends (so [defaults], a matrix and each axis value can add arguments).
+void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
+  if (!s.trainer) {
+    s.trainer.emplace();
+    s.trainer->scenario_dir = std::filesystem::path(file).parent_path().string();
+  }
+  ExternalTrainer& x = *s.trainer;
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str()), full = "trainer." + key;
+    if (key == "command") x.command = need_strings(file, v, full);
+    else if (key == "resume_command") x.resume_command = need_strings(file, v, full);
+    else if (key == "args") for (auto& a : need_strings(file, v, full)) x.args.push_back(std::move(a));
+    else if (key == "cwd") x.cwd = need_string(file, v, full);
+    else if (key == "env") {
+      for (const auto& [ek, ev] : need_table(file, v, full)) {
+        const std::string name(ek.str());
+        if (name.empty() || name.find('=') != std::string::npos) fail(file, ev, full + "." + name, "not an environment variable name");
+        x.env.emplace_back(name, need_string(file, ev, full + "." + name));
+      }
+    } else if (key == "timeout_s") x.timeout_s = need_number(file, v, full);
+    else if (key == "output_cap_mb") {
+      const int64_t mb = need_int(file, v, full);
+      if (mb < 1 || mb > 65536) fail(file, v, full, "expected 1 to 65536");
+      x.output_cap_bytes = static_cast<uint64_t>(mb) << 20;
+    } else if (key == "determinism_runs") x.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, v, full), -1, 1000));
+    else if (key == "round_trip") x.round_trip = need_bool(file, v, full);
+    else if (key == "probe") x.probe = need_bool(file, v, full);
+    else if (key == "iterations") {
+      const int64_t n = need_int(file, v, full);
+      if (n < 2 || n > 1000000) fail(file, v, full, "expected 2 to 1000000");
+      s.cfg.train.iterations = n;
+    } else if (key == "metrics") {
+      for (const auto& [mk, mv] : need_table(file, v, full)) {
+        const std::string m(mk.str()), mfull = full + "." + m;
+        if (m == "stdout_regex") x.metrics.stdout_regex = need_string(file, mv, mfull), x.metrics.file.clear();
+        else if (m == "file") x.metrics.file = need_string(file, mv, mfull), x.metrics.stdout_regex.clear();
+        else if (m == "format") x.metrics.format = need_string(file, mv, mfull);
+        else fail(file, mv, mfull, "unknown key (expected stdout_regex, file, format)");
+      }
+    } else if (key == "checkpoint") {
+      for (const auto& [ck, cv] : need_table(file, v, full)) {
+        const std::string c(ck.str()), cfull = full + "." + c;
+        if (c == "path") x.checkpoint.path = need_string(file, cv, cfull);
+        else if (c == "format") x.checkpoint.format = need_string(file, cv, cfull);
+        else if (c == "trust_pickle") x.checkpoint.trust_pickle = need_bool(file, cv, cfull);
+        else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle)");
+      }
+    } else {
+      fail(file, v, full, "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
+                          "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
+    }
+  }
+}
+
 // Applies one setting (a top-level scenario key or a model/optimizer/train section).
 void apply_setting(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
   try {
@@ -78,6 +148,14 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
         j[key][sub] = to_json_value(val);
         apply_json(s.cfg, j, where(file, val));
       }
+    } else if (key == "trainer") {
+      apply_trainer(s, need_table(file, v, key), file);
+    } else if (key == "expect_diagnosis") {
+      s.expect_diagnosis = need_string(file, v, key);
+      if (!is_diagnosis_code(s.expect_diagnosis))
+        fail(file, v, key, "expected one of " + diagnosis_codes() + ", got '" + s.expect_diagnosis + "'");
+    } else if (key == "expect_first_divergence") {
+      s.expect_first_divergence = need_string(file, v, key);
     } else if (key == "description") {
       s.description = need_string(file, v, key);
     } else if (key == "save_at") {
@@ -130,7 +208,8 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       }
     } else {
       fail(file, v, key, "unknown key (expected model, optimizer, train, description, save_at, "
-                         "save_policy, compress, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance)");
+                         "save_policy, compress, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance, "
+                         "trainer, expect_diagnosis, expect_first_divergence)");
     }
   } catch (const ScenarioError&) {
     throw;
@@ -155,8 +234,17 @@ void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, c
   const auto dot = dotted.find('.');
   if (dot == std::string::npos) return apply_setting(s, dotted, v, file);
   const std::string section = dotted.substr(0, dot);
+  if (dotted == "trainer.args") {
+    // One axis value, split at spaces, is appended to the trainer's arguments.
+    toml::table t;
+    toml::array a;
+    std::istringstream words(need_string(file, v, dotted));
+    for (std::string w; words >> w;) a.push_back(w);
+    t.insert("args", std::move(a));
+    return apply_trainer(s, t, file);
+  }
   if (section != "model" && section != "optimizer" && section != "train")
-    fail(file, v, dotted, "axis key must be a scenario key or model./optimizer./train.<field>");
+    fail(file, v, dotted, "axis key must be a scenario key, trainer.args or model./optimizer./train.<field>");
   nlohmann::json j;
   j[section][dotted.substr(dot + 1)] = to_json_value(v);
   try {
@@ -167,6 +255,18 @@ void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, c
 }
 
 void check_complete(const Scenario& s, const toml::node& at) {
+  if (s.trainer) {
+    try {
+      validate_trainer(*s.trainer);
+    } catch (const std::invalid_argument& e) {
+      fail(s.file, at, s.name, e.what());
+    }
+    if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy)
+      fail(s.file, at, s.name, "fault, dp_size, resume_dp_size and allow_lossy are the built-in trainer's; "
+                               "an external trainer's own flags go in trainer.args");
+  } else if (!s.expect_diagnosis.empty()) {
+    fail(s.file, at, s.name, "expect_diagnosis needs an external trainer ([trainer])");
+  }
   if (s.expect.kind != Expectation::Kind::exact && s.expect.reason.empty())
     fail(s.file, at, s.name, "expect = \"" + to_string(s.expect.kind) + "\" needs a reason");
   if (s.expect.kind == Expectation::Kind::tolerance && s.expect.tolerances.empty())

@@ -7,12 +7,14 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/train/config.h"
 #include "harness/train/job.h"
+#include "harness/verify/external.h"
 #include "harness/verify/scenario_name.h"
 
 namespace rh {
@@ -43,6 +45,11 @@ struct Scenario {
   bool resharded() const { return resume_dp() != dp_size; }
   bool allow_lossy = false;  // the load accepts lossy conversions (policies that lose bits)
   Expectation expect;
+  // An external trainer's commands instead of the built-in model (external.h); cfg then only
+  // gives N (cfg.train.iterations, set by trainer.iterations).
+  std::optional<ExternalTrainer> trainer;
+  std::string expect_diagnosis;          // the diagnosis code the check must reach ("" = any)
+  std::string expect_first_divergence;   // text the first divergence must contain ("" = any)
 };
 
 // Parses and expands a scenario file (a regular file of at most kMaxScenarioFileBytes; a matrix

@@ -39,7 +39,12 @@ nlohmann::json result_json(const Scenario& s, const CheckResult& r) {
           {"save_policy", ckpt::to_string(s.policy.kind)},
           {"compress", ckpt::to_string(s.policy.compress)},
           {"fault", to_string(s.fault)},
-          {"config", to_json(s.cfg)}};
+          {"config", to_json(s.cfg)},
+          {"external", s.trainer.has_value()},
+          {"diagnosis", r.diagnosis},
+          {"explanation", r.explanation},
+          {"notes", r.notes},
+          {"trainer_seconds", r.trainer_seconds}};
 }
 
 void write_cell_outputs(const std::string& dir_str, const Scenario& s, const CheckResult& r) {

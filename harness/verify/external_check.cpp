@@ -1,0 +1,650 @@
+// The check of an external trainer's cell; see external_check.h. check_external_cell reads as its
+// phases: run (every run of the user's command), compare (determinism, the interrupted run, the
+// checkpoints, the probe, the resumed run), diagnose, judge, write.
+#include "harness/verify/external_check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+#include "harness/checkpoint/errors.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/safetensors.h"
+#include "harness/dist/process.h"
+#include "harness/verify/external_metrics.h"
+#include "harness/verify/tensor_compare.h"
+#include "harness/verify/writers.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+namespace {
+
+constexpr uint64_t kMaxProbeBytes = 256ull << 20;
+constexpr uint64_t kMaxMetricsFileBytes = 256ull << 20;
+
+// ---- the probe's records (python/rhckpt/probe.py) ----
+
+struct ProbeRecord {
+  std::string event;   // "after_load" | "step"
+  int64_t iteration = 0;
+  std::vector<std::pair<std::string, std::string>> metrics, state;
+};
+
+std::vector<std::pair<std::string, std::string>> pairs_of(const nlohmann::json& j, const std::string& where,
+                                                          const std::string& field) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!j.is_array()) throw std::invalid_argument(where + ": \"" + field + "\" must be an array of [name, text] pairs");
+  for (const auto& e : j) {
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_string())
+      throw std::invalid_argument(where + ": \"" + field + "\" must be an array of [name, text] pairs");
+    out.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+  }
+  return out;
+}
+
+std::vector<ProbeRecord> read_probe(const fs::path& file) {
+  std::vector<ProbeRecord> out;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(file, ec))) return out;
+  const std::string text = ckpt::read_regular_file(file.string(), kMaxProbeBytes, /*no_follow=*/true);
+  size_t b = 0, line = 0;
+  while (b < text.size()) {
+    size_t e = text.find('\n', b);
+    if (e == std::string::npos) e = text.size();
+    ++line;
+    const std::string where = file.string() + ":" + std::to_string(line);
+    if (e > b) {
+      const auto j = ckpt::parse_json_bounded(text.data() + b, e - b, where);
+      if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
+      ProbeRecord r;
+      auto ev = j.find("event"), it = j.find("iteration");
+      if (ev == j.end() || !ev->is_string() || (*ev != "after_load" && *ev != "step"))
+        throw std::invalid_argument(where + ": \"event\" must be \"after_load\" or \"step\"");
+      if (it == j.end() || !it->is_number_integer()) throw std::invalid_argument(where + ": \"iteration\" must be an integer");
+      r.event = ev->get<std::string>();
+      r.iteration = it->get<int64_t>();
+      if (auto m = j.find("metrics"); m != j.end()) r.metrics = pairs_of(*m, where, "metrics");
+      if (auto st = j.find("state"); st != j.end()) r.state = pairs_of(*st, where, "state");
+      out.push_back(std::move(r));
+    }
+    b = e + 1;
+  }
+  return out;
+}
+
+const ProbeRecord* probe_step(const std::vector<ProbeRecord>& v, int64_t it) {
+  for (const auto& r : v)
+    if (r.event == "step" && r.iteration == it) return &r;
+  return nullptr;
+}
+
+// The first key of `got` (in its order) whose text differs from `ref`'s, or is missing there;
+// then keys of `ref` that `got` lacks. Keys starting with a skipped prefix are ignored.
+std::string first_differing(const std::vector<std::pair<std::string, std::string>>& ref,
+                            const std::vector<std::pair<std::string, std::string>>& got, const std::string& skip_prefix = "") {
+  std::map<std::string, std::string> r(ref.begin(), ref.end()), g(got.begin(), got.end());
+  auto skipped = [&](const std::string& k) { return !skip_prefix.empty() && k.rfind(skip_prefix, 0) == 0; };
+  for (const auto& [k, v] : got) {
+    if (skipped(k)) continue;
+    auto it = r.find(k);
+    if (it == r.end()) return k + " (only in this run)";
+    if (it->second != v) return k;
+  }
+  for (const auto& [k, v] : ref)
+    if (!skipped(k) && !g.count(k)) return k + " (missing in this run)";
+  return "";
+}
+
+// ---- running the trainer ----
+
+struct RunOut {
+  std::string label;
+  fs::path dir, save_dir;
+  MetricLog metrics;
+  std::vector<ProbeRecord> probe;
+  double seconds = 0;
+};
+
+std::string join_argv(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s.size() > 300 ? s.substr(0, 300) + "..." : s;
+}
+
+class Runner {
+ public:
+  Runner(const Scenario& s, const CheckOptions& o) : s_(s), t_(*s.trainer), o_(o), work_(fs::absolute(o.work_dir)) {}
+
+  // One run: its directory <cell>/<label> (run_dir), save_dir inside it unless given.
+  RunOut run(const std::string& label, bool resume, int64_t iterations, const fs::path& load_dir,
+             const std::optional<fs::path>& seed_save_dir) {
+    RunOut out;
+    out.label = label;
+    out.dir = work_ / label;
+    out.save_dir = out.dir / "save";
+    fs::create_directories(out.dir);
+    if (seed_save_dir && fs::exists(fs::symlink_status(*seed_save_dir)))
+      fs::copy(*seed_save_dir, out.save_dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    else
+      fs::create_directories(out.save_dir);
+    const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
+    CapturedSpec c;
+    for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
+    for (const auto& a : t_.args) c.argv.push_back(expand_placeholders(a, vars));
+    c.cwd = cwd_for(out);
+    for (const auto& [k, v] : t_.env) c.env.emplace_back(k, expand_placeholders(v, vars));
+    if (t_.probe) {
+      fs::create_directories(out.dir / "probe");
+      c.env.emplace_back("RH_PROBE_DIR", (out.dir / "probe").string());
+      const std::string py = python_package_dir();
+      const char* pp = std::getenv("PYTHONPATH");
+      if (!py.empty()) c.env.emplace_back("PYTHONPATH", py + (pp && *pp ? ":" + std::string(pp) : std::string()));
+    }
+    c.stdout_path = (out.dir / "stdout.log").string();
+    c.stderr_path = (out.dir / "stderr.log").string();
+    c.output_cap_bytes = t_.output_cap_bytes;
+    c.timeout_s = t_.timeout_s;
+    const auto e = run_captured(c);
+    out.seconds = e.seconds;
+    trainer_seconds_ += e.seconds;
+    if (e.output_capped)
+      throw std::runtime_error("the " + label + " run printed more than " + std::to_string(t_.output_cap_bytes >> 20) +
+                               " MiB (trainer.output_cap_mb); it was stopped: " + join_argv(c.argv));
+    if (!e.ok())
+      throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) + "): " +
+                               ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
+    out.metrics = read_metrics(out, vars, c.stdout_path);
+    if (t_.probe) out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+    return out;
+  }
+
+  // The checkpoint a run left for an iteration ("" when the path names none per iteration and
+  // `iteration` is not the run's last).
+  fs::path checkpoint(const RunOut& r, int64_t iterations, int64_t iteration, const fs::path& load_dir) const {
+    auto vars = vars_for(r, iterations, load_dir.empty() ? r.save_dir : load_dir);
+    vars["iteration"] = std::to_string(iteration);
+    fs::path p = expand_placeholders(t_.checkpoint.path, vars);
+    return p.is_absolute() ? p : fs::path(cwd_for(r)) / p;
+  }
+
+  double trainer_seconds() const { return trainer_seconds_; }
+
+ private:
+  std::map<std::string, std::string> vars_for(const RunOut& r, int64_t iterations, const fs::path& load_dir) const {
+    return {{"iterations", std::to_string(iterations)}, {"save_at", std::to_string(s_.save_at)},
+            {"save_dir", r.save_dir.string()},          {"load_dir", load_dir.string()},
+            {"run_dir", r.dir.string()},                {"tool", o_.tool}};
+  }
+
+  std::string cwd_for(const RunOut& r) const {
+    if (t_.cwd.empty()) return r.dir.string();
+    const fs::path c(t_.cwd);
+    return (c.is_absolute() ? c : fs::absolute(fs::path(t_.scenario_dir) / c)).lexically_normal().string();
+  }
+
+  MetricLog read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars, const std::string& stdout_path) {
+    if (!t_.metrics.stdout_regex.empty())
+      return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
+                                  "the " + r.label + " run's stdout");
+    fs::path f = expand_placeholders(t_.metrics.file, vars);
+    if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(f, ec)))
+      throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() + " (trainer.metrics.file)");
+    return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format, f.string());
+  }
+
+  const Scenario& s_;
+  const ExternalTrainer& t_;
+  const CheckOptions& o_;
+  const fs::path work_;
+  double trainer_seconds_ = 0;
+};
+
+// ---- metrics ----
+
+struct Difference {
+  int64_t iteration = std::numeric_limits<int64_t>::max();
+  std::string what;
+  bool found() const { return !what.empty(); }
+  void offer(int64_t it, const std::string& w) {
+    if (it < iteration) iteration = it, what = w;
+  }
+};
+
+// Every row of `got` with an iteration in [lo, hi] against `ref`'s row of the same number, and
+// every row of `ref` in [lo, hi] must be in `got` when require_all. Differences go to diffs.
+Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, bool require_all,
+                        const std::string& got_name, std::vector<MetricDiff>* diffs) {
+  Difference d;
+  for (const auto& row : got.rows) {
+    if (row.iteration < lo || row.iteration > hi) continue;
+    const MetricRow* r = ref.find(row.iteration);
+    if (!r) {
+      d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the uninterrupted run");
+      continue;
+    }
+    std::map<std::string, std::string> rv(r->values.begin(), r->values.end());
+    for (const auto& [name, text] : row.values) {
+      auto it = rv.find(name);
+      if (it == rv.end()) {
+        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " + got_name + " run");
+        continue;
+      }
+      MetricDiff m;
+      m.iteration = row.iteration;
+      m.metric = name;
+      m.baseline = metric_number(it->second);
+      m.resumed = metric_number(text);
+      m.bit_equal = it->second == text;
+      m.abs_diff = m.bit_equal ? 0 : std::fabs(m.baseline - m.resumed);
+      if (std::isnan(m.abs_diff)) m.abs_diff = std::numeric_limits<double>::infinity();
+      m.rel_diff = m.baseline != 0 ? m.abs_diff / std::fabs(m.baseline) : (m.abs_diff == 0 ? 0 : INFINITY);
+      m.ulp = m.bit_equal ? 0 : ulp_distance(m.baseline, m.resumed);
+      if (!m.bit_equal)
+        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " (" + it->second +
+                                   " vs " + text + ")");
+      if (diffs) diffs->push_back(m);
+    }
+  }
+  if (require_all)
+    for (const auto& row : ref.rows)
+      if (row.iteration >= lo && row.iteration <= hi && !got.find(row.iteration))
+        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the " + got_name + " run");
+  return d;
+}
+
+// The probe's step records of `got` in [lo, hi] against `ref`'s.
+Difference compare_probe_steps(const std::vector<ProbeRecord>& ref, const std::vector<ProbeRecord>& got, int64_t lo,
+                               int64_t hi) {
+  Difference d;
+  for (const auto& r : got) {
+    if (r.event != "step" || r.iteration < lo || r.iteration > hi) continue;
+    const ProbeRecord* q = probe_step(ref, r.iteration);
+    if (!q) continue;   // rows missing are the metrics' business
+    std::string k = first_differing(q->metrics, r.metrics);
+    if (k.empty()) k = first_differing(q->state, r.state);
+    if (!k.empty()) d.offer(r.iteration, "iteration " + std::to_string(r.iteration) + ": " + k);
+  }
+  return d;
+}
+
+// ---- checkpoints ----
+
+// Regular files under a directory (relative path -> absolute), refusing symbolic links.
+std::map<std::string, fs::path> files_under(const fs::path& dir) {
+  std::map<std::string, fs::path> out;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    const auto st = it->symlink_status();
+    if (fs::is_symlink(st)) throw ckpt::CheckpointError(it->path().string() + ": is a symbolic link; not followed");
+    if (fs::is_regular_file(st)) out[fs::relative(it->path(), dir).string()] = it->path();
+  }
+  return out;
+}
+
+// True when the two paths hold the same bytes (the same file names under directories).
+bool byte_identical(const fs::path& a, const fs::path& b) {
+  if (fs::is_directory(a) != fs::is_directory(b)) return false;
+  std::map<std::string, fs::path> fa, fb;
+  if (fs::is_directory(a)) fa = files_under(a), fb = files_under(b);
+  else fa[""] = a, fb[""] = b;
+  if (fa.size() != fb.size()) return false;
+  for (const auto& [k, p] : fa) {
+    auto it = fb.find(k);
+    if (it == fb.end()) return false;
+    uint64_t sa = 0, sb = 0;
+    if (fs::file_size(p) != fs::file_size(it->second)) return false;
+    if (ckpt::xxh3_file(p.string(), &sa) != ckpt::xxh3_file(it->second.string(), &sb)) return false;
+  }
+  return true;
+}
+
+bool torch_like(const fs::path& p) {
+  static const char* exts[] = {".pt", ".pth", ".bin", ".ckpt", ".distcp", ".pkl"};
+  const std::string e = p.extension().string();
+  for (const char* x : exts)
+    if (e == x) return true;
+  return false;
+}
+
+// A checkpoint read key by key: tensors, and everything else as exact text (leaves).
+struct Flat {
+  TensorMap tensors;
+  std::map<std::string, std::string> leaves;
+  std::vector<ckpt::SafetensorsFile> files;   // keep the mappings the tensors alias alive
+};
+
+void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
+  auto st = ckpt::SafetensorsFile::open(file.string());
+  if (st.compressed()) st = st.decoded();
+  const bool bridged = st.metadata().count("rh_bridge") != 0;
+  for (const auto& t : st.tensors()) f.tensors[prefix + t.key] = {t.dtype, st.tensor(t.key)};
+  for (const auto& [k, v] : st.metadata()) {
+    if (bridged && k.rfind("leaf:", 0) == 0) f.leaves[prefix + k.substr(5)] = v;
+    else if (bridged && k.rfind("dtype:", 0) == 0) f.leaves[prefix + k.substr(6) + " (dtype)"] = v;
+    else if (!bridged) f.leaves[prefix + "__metadata__/" + k] = v;
+  }
+  f.files.push_back(std::move(st));
+}
+
+class CheckpointReader {
+ public:
+  CheckpointReader(const ExternalTrainer& t, fs::path scratch) : t_(t), scratch_(std::move(scratch)) {}
+
+  // Reads a checkpoint (file or directory) by its format; torch files through the bridge.
+  Flat read(const fs::path& p, const std::string& label) {
+    Flat f;
+    const bool dir = fs::is_directory(fs::symlink_status(p));
+    std::string fmt = t_.checkpoint.format;
+    if (fmt == "auto") {
+      bool torch = !dir && p.extension() != ".safetensors";
+      if (dir)
+        for (const auto& [rel, abs] : files_under(p)) torch = torch || torch_like(abs);
+      fmt = torch ? "torch" : "safetensors";
+    }
+    if (fmt == "torch") {
+      add_safetensors(f, bridge(p, label), "");
+      return f;
+    }
+    if (!dir) {
+      add_safetensors(f, p, "");
+      return f;
+    }
+    for (const auto& [rel, abs] : files_under(p)) {
+      if (abs.extension() == ".safetensors") {
+        add_safetensors(f, abs, rel + "/");
+      } else {
+        uint64_t size = 0;
+        f.leaves[rel + " (file bytes)"] = ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+      }
+    }
+    return f;
+  }
+
+ private:
+  fs::path bridge(const fs::path& in, const std::string& label) {
+    const std::string py = python_package_dir();
+    if (py.empty())
+      throw std::runtime_error("cannot read torch checkpoint " + in.string() +
+                               ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
+    fs::create_directories(scratch_);
+    const fs::path out = scratch_ / (label + ".safetensors");
+    CapturedSpec c;
+    c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
+    if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
+    c.argv.push_back(fs::absolute(in).string());
+    c.argv.push_back(out.string());
+    c.env = {{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}};
+    c.stdout_path = (scratch_ / (label + ".bridge.out")).string();
+    c.stderr_path = (scratch_ / (label + ".bridge.err")).string();
+    c.timeout_s = 600;
+    const auto e = run_captured(c);
+    if (!e.ok()) {
+      std::string msg = tail_of_file(c.stderr_path, 600);
+      while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
+      throw ckpt::CheckpointError("cannot read torch checkpoint " + in.string() + ": " +
+                                  (msg.empty() ? "the bridge " + e.describe() : ckpt::quote_text(msg, 500)));
+    }
+    return out;
+  }
+
+  const ExternalTrainer& t_;
+  fs::path scratch_;
+};
+
+// "" when identical, else the first differing key; diffs (when given) get every tensor's row.
+std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b, const std::string& label,
+                                std::vector<TensorDiff>* diffs) {
+  for (const auto* p : {&a, &b})
+    if (!fs::exists(fs::symlink_status(*p)))
+      throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
+  if (byte_identical(a, b)) return "";
+  const Flat fa = reader.read(a, label + "_a"), fb = reader.read(b, label + "_b");
+  auto td = compare_tensor_maps(fa.tensors, fb.tensors);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : fa.leaves) keys.insert(k);
+  for (const auto& [k, v] : fb.leaves) keys.insert(k);
+  for (const auto& k : keys) {
+    TensorDiff d;
+    d.key = k;
+    d.kind = "leaf";
+    auto ia = fa.leaves.find(k), ib = fb.leaves.find(k);
+    d.dtype_a = ia != fa.leaves.end() ? "text" : "";
+    d.dtype_b = ib != fb.leaves.end() ? "text" : "";
+    d.numel = 1;
+    d.shape_equal = true;
+    d.bit_equal_fraction = (ia != fa.leaves.end() && ib != fb.leaves.end() && ia->second == ib->second) ? 1.0 : 0.0;
+    if (d.bit_equal_fraction < 1) d.max_abs_diff = std::numeric_limits<double>::infinity();
+    td.push_back(d);
+  }
+  std::sort(td.begin(), td.end(), [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
+  std::string first;
+  for (const auto& d : td)
+    if (!d.identical() && first.empty()) first = d.key + (d.dtype_a.empty() ? " (missing in the first)" : d.dtype_b.empty() ? " (missing in the second)" : "");
+  // Files that differ in bytes with every key equal (a zip's record names, a pickle's memo order)
+  // hold the same checkpoint.
+  if (diffs) *diffs = td;
+  return first;
+}
+
+// ---- the cell ----
+
+bool present(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
+
+std::string resolution_notes(const MetricLog& log, bool bitwise_elsewhere, std::vector<std::string>& notes) {
+  for (const auto& [name, res] : log.resolution)
+    if (!res.empty())
+      notes.push_back(name + " printed with " + res + " here" +
+                      (bitwise_elsewhere ? "; the checkpoint/probe comparison is bitwise"
+                                         : "; nothing else is compared bitwise (add trainer.checkpoint or the probe)"));
+  return "";
+}
+
+void diagnose(CheckResult& r, const std::string& code, const std::string& where, const std::string& words) {
+  if (!r.diagnosis.empty() && r.diagnosis != "none") return;   // the first in order stays
+  r.diagnosis = code;
+  r.first_divergence = where;
+  r.explanation = words;
+}
+
+void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& run) {
+  const ExternalTrainer& t = *s.trainer;
+  const int64_t K = s.save_at, N = s.cfg.train.iterations;
+  const bool ckpts = !t.checkpoint.path.empty();
+  const bool per_iteration = t.checkpoint.path.find("{iteration") != std::string::npos;
+  CheckpointReader reader(t, fs::path(o.work_dir) / "flat");
+
+  // 1. Determinism: the uninterrupted run, determinism_runs times.
+  std::vector<RunOut> un;
+  for (int d = 1; d <= t.determinism_runs; ++d)
+    un.push_back(run.run("uninterrupted_" + std::to_string(d), false, N, {}, std::nullopt));
+  const RunOut& u = un.front();
+  if (u.metrics.rows.empty())
+    throw std::runtime_error("the uninterrupted run logged no metric rows (trainer.metrics matched nothing in " +
+                             (u.dir / "stdout.log").string() + ")");
+  for (size_t d = 1; d < un.size(); ++d) {
+    const std::string name = un[d].label;
+    Difference diff = compare_rows(u.metrics, un[d].metrics, std::numeric_limits<int64_t>::min(),
+                                   std::numeric_limits<int64_t>::max(), true, name, nullptr);
+    Difference pd = compare_probe_steps(u.probe, un[d].probe, 0, N);
+    if (pd.found() && pd.iteration <= diff.iteration) diff = pd;
+    std::string key;
+    const fs::path fa = ckpts ? run.checkpoint(u, N, N, {}) : fs::path(), fb = ckpts ? run.checkpoint(un[d], N, N, {}) : fs::path();
+    if (!diff.found() && ckpts && present(fa) && present(fb)) key = compare_checkpoints(reader, fa, fb, "determinism", nullptr);
+    if (diff.found() || !key.empty()) {
+      r.outcome = Outcome::nondeterministic;
+      const std::string where = diff.found() ? diff.what : "final checkpoint: " + key;
+      diagnose(r, "nondeterministic", "uninterrupted runs differ: " + where,
+               "two uninterrupted runs of the same command differ (" + where +
+                   "): the trainer is not reproducible, so resume is not judged. Seed every RNG, use deterministic "
+                   "algorithms, and pin threads (e.g. --deterministic-mode, CUBLAS_WORKSPACE_CONFIG, one data-loader order)");
+      return;
+    }
+  }
+  // Controls: the comparison can fail (the metrics change over iterations), and the resumed run
+  // is compared on at least one iteration after K (checked below).
+  for (const auto& row : u.metrics.rows)
+    if (row.values != u.metrics.rows.front().values) r.control_k_differs = true;
+
+  // 2. The interrupted run: every row up to K must equal the uninterrupted run's.
+  RunOut in = run.run("interrupted", false, K, {}, std::nullopt);
+  {
+    Difference d = compare_rows(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, true, "interrupted", nullptr);
+    Difference pd = compare_probe_steps(u.probe, in.probe, std::numeric_limits<int64_t>::min(), K);
+    if (pd.found() && pd.iteration <= d.iteration) d = pd;
+    if (d.found())
+      diagnose(r, "before-save", "interrupted run: " + d.what,
+               "the interrupted run ({iterations} = " + std::to_string(K) + ") differs from the uninterrupted run before "
+               "any save (" + d.what + "): its computation depends on the number of iterations it is given (e.g. an LR "
+               "schedule over --iters; give the schedule its own length and stop with an exit interval) or on the save itself");
+  }
+
+  // 3. The saved state at K against the uninterrupted run's.
+  bool saved_state_known_equal = false;
+  const fs::path ck_in = ckpts ? run.checkpoint(in, K, K, {}) : fs::path();
+  if (ckpts && !present(ck_in))
+    throw std::runtime_error("checkpoint " + ck_in.string() + " was not written by the interrupted run (trainer.checkpoint.path)");
+  if (ckpts && per_iteration && !present(run.checkpoint(u, N, K, {})))
+    r.notes.push_back("the saved state at K was not compared: the uninterrupted run left no " + run.checkpoint(u, N, K, {}).string());
+  else if (ckpts && per_iteration) {
+    const std::string key = compare_checkpoints(reader, run.checkpoint(u, N, K, {}), ck_in, "saved_at_k", &r.after_load);
+    if (!key.empty())
+      diagnose(r, "saved-state", "saved state at " + std::to_string(K) + ": " + key,
+               "the checkpoint the interrupted run saved at " + std::to_string(K) + " differs from the one the uninterrupted "
+               "run saved at " + std::to_string(K) + " (first key " + key + "): what is saved depends on stopping there");
+    else
+      saved_state_known_equal = true;
+  }
+
+  // 4. The round trip: load K, train nothing, save.
+  if (t.round_trip) {
+    RunOut rt = run.run("round_trip", true, K, in.save_dir, in.save_dir);
+    const std::string key = compare_checkpoints(reader, ck_in, run.checkpoint(rt, K, K, in.save_dir), "round_trip", nullptr);
+    if (!key.empty())
+      diagnose(r, "round-trip", "round trip: " + key,
+               "loading the checkpoint at " + std::to_string(K) + " and saving it again without training changes " + key +
+                   ": the load (or the save) does not restore that state exactly");
+  }
+
+  // 5. The resumed run; its state right after load (probe).
+  RunOut rs = run.run("resumed", true, N, in.save_dir, in.save_dir);
+  if (t.probe) {
+    const ProbeRecord* loaded = nullptr;
+    for (const auto& p : rs.probe)
+      if (p.event == "after_load") loaded = &p;
+    const ProbeRecord* at_k = probe_step(u.probe, K);
+    if (!loaded || !at_k)
+      throw std::runtime_error(std::string("trainer.probe = true but ") +
+                               (!loaded ? "the resumed run recorded no probe.after_load" : "the uninterrupted run recorded no probe.after_step at " + std::to_string(K)) +
+                               " (is RH_PROBE_DIR reaching the trainer, and does it call the probe?)");
+    std::string key = loaded->iteration != K ? "iteration (restored " + std::to_string(loaded->iteration) + ")" : "";
+    if (key.empty()) key = first_differing(at_k->state, loaded->state, "data/");
+    if (!key.empty())
+      diagnose(r, "after-load", "after load: " + key,
+               "the state right after loading differs from the uninterrupted run's state at " + std::to_string(K) + " (first " + key +
+                   "): it is not saved, or not restored, or restored and then changed (e.g. a re-seed)");
+    else
+      saved_state_known_equal = true;
+  }
+  Difference d = compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, false, "resumed", &r.metric_diffs);
+  {
+    Difference req = compare_rows(u.metrics, rs.metrics, K + 1, N, true, "resumed", nullptr);
+    if (req.found() && req.iteration < d.iteration) d = req;
+  }
+  for (const auto& row : rs.metrics.rows) r.control_fresh_differs = r.control_fresh_differs || (row.iteration > K && row.iteration <= N);
+  Difference pd = compare_probe_steps(u.probe, rs.probe, K + 1, N);
+  std::string where = d.found() ? d.what : "";
+  if (pd.found() && pd.iteration <= d.iteration) where = pd.what;
+  for (const auto& m : r.metric_diffs)
+    if (m.metric == "loss" || m.metric == "lm_loss" || m.metric == "lm loss") r.max_abs_dloss = std::max(r.max_abs_dloss, m.abs_diff);
+  if (!where.empty()) {
+    if (saved_state_known_equal)
+      diagnose(r, "not-in-checkpoint", where,
+               where + " while the saved state is identical: what differs is not in the checkpoint: data order, RNG "
+               "streams, or a schedule derived from the process start");
+    else
+      diagnose(r, "resumed-metrics", where,
+               where + " after resume" + (ckpts ? "" : "; only the logged metrics were compared (add trainer.checkpoint or the probe to localize)"));
+  }
+
+  // 6. The final state.
+  const fs::path final_u = ckpts ? run.checkpoint(u, N, N, {}) : fs::path();
+  if (ckpts && !present(final_u))
+    r.notes.push_back("the final state was not compared: the uninterrupted run left no " + final_u.string());
+  else if (ckpts) {
+    const std::string key = compare_checkpoints(reader, final_u, run.checkpoint(rs, N, N, in.save_dir), "final", &r.final_state);
+    if (!key.empty())
+      diagnose(r, "final-state", "final state: " + key,
+               "every compared metric is equal but the final checkpoint differs at " + key + ": a state that does not "
+               "(yet) reach the logged metrics was not resumed exactly");
+  }
+  resolution_notes(u.metrics, ckpts || t.probe, r.notes);
+  if (r.diagnosis.empty()) {
+    r.diagnosis = "none";
+    r.explanation = "every logged metric" + std::string(ckpts ? ", every checkpoint key" : "") + (t.probe ? " and every probed state" : "") +
+                    " of the resumed run equals the uninterrupted run's";
+  }
+  if (r.outcome != Outcome::nondeterministic) r.outcome = r.diagnosis == "none" ? Outcome::identical : Outcome::diverged;
+}
+
+}  // namespace
+
+std::string python_package_dir() {
+  if (const char* e = std::getenv("RH_PYTHON_DIR"); e && *e) return e;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const fs::path dir = exe.parent_path();
+  for (const fs::path& c : {dir.parent_path() / "python", dir / "python", dir.parent_path() / "share" / "resume-harness" / "python"})
+    if (fs::is_directory(c / "rhckpt", ec)) return c.lexically_normal().string();
+  return "";
+}
+
+std::string python_interpreter() {
+  if (const char* e = std::getenv("RH_PYTHON"); e && *e) return e;
+  return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+CheckResult check_external_cell(const Scenario& s, const CheckOptions& o) {
+  CheckResult r;
+  r.name = s.name;
+  r.expectation = to_string(s.expect.kind);
+  const auto t0 = std::chrono::steady_clock::now();
+  Runner run(s, o);
+  try {
+    run_cell(s, o, r, run);
+  } catch (const std::exception& e) {
+    r.outcome = Outcome::error;
+    r.diagnosis = "";
+    r.first_divergence = e.what();
+  }
+  r.trainer_seconds = run.trainer_seconds();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  judge(s, r);
+  if (!o.keep_checkpoints) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(o.work_dir, ec))
+      if (e.is_directory() && !fs::is_symlink(e.symlink_status())) fs::remove_all(e.path() / "save", ec);
+    fs::remove_all(fs::path(o.work_dir) / "flat", ec);
+  }
+  try {
+    write_cell_outputs(o.work_dir, s, r);
+  } catch (const std::exception& e) {
+    r.passed = false;
+    r.verdict = std::string("FAIL: cannot write results: ") + e.what();
+  }
+  return r;
+}
+
+}  // namespace rh

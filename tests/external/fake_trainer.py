@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""A stand-in trainer for tests/test_external.cpp: standard library only (starts in ~30 ms), a
+deterministic "training" of one float64 vector driven by a random.Random stream, checkpoints as
+hand-written safetensors files. Switches make it misbehave the ways the external check must
+handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log.
+
+  fake_trainer.py --iters N --save-every K --out DIR [--load DIR] [--mode MODE]
+"""
+import argparse, json, os, random, struct, sys, time
+
+MODES = ["ok", "rng_not_saved", "nondeterministic", "crash_interrupted", "hang", "spam", "bad_iteration",
+         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "csv", "jsonl"]
+
+
+def save(path, w, it, rng_state, with_rng):
+    meta = {"iteration": str(it)}
+    if with_rng:
+        meta["rng"] = json.dumps(rng_state)
+    data = struct.pack("<%dd" % len(w), *w)
+    header = {"__metadata__": meta, "w": {"dtype": "F64", "shape": [len(w)], "data_offsets": [0, len(data)]}}
+    h = json.dumps(header, sort_keys=True).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+    os.replace(tmp, path)
+
+
+def load(path):
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    w = list(struct.unpack("<%dd" % header["w"]["shape"][0], b[8 + n:]))
+    meta = header["__metadata__"]
+    rng = meta.get("rng")
+    return w, int(meta["iteration"]), (json.loads(rng) if rng else None)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, required=True)
+    p.add_argument("--save-every", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--load")
+    p.add_argument("--mode", default="ok", choices=MODES)
+    a = p.parse_args()
+    rng = random.Random(os.urandom(8) if a.mode == "nondeterministic" else 1234)
+    w, start = [0.5, -0.25, 1.0], 0
+    if a.load:
+        ckpts = sorted((int(f[5:-12]), f) for f in os.listdir(a.load) if f.startswith("iter_") and f.endswith(".safetensors"))
+        w, start, state = load(os.path.join(a.load, ckpts[-1][1]))
+        if state is not None:
+            rng.setstate((state[0], tuple(state[1]), state[2]))
+    if a.mode == "crash_interrupted" and a.iters < 20:
+        print("boom", file=sys.stderr)
+        sys.exit(3)
+    if a.mode == "hang":
+        time.sleep(3600)
+    os.makedirs(a.out, exist_ok=True)
+    out = open(os.path.join(a.out, "..", "metrics." + a.mode), "w") if a.mode in ("csv", "jsonl") else None
+    if a.mode == "csv":
+        out.write("iteration,loss\n")
+    for it in range(start + 1, a.iters + 1):
+        lr = 0.1 / a.iters if a.mode == "iters_dependent" else 0.005
+        w = [x - lr * (x + rng.gauss(0, 1)) for x in w]
+        loss = sum(x * x for x in w)
+        if a.mode == "spam":
+            sys.stdout.write("x" * 1000000 + "\n")
+        if a.mode == "bad_iteration" and it == 3:
+            print("iter 99999999999999999999999: loss 1.0")
+        print("iter %d: loss %.6f" % (it, loss), flush=True)
+        if out is not None:
+            out.write("%d,%r\n" % (it, loss) if a.mode == "csv" else json.dumps({"iteration": it, "loss": loss}) + "\n")
+        if (it % a.save_every == 0 or it == a.iters) and a.mode != "no_checkpoint":
+            path = os.path.join(a.out, "iter_%d.safetensors" % it)
+            if a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
+                open(path, "wb").write(b"\x00" * 12)
+            else:
+                save(path, w, it, rng.getstate(), a.mode != "rng_not_saved")
+    if a.iters == start:   # nothing trained after a load: the round trip re-saves what it loaded
+        save(os.path.join(a.out, "iter_%d.safetensors" % start), w, start, rng.getstate(), a.mode != "rng_not_saved")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+// External trainers: placeholders, metric parsing (regex / CSV / JSON lines, printed resolution),
+// the captured-process runner (argv without a shell, cwd, process-group timeout, output cap), the
+// [trainer] table's errors, and whole external cells run with tests/external/fake_trainer.py
+// (a standard-library stand-in that can misbehave), each verdict and diagnosis asserted.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "harness/base/text.h"
+#include "harness/checkpoint/errors.h"
+#include "harness/dist/process.h"
+#include "harness/verify/external.h"
+#include "harness/verify/external_check.h"
+#include "harness/verify/external_metrics.h"
+#include "harness/verify/scenario.h"
+
+namespace fs = std::filesystem;
+using namespace rh;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("rh_external_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// ---- placeholders ----
+
+struct PlaceholderCase {
+  const char* text;
+  const char* expanded;   // nullptr: an error containing `error`
+  const char* error;
+};
+
+class Placeholders : public ::testing::TestWithParam<PlaceholderCase> {};
+
+TEST_P(Placeholders, ExpandOrRefuse) {
+  const auto& c = GetParam();
+  const std::map<std::string, std::string> vars = {{"iterations", "20"}, {"save_dir", "/s"}, {"iteration", "10"}};
+  if (c.expanded) {
+    EXPECT_EQ(expand_placeholders(c.text, vars), c.expanded);
+  } else {
+    try {
+      expand_placeholders(c.text, vars);
+      FAIL() << "expanded " << c.text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << e.what();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Placeholders,
+    ::testing::Values(PlaceholderCase{"--iters={iterations}", "--iters=20", nullptr},
+                      PlaceholderCase{"{save_dir}/iter_{iteration:07}", "/s/iter_0000010", nullptr},
+                      PlaceholderCase{"{{literal}}", "{literal}", nullptr},
+                      PlaceholderCase{"{load_dir}", nullptr, "{load_dir} has no value"},
+                      PlaceholderCase{"{iterations", nullptr, "unmatched '{'"},
+                      PlaceholderCase{"a}b", nullptr, "unmatched '}'"},
+                      PlaceholderCase{"{iteration:7}", nullptr, "zero-padded width"},
+                      PlaceholderCase{"{save_dir:07}", nullptr, "not an integer"}));
+
+TEST(Placeholders, CheckNamesTheUnknownOne) {
+  EXPECT_NO_THROW(check_placeholders("{save_dir}/x", {"save_dir"}));
+  try {
+    check_placeholders("{save_dri}/x", {"save_dir", "load_dir"});
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown placeholder {save_dri} (expected {save_dir}, {load_dir})"), std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- metrics ----
+
+TEST(ExternalMetrics, StdoutRegexRowsByIteration) {
+  const std::string log =
+      "starting\n iter 1: loss 4.125000 lr 1.0e-03\niter 2: loss 4.000000 lr 2.0e-03\nwarning\r\niter 2: loss 4.000000 lr 2.0e-03\r\n";
+  const auto m = parse_stdout_metrics(log, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+) lr (?<lr>\S+))", "stdout");
+  ASSERT_EQ(m.rows.size(), 3u);
+  EXPECT_EQ(m.rows[0].iteration, 1);
+  EXPECT_EQ(m.rows[0].line, 2u);
+  ASSERT_EQ(m.rows[0].values.size(), 2u);
+  EXPECT_EQ(m.rows[0].values[0], (std::pair<std::string, std::string>{"loss", "4.125000"}));
+  EXPECT_EQ(m.rows[0].values[1], (std::pair<std::string, std::string>{"lr", "1.0e-03"}));
+  EXPECT_EQ(m.rows[2].values[1].second, "2.0e-03");   // \r stripped
+  EXPECT_EQ(m.find(2), &m.rows[1]);                     // the first row of an iteration
+  EXPECT_EQ(m.find(3), nullptr);
+  EXPECT_EQ(m.resolution.at("loss"), "6 decimals: a difference below 5e-07 cannot be seen");
+  EXPECT_EQ(m.resolution.at("lr"), "2 significant digits: a relative difference below 5e-02 cannot be seen");
+}
+
+TEST(ExternalMetrics, BadIterationNamesTheLine) {
+  try {
+    parse_stdout_metrics("iter 1: loss 1\niter 1x: loss 2\n", R"(iter (?P<iteration>\S+): loss (?P<loss>\S+))", "the run's stdout");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the run's stdout:2: iteration '1x' is not a non-negative integer"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ExternalMetrics, LongLinesAreNotMatched) {
+  const std::string huge = "iter 5: loss " + std::string(kMaxMetricLineBytes, '1') + "\niter 6: loss 2\n";
+  const auto m = parse_stdout_metrics(huge, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+))", "stdout");
+  ASSERT_EQ(m.rows.size(), 1u);
+  EXPECT_EQ(m.rows[0].iteration, 6);
+}
+
+TEST(ExternalMetrics, RegexProblems) {
+  EXPECT_EQ(regex_problem(R"(it (?P<iteration>\d+) (?P<loss>\S+))"), "");
+  EXPECT_NE(regex_problem("(unclosed").find("does not compile"), std::string::npos);
+  EXPECT_EQ(regex_problem(R"((?P<loss>\S+))"), "has no (?P<iteration>...) group");
+  EXPECT_EQ(regex_problem(R"((?P<iteration>\d+))"), "has no metric group besides (?P<iteration>...)");
+}
+
+TEST(ExternalMetrics, CsvAndJsonLines) {
+  const auto c = parse_metrics_file("loss,iteration,note\n0.5,1,\"a, \"\"b\"\"\"\n0x1.8p-1,2,x\n", "csv", "m.csv");
+  ASSERT_EQ(c.rows.size(), 2u);
+  EXPECT_EQ(c.rows[0].iteration, 1);
+  EXPECT_EQ(c.rows[0].values[1].second, "a, \"b\"");
+  EXPECT_EQ(c.resolution.at("loss"), "1 decimals: a difference below 5e-02 cannot be seen");
+  const auto j = parse_metrics_file("{\"iteration\": 3, \"loss\": 0.1, \"tokens\": 7}\n\n", "jsonl", "m.jsonl");
+  ASSERT_EQ(j.rows.size(), 1u);
+  EXPECT_EQ(j.rows[0].values[0].second, "0.10000000000000001");   // the parsed double, exactly
+  EXPECT_EQ(j.resolution.at("loss"), "");
+  for (const char* bad : {"{\"loss\": 1}\n", "[1]\n", "{\"iteration\": -1}\n", "{\"iteration\": 1\n"})
+    EXPECT_THROW(parse_metrics_file(bad, "jsonl", "m.jsonl"), std::invalid_argument) << bad;
+  EXPECT_THROW(parse_metrics_file("loss\n1\n", "csv", "m.csv"), std::invalid_argument);
+  EXPECT_THROW(parse_metrics_file("iteration,loss\n1\n", "csv", "m.csv"), std::invalid_argument);
+}
+
+TEST(ExternalMetrics, PrintedResolution) {
+  EXPECT_EQ(printed_resolution("0x1.8p+1"), "");
+  EXPECT_EQ(printed_resolution("12"), "");
+  EXPECT_EQ(printed_resolution("3.1415926535897931"), "");   // 17 significant digits
+  EXPECT_EQ(printed_resolution("4.1235"), "4 decimals: a difference below 5e-05 cannot be seen");
+}
+
+// ---- the captured runner ----
+
+CapturedSpec spec_in(const fs::path& d, std::vector<std::string> argv) {
+  CapturedSpec c;
+  c.argv = std::move(argv);
+  c.cwd = d.string();
+  c.stdout_path = (d / "out.log").string();
+  c.stderr_path = (d / "err.log").string();
+  c.timeout_s = 30;
+  return c;
+}
+
+TEST(RunCaptured, ArgvIsNeverAShellCommandAndRunsInCwd) {
+  const fs::path d = temp_dir("argv");
+  auto c = spec_in(d, {"sh", "-c", "pwd; echo \"$1\"; echo err >&2", "x", "; touch pwned"});
+  c.env = {{"RH_TEST_VAR", "1"}};
+  const auto e = run_captured(c);
+  EXPECT_TRUE(e.ok()) << e.describe();
+  EXPECT_EQ(slurp(d / "out.log"), d.string() + "\n; touch pwned\n");
+  EXPECT_EQ(slurp(d / "err.log"), "err\n");
+  EXPECT_FALSE(fs::exists(d / "pwned"));
+  EXPECT_THROW(run_captured(spec_in(d, {"no-such-command-rh"})), std::runtime_error);
+}
+
+TEST(RunCaptured, TimeoutKillsTheWholeProcessGroup) {
+  const fs::path d = temp_dir("timeout");
+  auto c = spec_in(d, {"sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"});
+  c.timeout_s = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = run_captured(c);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  EXPECT_TRUE(e.timed_out);
+  EXPECT_FALSE(e.ok());
+  const pid_t gc = std::stoi(slurp(d / "grandchild.pid"));
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = ::kill(gc, 0) != 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "the grandchild " << gc << " outlived the timeout";
+}
+
+TEST(RunCaptured, OutputBeyondTheCapStopsTheRun) {
+  const fs::path d = temp_dir("cap");
+  auto c = spec_in(d, {"yes"});
+  c.output_cap_bytes = 1 << 20;
+  const auto e = run_captured(c);
+  EXPECT_TRUE(e.output_capped);
+  EXPECT_FALSE(e.ok());
+  EXPECT_EQ(fs::file_size(d / "out.log"), 1u << 20);
+}
+
+// ---- the [trainer] table ----
+
+std::string minimal(const std::string& trainer_extra, const std::string& top = "") {
+  return "[defaults]\nsave_at = 10\n" + top +
+         "[defaults.trainer]\ncommand = [\"t\", \"{iterations}\"]\nresume_command = [\"t\", \"{load_dir}\"]\n" + trainer_extra +
+         "[defaults.trainer.metrics]\nstdout_regex = 'i (?P<iteration>\\d+) (?P<loss>\\S+)'\n[[scenario]]\nname = \"a\"\n";
+}
+
+struct TableError {
+  const char* name;
+  std::string text;
+  const char* error;
+};
+
+class TrainerTable : public ::testing::TestWithParam<TableError> {};
+
+TEST_P(TrainerTable, RefusedWithFileLineAndKey) {
+  try {
+    load_scenarios_text(GetParam().text, "ext.toml");
+    FAIL() << "accepted";
+  } catch (const ScenarioError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("ext.toml:", 0), 0u) << m;
+    EXPECT_NE(m.find(GetParam().error), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, TrainerTable,
+    ::testing::Values(TableError{"unknown_key", minimal("comand = [\"x\"]\n"), "trainer.comand: unknown key"},
+                      TableError{"command_type", "[defaults.trainer]\ncommand = \"python3 train.py\"\n[[scenario]]\nname = \"a\"\n",
+                                 "trainer.command: expected an array"},
+                      TableError{"placeholder", minimal("args = [\"{save_dri}\"]\n"), "unknown placeholder {save_dri}"},
+                      TableError{"timeout", minimal("timeout_s = -1\n"), "trainer.timeout_s"},
+                      TableError{"determinism", minimal("determinism_runs = 0\n"), "trainer.determinism_runs"},
+                      TableError{"format", minimal("checkpoint = { path = \"x\", format = \"pickle\" }\n"),
+                                 "trainer.checkpoint.format: expected auto, safetensors or torch"},
+                      TableError{"round_trip", minimal("round_trip = true\n"), "trainer.round_trip: needs trainer.checkpoint.path"},
+                      TableError{"fault", minimal("", "fault = \"skip_rng_restore\"\n"), "built-in trainer's"},
+                      TableError{"diagnosis", minimal("", "expect_diagnosis = \"rng\"\n"), "expected one of none, nondeterministic"},
+                      TableError{"regex", "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\nmetrics={stdout_regex='(?P<loss>x)'}\n"
+                                          "[[scenario]]\nname=\"a\"\n", "has no (?P<iteration>...) group"},
+                      TableError{"no_metrics", "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n[[scenario]]\nname = \"a\"\n",
+                                 "trainer.metrics: expected exactly one of stdout_regex or file"},
+                      TableError{"csv_format", "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n"
+                                               "metrics = { file = \"m\", format = \"xml\" }\n[[scenario]]\nname = \"a\"\n",
+                                 "trainer.metrics.format: expected csv or jsonl"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(TrainerTable, ArgsAppendFromDefaultsPresetsAndAxes) {
+  const std::string text = minimal("args = [\"--a\"]\n") +
+                           "[[matrix]]\nname = \"m\"\ntrainer = { args = [\"--m\"] }\n"
+                           "  [[matrix.axis]]\n  name = \"x\"\n  key = \"trainer.args\"\n  values = [\"--fast\"]\n"
+                           "  [[matrix.axis]]\n  name = \"bug\"\n  values = [\"rng\"]\n"
+                           "  [matrix.axis.presets]\n  rng = { trainer = { args = [\"--bug\", \"rng\"] } }\n";
+  const auto all = load_scenarios_text(text, "ext.toml");
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_TRUE(all[1].trainer);
+  EXPECT_EQ(all[1].name, "m/x=--fast,bug=rng");
+  EXPECT_EQ(all[1].trainer->args, (std::vector<std::string>{"--a", "--m", "--fast", "--bug", "rng"}));
+  EXPECT_EQ(all[0].trainer->args, (std::vector<std::string>{"--a"}));
+  EXPECT_EQ(all[0].cfg.train.iterations, 20);
+}
+
+// ---- whole cells with the fake trainer ----
+
+struct CellCase {
+  const char* name;
+  const char* mode;        // fake_trainer.py --mode
+  const char* level;       // log | checkpoints
+  Outcome outcome;
+  const char* diagnosis;   // "" for an error outcome
+  const char* divergence;  // text the first divergence (or error) must contain
+};
+
+std::string cell_toml(const CellCase& c) {
+  const std::string src = RH_SOURCE_DIR;
+  std::string t = "[defaults]\nsave_at = 10\n[defaults.trainer]\niterations = 20\ntimeout_s = 5\noutput_cap_mb = 1\n"
+                  "command = [\"/usr/bin/python3\", \"" + src + "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
+                  "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--mode\", \"" + c.mode + "\"]\n"
+                  "resume_command = [\"/usr/bin/python3\", \"" + src + "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
+                  "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--load\", \"{load_dir}\", \"--mode\", \"" + c.mode + "\"]\n";
+  if (std::string(c.mode) == "csv" || std::string(c.mode) == "jsonl")
+    t += "metrics = { file = \"{run_dir}/metrics." + std::string(c.mode) + "\", format = \"" + c.mode + "\" }\n";
+  else
+    t += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
+  if (std::string(c.level) == "checkpoints")
+    t += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
+  return t + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+}
+
+class ExternalCell : public ::testing::TestWithParam<CellCase> {};
+
+TEST_P(ExternalCell, VerdictAndDiagnosis) {
+  const auto& c = GetParam();
+  const fs::path d = temp_dir(std::string("cell_") + c.name);
+  const auto s = load_scenarios_text(cell_toml(c), (d / "ext.toml").string()).front();
+  CheckOptions o;
+  o.tool = RH_TOOL;
+  o.work_dir = (d / "cell").string();
+  const auto r = run_check(s, o);
+  EXPECT_EQ(to_string(r.outcome), std::string(to_string(c.outcome))) << r.first_divergence << " | " << r.explanation;
+  EXPECT_EQ(r.diagnosis, c.diagnosis) << r.first_divergence;
+  EXPECT_NE(r.first_divergence.find(c.divergence), std::string::npos) << r.first_divergence;
+  EXPECT_EQ(r.first_divergence.find('\n'), std::string::npos) << r.first_divergence;
+  EXPECT_TRUE(fs::exists(d / "cell" / "result.json"));
+  EXPECT_GT(r.trainer_seconds, 0);
+  fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ExternalCell,
+    ::testing::Values(
+        CellCase{"correct_log", "ok", "log", Outcome::identical, "none", ""},
+        CellCase{"correct_checkpoints", "ok", "checkpoints", Outcome::identical, "none", ""},
+        CellCase{"correct_csv", "csv", "log", Outcome::identical, "none", ""},
+        CellCase{"correct_jsonl", "jsonl", "log", Outcome::identical, "none", ""},
+        CellCase{"rng_log", "rng_not_saved", "log", Outcome::diverged, "resumed-metrics", "iteration 11: metric loss"},
+        CellCase{"rng_checkpoints", "rng_not_saved", "checkpoints", Outcome::diverged, "not-in-checkpoint", "iteration 11: metric loss"},
+        CellCase{"nondeterministic", "nondeterministic", "log", Outcome::nondeterministic, "nondeterministic", "uninterrupted runs differ: iteration 1"},
+        CellCase{"iters_dependent", "iters_dependent", "log", Outcome::diverged, "before-save", "interrupted run: iteration 1"},
+        CellCase{"crash", "crash_interrupted", "log", Outcome::error, "", "the interrupted run exited with code 3"},
+        CellCase{"hang", "hang", "log", Outcome::error, "", "after its time ran out"},
+        CellCase{"spam", "spam", "log", Outcome::error, "", "printed more than 1 MiB"},
+        CellCase{"bad_iteration", "bad_iteration", "log", Outcome::error, "", "is not a non-negative integer"},
+        CellCase{"no_checkpoint", "no_checkpoint", "checkpoints", Outcome::error, "", "was not written"},
+        CellCase{"garbage_checkpoint", "garbage_checkpoint", "checkpoints", Outcome::error, "", "iter_10.safetensors"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
