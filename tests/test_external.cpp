@@ -291,6 +291,7 @@ std::string cell_toml(const CellCase& c) {
     t += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
   if (std::string(c.level) == "checkpoints")
     t += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
+  if (std::string(c.level) == "torch") t += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
   return t + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
 }
 
@@ -329,7 +330,10 @@ INSTANTIATE_TEST_SUITE_P(
         CellCase{"spam", "spam", "log", Outcome::error, "", "printed more than 1 MiB"},
         CellCase{"bad_iteration", "bad_iteration", "log", Outcome::error, "", "is not a non-negative integer"},
         CellCase{"no_checkpoint", "no_checkpoint", "checkpoints", Outcome::error, "", "was not written"},
-        CellCase{"garbage_checkpoint", "garbage_checkpoint", "checkpoints", Outcome::error, "", "iter_10.safetensors"}),
+        CellCase{"garbage_checkpoint", "garbage_checkpoint", "checkpoints", Outcome::error, "", "iter_10.safetensors"},
+        // through the shared torch bridge: refused naming the file, and the bridge serves on
+        CellCase{"garbage_torch", "garbage_torch", "torch", Outcome::error, "", "iter_10.pt: not a torch.save file"},
+        CellCase{"garbage_torch_again", "garbage_torch", "torch", Outcome::error, "", "iter_10.pt: not a torch.save file"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

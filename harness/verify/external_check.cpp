@@ -14,6 +14,16 @@
 #include <set>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/checkpoint/safetensors.h"
@@ -335,53 +345,181 @@ void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
   f.files.push_back(std::move(st));
 }
 
+// One long-lived `torch_bridge --serve` per tool process, shared by every cell (and worker thread):
+// importing torch costs about 1.5 s of CPU, a conversion of our example's checkpoint 0.05 s.
+// Requests go over a socketpair (send with MSG_NOSIGNAL: a bridge that died cannot kill us with
+// SIGPIPE); a bridge that dies, hangs past the timeout or answers garbage is killed and restarted
+// on the next request, and the request fails with a message naming the input.
+class BridgeServer {
+ public:
+  static BridgeServer& instance() {
+    static BridgeServer s;
+    return s;
+  }
+  // "" on success, else the bridge's one-line error.
+  std::string convert(const std::vector<std::pair<fs::path, fs::path>>& io, double timeout_s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pid_ <= 0) start();
+    nlohmann::json req = nlohmann::json::array();
+    for (const auto& [in, out] : io) req.push_back(fs::absolute(in).string()), req.push_back(out.string());
+    const std::string line = req.dump() + "\n";
+    for (size_t done = 0; done < line.size();) {
+      const ssize_t n = ::send(fd_, line.data() + done, line.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return fail("the torch bridge stopped accepting requests");
+      done += static_cast<size_t>(n);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                   std::chrono::duration<double>(timeout_s));
+    std::string reply;
+    char buf[4096];
+    while (reply.find('\n') == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return fail("the torch bridge did not answer within " + std::to_string(static_cast<int>(timeout_s)) + " s");
+      pollfd p{fd_, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) continue;
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return fail("the torch bridge ended (killed, or out of memory?)");
+      reply.append(buf, static_cast<size_t>(n));
+      if (reply.size() > (1u << 20)) return fail("the torch bridge answered more than 1 MiB");
+    }
+    try {
+      const auto j = nlohmann::json::parse(reply.substr(0, reply.find('\n')));
+      if (j.at("ok").get<bool>()) return "";
+      return j.at("error").get<std::string>();
+    } catch (const std::exception&) {
+      return fail("the torch bridge answered something that is not its reply");
+    }
+  }
+
+ private:
+  BridgeServer() = default;
+  ~BridgeServer() { stop(); }
+
+  std::string fail(const std::string& what) {
+    stop();
+    return what;
+  }
+
+  void start() {
+    const std::string py = python_package_dir();
+    if (py.empty()) throw std::runtime_error("python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
+    std::vector<std::string> argv = {python_interpreter(), "-m", "rhckpt.torch_bridge", "--serve"};
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      if (kv.rfind("PYTHONPATH=", 0) != 0 && kv.rfind("OMP_NUM_THREADS=", 0) != 0) env_strings.push_back(kv);
+    }
+    env_strings.push_back("PYTHONPATH=" + py);
+    env_strings.push_back("OMP_NUM_THREADS=1");
+    std::vector<char*> args, envp;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(sv[0]), ::close(sv[1]);
+      if (devnull >= 0) ::close(devnull);
+      throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      // No PR_SET_PDEATHSIG: it fires when the forking *thread* ends, and a matrix worker that
+      // started the bridge may end while another still converts. The bridge ends at EOF on its
+      // socket instead, which comes when this process exits or dies.
+      ::dup2(sv[1], 0);
+      ::dup2(sv[1], 1);
+      if (devnull >= 0) ::dup2(devnull, 2);
+      ::execve(args[0], args.data(), envp.data());
+      _exit(127);
+    }
+    ::close(sv[1]);
+    if (devnull >= 0) ::close(devnull);
+    fd_ = sv[0];
+    pid_ = pid;
+  }
+
+  void stop() {
+    if (fd_ >= 0) ::close(fd_), fd_ = -1;
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+  std::mutex mu_;
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 class CheckpointReader {
  public:
   CheckpointReader(const ExternalTrainer& t, fs::path scratch) : t_(t), scratch_(std::move(scratch)) {}
 
-  // Reads a checkpoint (file or directory) by its format; torch files through the bridge.
-  Flat read(const fs::path& p, const std::string& label) {
-    Flat f;
-    const bool dir = fs::is_directory(fs::symlink_status(p));
-    std::string fmt = t_.checkpoint.format;
-    if (fmt == "auto") {
-      bool torch = !dir && p.extension() != ".safetensors";
-      if (dir)
-        for (const auto& [rel, abs] : files_under(p)) torch = torch || torch_like(abs);
-      fmt = torch ? "torch" : "safetensors";
-    }
-    if (fmt == "torch") {
-      add_safetensors(f, bridge(p, label), "");
-      return f;
-    }
-    if (!dir) {
-      add_safetensors(f, p, "");
-      return f;
-    }
-    for (const auto& [rel, abs] : files_under(p)) {
-      if (abs.extension() == ".safetensors") {
-        add_safetensors(f, abs, rel + "/");
+  // Reads checkpoints (files or directories) by their format; every torch one through one start
+  // of the bridge (importing torch is most of its cost).
+  std::vector<Flat> read(const std::vector<fs::path>& paths, const std::string& label) {
+    std::vector<Flat> out(paths.size());
+    std::vector<std::pair<fs::path, fs::path>> bridged;   // input -> flat safetensors
+    std::vector<size_t> bridged_index;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const fs::path& p = paths[i];
+      const bool dir = fs::is_directory(fs::symlink_status(p));
+      if (format_of(p, dir) == "torch") {
+        bridged.emplace_back(p, scratch_ / (label + "_" + std::to_string(i) + ".safetensors"));
+        bridged_index.push_back(i);
+      } else if (!dir) {
+        add_safetensors(out[i], p, "");
       } else {
-        uint64_t size = 0;
-        f.leaves[rel + " (file bytes)"] = ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+        for (const auto& [rel, abs] : files_under(p)) {
+          if (abs.extension() == ".safetensors") {
+            add_safetensors(out[i], abs, rel + "/");
+          } else {
+            uint64_t size = 0;
+            out[i].leaves[rel + " (file bytes)"] = ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+          }
+        }
       }
     }
-    return f;
+    if (!bridged.empty()) bridge(bridged, label);
+    for (size_t k = 0; k < bridged.size(); ++k) add_safetensors(out[bridged_index[k]], bridged[k].second, "");
+    return out;
   }
 
  private:
-  fs::path bridge(const fs::path& in, const std::string& label) {
+  std::string format_of(const fs::path& p, bool dir) const {
+    if (t_.checkpoint.format != "auto") return t_.checkpoint.format;
+    bool torch = !dir && p.extension() != ".safetensors";
+    if (dir)
+      for (const auto& [rel, abs] : files_under(p)) torch = torch || torch_like(abs);
+    return torch ? "torch" : "safetensors";
+  }
+
+  void bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
+    fs::create_directories(scratch_);
+    if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
+      const std::string err = BridgeServer::instance().convert(io, 600);
+      if (!err.empty()) throw ckpt::CheckpointError("cannot read torch checkpoint: " + ckpt::quote_text(err, 500));
+      return;
+    }
     const std::string py = python_package_dir();
     if (py.empty())
-      throw std::runtime_error("cannot read torch checkpoint " + in.string() +
+      throw std::runtime_error("cannot read torch checkpoint " + io.front().first.string() +
                                ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
     fs::create_directories(scratch_);
-    const fs::path out = scratch_ / (label + ".safetensors");
     CapturedSpec c;
     c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
     if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
-    c.argv.push_back(fs::absolute(in).string());
-    c.argv.push_back(out.string());
+    for (const auto& [in, out] : io) {
+      c.argv.push_back(fs::absolute(in).string());
+      c.argv.push_back(out.string());
+    }
     c.env = {{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}};
     c.stdout_path = (scratch_ / (label + ".bridge.out")).string();
     c.stderr_path = (scratch_ / (label + ".bridge.err")).string();
@@ -390,10 +528,9 @@ class CheckpointReader {
     if (!e.ok()) {
       std::string msg = tail_of_file(c.stderr_path, 600);
       while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
-      throw ckpt::CheckpointError("cannot read torch checkpoint " + in.string() + ": " +
+      throw ckpt::CheckpointError("cannot read torch checkpoint: " +
                                   (msg.empty() ? "the bridge " + e.describe() : ckpt::quote_text(msg, 500)));
     }
-    return out;
   }
 
   const ExternalTrainer& t_;
@@ -407,7 +544,8 @@ std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, con
     if (!fs::exists(fs::symlink_status(*p)))
       throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
   if (byte_identical(a, b)) return "";
-  const Flat fa = reader.read(a, label + "_a"), fb = reader.read(b, label + "_b");
+  const auto flat = reader.read({a, b}, label);
+  const Flat &fa = flat[0], &fb = flat[1];
   auto td = compare_tensor_maps(fa.tensors, fb.tensors);
   std::set<std::string> keys;
   for (const auto& [k, v] : fa.leaves) keys.insert(k);
@@ -606,7 +744,10 @@ std::string python_package_dir() {
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return "";
   const fs::path dir = exe.parent_path();
-  for (const fs::path& c : {dir.parent_path() / "python", dir / "python", dir.parent_path() / "share" / "resume-harness" / "python"})
+  // The tool in a build tree (build/), an install (bin/ beside share/), or any binary of this
+  // source tree (the benchmarks and tests).
+  for (const fs::path& c : {dir.parent_path() / "python", dir.parent_path() / "share" / "resume-harness" / "python",
+                            fs::path(RH_SOURCE_DIR) / "python"})
     if (fs::is_directory(c / "rhckpt", ec)) return c.lexically_normal().string();
   return "";
 }

@@ -25,7 +25,8 @@ namespace rh {
 CheckResult check_external_cell(const Scenario& s, const CheckOptions& opts);
 
 // Where python/rhckpt lives: $RH_PYTHON_DIR, else <tool dir>/../python (a build tree), else
-// <tool dir>/../share/resume-harness/python (an install); "" if none has rhckpt/.
+// <tool dir>/../share/resume-harness/python (an install), else this source tree's python/; ""
+// if none has rhckpt/.
 std::string python_package_dir();
 // The Python interpreter for the bridge: $RH_PYTHON, else /usr/bin/python3 (Debian's, with torch).
 std::string python_interpreter();

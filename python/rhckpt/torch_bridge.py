@@ -563,12 +563,14 @@ def convert(src, dst, trust=False):
     return len(flat.tensors), len(flat.meta)
 
 
-USAGE = "usage: python3 -m rhckpt.torch_bridge [--trust-pickle] INPUT OUTPUT [INPUT OUTPUT ...]"
+USAGE = "usage: python3 -m rhckpt.torch_bridge [--trust-pickle] INPUT OUTPUT [INPUT OUTPUT ...] | --serve"
 
 
 def main(argv):
     trust = False
     args = list(argv)
+    if args == ["--serve"]:
+        return serve()
     if args and args[0] == "--trust-pickle":
         trust, args = True, args[1:]
     if not args or len(args) % 2 or any(a.startswith("-") for a in args[::2]) or any(a in ("-h", "--help") for a in args):
@@ -580,6 +582,30 @@ def main(argv):
         except BridgeError as e:
             print("torch_bridge: %s" % e, file=sys.stderr)
             return 2
+    return 0
+
+
+def serve():
+    """--serve: one conversion request per stdin line, a JSON array [INPUT, OUTPUT, ...]; one
+    reply per request on stdout, {"ok": true} or {"ok": false, "error": "<one line>"}. torch is
+    imported once, so the tool pays its start-up once per run instead of once per comparison.
+    Never trusts pickles (a --trust-pickle conversion runs as its own process). Ends at EOF."""
+    import torch  # noqa: F401  (imported up front: the point of a long-lived bridge)
+    for line in sys.stdin:
+        try:
+            args = json.loads(line)
+            if not isinstance(args, list) or not args or len(args) % 2 or not all(isinstance(a, str) for a in args):
+                raise BridgeError("request: expected a JSON array of INPUT, OUTPUT paths")
+            for src, dst in zip(args[::2], args[1::2]):
+                convert(src, dst, False)
+            reply = {"ok": True}
+        except BridgeError as e:
+            reply = {"ok": False, "error": "torch_bridge: %s" % e}
+        except Exception as e:   # noqa: BLE001 (one line per request, never a traceback)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            reply = {"ok": False, "error": "torch_bridge: internal error: %s%s" % (type(e).__name__, (": " + msg[:300]) if msg else "")}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
     return 0
 
 

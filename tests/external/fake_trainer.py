@@ -9,7 +9,7 @@ handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbag
 import argparse, json, os, random, struct, sys, time
 
 MODES = ["ok", "rng_not_saved", "nondeterministic", "crash_interrupted", "hang", "spam", "bad_iteration",
-         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "csv", "jsonl"]
+         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "csv", "jsonl"]
 
 
 def save(path, w, it, rng_state, with_rng):
@@ -74,7 +74,9 @@ def main():
             out.write("%d,%r\n" % (it, loss) if a.mode == "csv" else json.dumps({"iteration": it, "loss": loss}) + "\n")
         if (it % a.save_every == 0 or it == a.iters) and a.mode != "no_checkpoint":
             path = os.path.join(a.out, "iter_%d.safetensors" % it)
-            if a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
+            if a.mode == "garbage_torch":   # not a torch.save file, different bytes per run length
+                open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(b"garbage %d" % a.iters)
+            elif a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
                 open(path, "wb").write(b"\x00" * 12)
             else:
                 save(path, w, it, rng.getstate(), a.mode != "rng_not_saved")
