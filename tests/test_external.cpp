@@ -311,6 +311,8 @@ TEST_P(ExternalCell, VerdictAndDiagnosis) {
   EXPECT_EQ(r.first_divergence.find('\n'), std::string::npos) << r.first_divergence;
   EXPECT_TRUE(fs::exists(d / "cell" / "result.json"));
   EXPECT_GT(r.trainer_seconds, 0);
+  const std::string mode = c.mode;
+  EXPECT_EQ(r.bad_input, mode == "bad_iteration" || mode.rfind("garbage", 0) == 0) << r.first_divergence;
   fs::remove_all(d);
 }
 

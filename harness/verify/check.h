@@ -59,6 +59,7 @@ struct CheckResult {
   std::string diagnosis, explanation;
   std::vector<std::string> notes;
   double trainer_seconds = 0;
+  bool bad_input = false;   // an external trainer's output or checkpoint could not be read (exit 2)
 };
 
 struct CheckOptions {

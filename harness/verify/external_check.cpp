@@ -765,6 +765,16 @@ CheckResult check_external_cell(const Scenario& s, const CheckOptions& o) {
   Runner run(s, o);
   try {
     run_cell(s, o, r, run);
+  } catch (const ckpt::CheckpointError& e) {   // a checkpoint the trainer wrote is unreadable or hostile
+    r.outcome = Outcome::error;
+    r.diagnosis = "";
+    r.first_divergence = e.what();
+    r.bad_input = true;
+  } catch (const std::invalid_argument& e) {   // its log, metrics file or probe records are malformed
+    r.outcome = Outcome::error;
+    r.diagnosis = "";
+    r.first_divergence = e.what();
+    r.bad_input = true;
   } catch (const std::exception& e) {
     r.outcome = Outcome::error;
     r.diagnosis = "";

@@ -270,7 +270,10 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
       << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
       << run_dir.string() << "\n";
-  out.exit_code = failed ? 1 : 0;
+  // 2 when an external trainer's output or checkpoint could not be read (bad input, as elsewhere).
+  bool bad_input = false;
+  for (const auto& r : out.results) bad_input = bad_input || r.bad_input;
+  out.exit_code = bad_input ? 2 : failed ? 1 : 0;
   return out;
 }
 

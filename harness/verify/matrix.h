@@ -26,7 +26,7 @@ struct MatrixOptions {
 
 struct MatrixResult {
   std::vector<CheckResult> results;   // in scenario order
-  int exit_code = 0;                  // 0 all met expectations, 1 otherwise
+  int exit_code = 0;                  // 0 all met expectations, 1 otherwise, 2 an external cell's files were unreadable
 };
 
 // Runs the matrix; throws ScenarioError / std::invalid_argument for bad input.
