@@ -473,3 +473,19 @@ TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
 }
 
 }  // namespace manifest_checksum
+
+// Issue 32 item 5, in the sanitizer step (json_guard.cpp is compiled instrumented there): the TOML
+// scan that runs before toml++ on inputs toml++ would recurse on 50,000 or 100,000 times.
+TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
+  std::string key = "a";
+  for (int i = 1; i < 50000; ++i) key += ".a";
+  EXPECT_NE(rh::ckpt::toml_nesting_position(key + " = 1\n").find("1: column 128: a key or table header of more than 64"),
+            std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("[" + key + "]\n").find("more than 64 dotted parts"), std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("x = " + std::string(100000, '{')).find("nested deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("x = \"unterminated\n" + std::string(100000, '[')).find("nested deeper"),
+            std::string::npos);
+  EXPECT_EQ(rh::ckpt::toml_nesting_position("x = \"" + key + "\"\n[a.b]\ny = [[1.5, 2.5], {c.d = 1}]\n"), "");
+  EXPECT_EQ(rh::ckpt::toml_nesting_position("s = \"\"\"\n" + key + "\\\"\"\"\"\n"), "");   // escaped quote inside
+}
