@@ -62,6 +62,7 @@ std::vector<ModelSize> load_models(const std::string& path) {
   const std::string text = read_run_file(path, 4u << 20);   // no FIFO, no /dev/zero
   // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
   if (const auto where = ckpt::non_ascii_position(text); !where.empty()) throw ReportError(path + ":" + where);
+  if (const auto where = ckpt::toml_nesting_position(text); !where.empty()) throw ReportError(path + ":" + where);
   toml::table doc;
   try {
     doc = toml::parse(text, path);

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <set>
 
+#include "harness/base/no_follow.h"
 #include "harness/base/version.h"
 #include "reports/compare_runs.h"
 #include "reports/document.h"
@@ -239,6 +240,12 @@ void notes_section(Document& d, const RunData& run) {
 }  // namespace
 
 ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log) {
+  // What this writes below the run directory (plots.py writes only inside plots/, whose old
+  // files write_plot_inputs removes first): a planted link is refused, never followed.
+  std::vector<std::string> outputs = {"report.md", "report.html", "projection.csv", "plots", "plots/index.csv",
+                                      "plots/storage.csv", "plots/plots.log"};
+  for (const char* p : {kLossPlot, kDlossPlot, kDiskPlot, kUlpPlot}) outputs.push_back(std::string("plots/") + p);
+  refuse_symlinks_below(run_dir, outputs);
   const RunData run = load_run(run_dir);
   const std::string models = models_file.empty() ? default_models_file() : models_file;
   if (!models_file.empty() && !fs::exists(models_file)) throw ReportError(models_file + ": models file not found");

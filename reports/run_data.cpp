@@ -84,6 +84,10 @@ size_t line_of(const std::string& text, size_t byte) {
 
 nlohmann::json read_json_file(const fs::path& p) {
   const std::string text = read_run_file(p.string());
+  // nlohmann's parser recurses per level: summary.json nested 200,000 deep overflowed the stack.
+  if (const size_t at = ckpt::json_depth_violation(text.data(), text.size()); at != std::string::npos)
+    throw ReportError(p.string() + ":" + std::to_string(line_of(text, at)) + ": nesting deeper than " +
+                      std::to_string(ckpt::kMaxJsonDepth) + " levels (refused before parsing)");
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {

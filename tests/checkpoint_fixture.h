@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/manifest_reader.h"
 
 namespace ckfix {
 
@@ -29,7 +30,16 @@ inline std::string slurp(const fs::path& p) {
 }
 inline void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 inline nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
-inline void write_manifest(const fs::path& dir, const nlohmann::json& m) { spit(dir / "manifest.json", m.dump(1)); }
+// The manifest's checksum sidecar rewritten to match its bytes: a test that edits a manifest to
+// reach a check behind the checksum plays an attacker who rewrites both.
+inline void seal_manifest(const fs::path& dir) {
+  spit(dir / rh::ckpt::detail::kManifestChecksumFile, rh::ckpt::detail::manifest_checksum_text(slurp(dir / "manifest.json")));
+}
+inline void write_manifest_text(const fs::path& dir, const std::string& text) {
+  spit(dir / "manifest.json", text);
+  seal_manifest(dir);
+}
+inline void write_manifest(const fs::path& dir, const nlohmann::json& m) { write_manifest_text(dir, m.dump(1)); }
 using rh::optim::Dtype;
 using rh::optim::OptimizerConfig;
 using rh::optim::PrecisionAdam;
@@ -132,6 +142,13 @@ inline Rig make_rig(const Mode& m, uint64_t seed, int64_t width = 16) {
   return r;
 }
 
+// A real CPU generator's state (load refuses a generator state of any other length).
+inline std::vector<uint8_t> generator_state(uint64_t seed) {
+  auto t = at::detail::createCPUGenerator(seed).get_state().contiguous();
+  const auto* p = t.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + t.numel());
+}
+
 // Deterministic steps: gradients of magnitude ~1e-3 drawn from a generator seeded by the step,
 // so two rigs in the same state take identical steps.
 inline void train(Rig& r, int steps) {
@@ -146,8 +163,8 @@ inline void train(Rig& r, int steps) {
     r.state.consumed_samples += 8;
     r.state.opt_param_scheduler.num_steps += 8;
   }
-  r.state.rng_states["data"] = {1, 2, 3, static_cast<uint8_t>(r.state.iteration)};
-  r.state.rng_states["dropout"] = {0xde, 0xad, 0xbe, 0xef};
+  r.state.rng_states["data"] = generator_state(static_cast<uint64_t>(r.state.iteration));
+  r.state.rng_states["dropout"] = generator_state(0xdeadbeef);
 }
 
 inline bool bytes_equal(const torch::Tensor& a, const torch::Tensor& b) {

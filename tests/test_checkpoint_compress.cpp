@@ -221,7 +221,7 @@ void reseal(const fs::path& dir, const std::string& file, const std::string& byt
   }
   for (auto& f : m["files"])
     if (f["name"] == file) f["xxh3"] = hex, f["block_xxh3"] = blocks;
-  spit(dir / "manifest.json", m.dump(1));
+  write_manifest(dir, m);
 }
 
 // A late block of a multi-block tensor damaged: refused naming file, tensor and block; nothing
@@ -301,7 +301,7 @@ TEST(CompressedHostile, ATableThatDoesNotCoverTheBlobIsRefused) {
       std::snprintf(hx, sizeof hx, "%016llx", (unsigned long long)XXH3_64bits(head.data(), head.size()));
       f["header_xxh3"] = hx;
     }
-  spit(dir / "manifest.json", m.dump(1));
+  write_manifest(dir, m);
   Rig c = make_rig(all_modes()[4], 2), fresh = make_rig(all_modes()[4], 2);
   try {
     load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});

@@ -218,7 +218,7 @@ TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
   rh::optim::PrecisionAdam opt(g, rh::optim::OptimizerConfig{});
   rh::ckpt::TrainState st;
   st.iteration = 1;
-  st.rng_states["dropout"] = {1};
+  st.rng_states["dropout"] = generator_state(1);
   const fs::path root = fs::temp_directory_path() / ("rh_blocks_" + std::to_string(::getpid()));
   fs::remove_all(root);
   rh::ckpt::save_checkpoint(root.string(), {&model, &opt, &st, {}, {}, nullptr});

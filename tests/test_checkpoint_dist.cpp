@@ -10,11 +10,15 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 
 namespace fs = std::filesystem;
 namespace ck = rh::ckpt;
@@ -78,7 +82,9 @@ struct Rank {
     cfg.use_precision_aware_optimizer = true;
     cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = rh::optim::Dtype::fp8;
     opt = std::make_unique<rh::optim::PrecisionAdam>(g, cfg, &group);
-    state.rng_states["dropout"] = {1, 2, 3, static_cast<uint8_t>(r)};
+    // A real CPU generator's state: load refuses a generator state of any other length.
+    auto gs = at::detail::createCPUGenerator(static_cast<uint64_t>(r)).get_state().contiguous();
+    state.rng_states["dropout"].assign(gs.data_ptr<uint8_t>(), gs.data_ptr<uint8_t>() + gs.numel());
   }
   ThreadRank group;
   Net net;
@@ -170,5 +176,89 @@ TEST(DataParallelSave, OneRanksBadInputFailsEveryRankBeforeAnythingIsWritten) {
   EXPECT_FALSE(has_temp_dirs(root));
   fs::remove_all(root);
 }
+
+// Issue 32 item 3: inspect said OK where load refused. One verification (check_consistency),
+// two callers: for each damage (made behind a resealed manifest checksum, so it reaches the
+// checks after it) load refuses and inspect prints the same refusal and exits 1.
+struct Damage {
+  const char* name;
+  std::function<void(nlohmann::json&)> edit;
+  const char* expect;
+};
+
+class InspectAgreesWithLoad : public ::testing::TestWithParam<Damage> {};
+
+TEST_P(InspectAgreesWithLoad, BothRefuseWithTheSameMessage) {
+  torch::set_num_threads(1);
+  const fs::path root = fresh_root(std::string("agree_") + GetParam().name);
+  ASSERT_EQ(save_both(root, 3), (std::vector<std::string>{"", ""}));
+  const fs::path dir = ck::detail::resolve_checkpoint_dir(root.string());
+  {   // intact: both accept
+    std::ostringstream out;
+    ASSERT_EQ(ck::inspect_checkpoint(root.string(), out), 0) << out.str();
+  }
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  nlohmann::json m = nlohmann::json::parse(read(dir / "manifest.json"));
+  GetParam().edit(m);
+  const std::string text = m.dump(1);
+  std::ofstream(dir / "manifest.json", std::ios::binary | std::ios::trunc) << text;
+  std::ofstream(dir / ck::detail::kManifestChecksumFile, std::ios::binary | std::ios::trunc)
+      << ck::detail::manifest_checksum_text(text);
+  // Load into one process (a resharded load, 2 -> 1 ranks, which is supported).
+  Net net;
+  std::vector<rh::optim::ParamGroup> g{{"decay", {}, 0.1}};
+  for (const auto& p : net.named_parameters()) g[0].params.emplace_back(p.key(), p.value());
+  rh::optim::OptimizerConfig cfg;
+  cfg.use_precision_aware_optimizer = true;
+  cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = rh::optim::Dtype::fp8;
+  rh::optim::PrecisionAdam opt(g, cfg);
+  ck::TrainState st;
+  std::string msg;
+  try {
+    ck::load_checkpoint(root.string(), net, opt, st, {}, {});
+    ADD_FAILURE() << "load accepted " << GetParam().name;
+  } catch (const ck::CheckpointError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(GetParam().expect), std::string::npos) << "want '" << GetParam().expect << "' in: " << msg;
+  std::ostringstream out;
+  EXPECT_EQ(ck::inspect_checkpoint(root.string(), out), 1) << out.str();
+  EXPECT_NE(out.str().find("DAMAGED: " + msg), std::string::npos) << "load: " << msg << "\ninspect: " << out.str();
+  fs::remove_all(root);
+}
+
+nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param) {
+  for (auto& r : m["shards"][shard]["param_ranges"])
+    if (r["param"] == param) return r;
+  throw std::logic_error("no range of " + param);
+}
+
+const std::vector<Damage> kDamages = {
+    // "w" (231 elements) is split at 118 between the ranks: move the boundary to 119.
+    {"ShardBoundaryMovedByOne", [](nlohmann::json& m) {
+       range_of(m, 0, "w")["end"] = 119;
+       range_of(m, 1, "w")["begin"] = 119;
+     }, "elements, but its shard's range of 'w' has"},
+    {"ShardFilesSwapped", [](nlohmann::json& m) { std::swap(m["shards"][0]["file"], m["shards"][1]["file"]); },
+     "(shard files swapped or renamed)"},
+    {"BothShardsNameOneFile", [](nlohmann::json& m) { m["shards"][1]["file"] = m["shards"][0]["file"]; },
+     "is named by two shards"},
+    {"EmptyRngStateInRankStates", [](nlohmann::json& m) { m["rank_states"][1]["rng_states"]["dropout"] = ""; },
+     "field /rank_states/1/rng_states/dropout: 0 bytes is not a generator state"},
+    {"OneByteRngStateInRankStates", [](nlohmann::json& m) { m["rank_states"][1]["rng_states"]["dropout"] = "ab"; },
+     "field /rank_states/1/rng_states/dropout: 1 bytes is not a generator state"},
+    {"EmptyRngStateInTrainState", [](nlohmann::json& m) { m["train_state"]["rng_states"]["dropout"] = ""; },
+     "field /train_state/rng_states/dropout: 0 bytes is not a generator state"},
+    {"OneByteRngStateInTrainState", [](nlohmann::json& m) { m["train_state"]["rng_states"]["dropout"] = "ab"; },
+     "field /train_state/rng_states/dropout: 1 bytes is not a generator state"},
+    {"RankStatesRankBeyondDpSize", [](nlohmann::json& m) { m["rank_states"][1]["dp_rank"] = 5; },
+     "field /rank_states/1/dp_rank: 5 is not below dp_size 2"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Issue32, InspectAgreesWithLoad, ::testing::ValuesIn(kDamages),
+                         [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -223,7 +223,7 @@ const std::vector<Hostile> kHostile = {
        const size_t i = s.find("\"format_version\":");
        const size_t e = s.find(',', i);
        s.replace(i, e - i, "\"format_version\": " + deep(100000));
-       spit(d / "manifest.json", s);
+       write_manifest_text(d, s);
      }, "nesting deeper than 64 levels"},
     {"FormatVersionWraps", edit([](nlohmann::json& m) { m["format_version"] = 4294967298ull; }), "format version 4294967298"},
     {"MissingExact", edit([](nlohmann::json& m) { m["tensors"][0].erase("exact"); }), "field /tensors/0/exact: missing"},
@@ -350,3 +350,142 @@ TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
 }
 
 }  // namespace
+
+// ---- Issue 32 item 2: the manifest's own checksum, and what can be checked for consistency.
+
+namespace manifest_checksum {
+
+// One edit of the manifest's bytes that leaves it valid JSON with a valid schema, made without
+// rewriting the checksum sidecar: load and inspect must refuse it before parsing.
+struct Edit {
+  const char* name;
+  std::function<void(std::string&)> apply;
+};
+
+// The first number after `key` (e.g. "\"step\":"), decremented by one.
+void decrement_after(std::string& s, const std::string& key) {
+  size_t i = s.find(key);
+  ASSERT_NE(i, std::string::npos) << key;
+  i = s.find_first_of("0123456789", i + key.size());
+  size_t e = s.find_first_not_of("0123456789", i);
+  const long v = std::stol(s.substr(i, e - i));
+  ASSERT_GT(v, 0);
+  s.replace(i, e - i, std::to_string(v - 1));
+}
+
+const std::vector<Edit> kEdits = {
+    {"GroupStepTwoToOne", [](std::string& s) { decrement_after(s, "\"step\":"); }},
+    {"RngStateHexDigit", [](std::string& s) {
+       const size_t k = s.find("\"dropout\":");
+       ASSERT_NE(k, std::string::npos);
+       const size_t q = s.find('"', k + 10) + 1 + 40;   // a digit well inside the hex string
+       s[q] = s[q] == '0' ? '1' : '0';
+     }},
+    {"ConsumedSamples", [](std::string& s) { decrement_after(s, "\"consumed_samples\":"); }},
+    {"TrailingSpace", [](std::string& s) { s += ' '; }},
+};
+
+class EditedManifest : public ::testing::TestWithParam<Edit> {};
+
+TEST_P(EditedManifest, IsRefusedByLoadAndInspectBeforeParsing) {
+  torch::set_num_threads(1);
+  TmpDir root;
+  const Mode mode = all_modes()[5];
+  Rig a = make_rig(mode, 1);
+  train(a, 2);
+  const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+  ASSERT_TRUE(fs::is_regular_file(dir / "manifest.json.xxh3"));
+  std::string text = slurp(dir / "manifest.json");
+  GetParam().apply(text);
+  ASSERT_TRUE(nlohmann::json::accept(text)) << "the edit must leave valid JSON";
+  spit(dir / "manifest.json", text);   // not resealed
+  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+  EXPECT_NE(msg.find("manifest.json: XXH3-64 checksum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("manifest.json.xxh3"), std::string::npos) << msg;
+  EXPECT_TRUE(same_state(c, fresh));
+  std::ostringstream out;
+  EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
+  EXPECT_NE(out.str().find(msg), std::string::npos) << out.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue32, EditedManifest, ::testing::ValuesIn(kEdits), [](const auto& i) { return i.param.name; });
+
+// The sidecar itself: missing (a checkpoint written before it existed, or deleted to make an
+// edited manifest pass), malformed, or a link. Each refused by load and inspect, naming it.
+TEST(ManifestChecksumSidecar, MissingMalformedOrLinkedIsRefused) {
+  torch::set_num_threads(1);
+  const Mode mode = all_modes()[5];
+  const std::vector<std::pair<std::function<void(const fs::path&)>, std::string>> cases = {
+      {[](const fs::path& d) { fs::remove(d / "manifest.json.xxh3"); }, "manifest.json.xxh3: missing"},
+      {[](const fs::path& d) { spit(d / "manifest.json.xxh3", "xyz\n"); }, "expected 16 lower-case hex digits"},
+      {[](const fs::path& d) { spit(d / "manifest.json.xxh3", slurp(d / "manifest.json.xxh3") + "\n"); },
+       "expected 16 lower-case hex digits"},
+      {[](const fs::path& d) {
+         spit(d.parent_path() / "elsewhere", slurp(d / "manifest.json.xxh3"));
+         fs::remove(d / "manifest.json.xxh3");
+         fs::create_symlink(d.parent_path() / "elsewhere", d / "manifest.json.xxh3");
+       }, "manifest.json.xxh3: is a symbolic link"},
+  };
+  for (const auto& [damage, want] : cases) {
+    TmpDir root;
+    Rig a = make_rig(mode, 1);
+    train(a, 2);
+    const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+    damage(dir);
+    Rig c = make_rig(mode, 2);
+    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+    EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
+    std::ostringstream out;
+    EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
+    EXPECT_NE(out.str().find(want), std::string::npos) << out.str();
+  }
+}
+
+// Behind the checksum (an attacker who rewrites both): the counters must agree with each other
+// even without a run config, and every group has taken the same number of steps.
+TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
+  torch::set_num_threads(1);
+  const Mode mode = all_modes()[5];
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](nlohmann::json& m) { m["optimizer"]["groups"][0]["step"] = 1; },
+       "field /optimizer/groups/1/step: step 2 differs from group 0's step 1"},
+      {[](nlohmann::json& m) { m["train_state"]["opt_param_scheduler"]["num_steps"] = 15; },
+       "field /train_state/opt_param_scheduler/num_steps: 15 scheduler steps (samples), but consumed_samples is 16"},
+  };
+  for (const auto& [change, want] : cases) {
+    TmpDir root;
+    Rig a = make_rig(mode, 1);
+    train(a, 2);
+    const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+    ASSERT_GE(read_manifest(dir)["optimizer"]["groups"].size(), 2u);
+    nlohmann::json m = read_manifest(dir);
+    change(m);
+    write_manifest(dir, m);   // resealed
+    Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
+    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+    EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
+    EXPECT_TRUE(same_state(c, fresh));
+    std::ostringstream out;
+    EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
+    EXPECT_NE(out.str().find(want), std::string::npos) << out.str();
+  }
+}
+
+}  // namespace manifest_checksum
+
+// Issue 32 item 5, in the sanitizer step (json_guard.cpp is compiled instrumented there): the TOML
+// scan that runs before toml++ on inputs toml++ would recurse on 50,000 or 100,000 times.
+TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
+  std::string key = "a";
+  for (int i = 1; i < 50000; ++i) key += ".a";
+  EXPECT_NE(rh::ckpt::toml_nesting_position(key + " = 1\n").find("1: column 128: a key or table header of more than 64"),
+            std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("[" + key + "]\n").find("more than 64 dotted parts"), std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("x = " + std::string(100000, '{')).find("nested deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(rh::ckpt::toml_nesting_position("x = \"unterminated\n" + std::string(100000, '[')).find("nested deeper"),
+            std::string::npos);
+  EXPECT_EQ(rh::ckpt::toml_nesting_position("x = \"" + key + "\"\n[a.b]\ny = [[1.5, 2.5], {c.d = 1}]\n"), "");
+  EXPECT_EQ(rh::ckpt::toml_nesting_position("s = \"\"\"\n" + key + "\\\"\"\"\"\n"), "");   // escaped quote inside
+}

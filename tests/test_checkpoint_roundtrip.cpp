@@ -295,7 +295,9 @@ TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
   Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
   train(a, 2);
   save_checkpoint(dir.str(), save_input(a));
-  a.state.consumed_samples = 12345;   // same iteration, different content
+  // Same iteration, different content; the scheduler counts samples too, and load checks that
+  // the two agree (issue 32).
+  a.state.consumed_samples = a.state.opt_param_scheduler.num_steps = 12345;
   save_checkpoint(dir.str(), save_input(a));
   Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
   load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {});

@@ -277,4 +277,31 @@ TEST(ReportCli, ExitCodes) {
   EXPECT_EQ(run(""), 2);
 }
 
+// Issue 32 item 5: summary.json nested 200,000 levels deep made `report` die with SIGSEGV; a
+// models file with a 50,000-part key did the same in toml++. Both refused before parsing.
+TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
+  const auto dir = report_fixture::temp_dir("deep");
+  report_fixture::write_run(dir);
+  report_fixture::write(dir / "summary.json", std::string(200000, '[') + std::string(200000, ']'));
+  std::ostringstream log;
+  try {
+    generate_report(dir.string(), "", log);
+    FAIL() << "accepted";
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("summary.json:1: nesting deeper than 64 levels"), std::string::npos) << e.what();
+  }
+  report_fixture::write_run(dir);
+  std::string key = "a";
+  for (int i = 0; i < 50000; ++i) key += ".a";
+  report_fixture::write(dir / "m.toml", "[[model]]\n" + key + " = 1\n");
+  try {
+    generate_report(dir.string(), (dir / "m.toml").string(), log);
+    FAIL() << "accepted";
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("m.toml:2: column 128: a key or table header of more than 64"), std::string::npos)
+        << std::string(e.what()).substr(0, 300);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -173,6 +173,8 @@ class Written(unittest.TestCase):
                 e["block_xxh3"] = [xxhash.xxh3_64_hexdigest(blob[i:i + bb]) for i in range(0, len(blob), bb)]
         with open(mpath, "w") as f:
             json.dump(m, f)
+        with open(mpath, "rb") as f, open(mpath + ".xxh3", "w") as side:   # resealed, as an attacker would
+            side.write(xxhash.xxh3_64_hexdigest(f.read()) + "\n")
         with self.assertRaises(rhckpt.Damaged) as e:
             rhckpt.open(d)
         self.assertRegex(str(e.exception), r"tensor '.+' compressed block \d+ of \d+: XXH3-64 of the stored bytes")

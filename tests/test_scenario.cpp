@@ -15,6 +15,7 @@
 #include "harness/verify/writers.h"
 #include "harness/train/metrics.h"
 #include "harness/train/config.h"
+#include "harness/checkpoint/json_guard.h"
 #include "harness/verify/scenario.h"
 
 #include <sys/stat.h>
@@ -391,6 +392,54 @@ TEST(Golden, ComparisonNamesIterationAndMetric) {
   rows.pop_back();
   rh::write_metrics_csv(b.string(), rows);
   EXPECT_NE(rh::compare_golden(a.string(), b.string()).find("rows"), std::string::npos);
+}
+
+// Issue 32 item 5: toml++ recurses per dotted part and per nested array / inline table; a key or
+// header of 50,000 parts overflowed the stack. Refused before parsing, naming line and column.
+struct DeepToml {
+  const char* name;
+  std::string text;
+  const char* expect;
+};
+
+std::string parts(int n, const std::string& sep = ".") {
+  std::string s = "a";
+  for (int i = 1; i < n; ++i) s += sep + "a";
+  return s;
+}
+
+class TomlNesting : public ::testing::TestWithParam<DeepToml> {};
+
+TEST_P(TomlNesting, IsRefusedBeforeParsing) {
+  try {
+    rh::load_scenarios_text(GetParam().text, "deep.toml");
+    FAIL() << "accepted";
+  } catch (const rh::ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find(GetParam().expect), std::string::npos) << std::string(e.what()).substr(0, 400);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Issue32, TomlNesting,
+    ::testing::Values(
+        DeepToml{"DottedKey50000Parts", parts(50000) + " = 1\n",
+                 "deep.toml:1: column 128: a key or table header of more than 64 dotted parts"},
+        DeepToml{"TableHeader50000Parts", "[" + parts(50000) + "]\n",
+                 "deep.toml:1: column 129: a key or table header of more than 64"},
+        DeepToml{"ArrayTableHeader50000Parts", "x = 1\n[[" + parts(50000) + "]]\n",
+                 "deep.toml:2: column 130: a key or table header"},
+        DeepToml{"QuotedParts", "[scenario]\n" + parts(70, ".\"q.q\".") + " = 1\n", "deep.toml:2:"},
+        DeepToml{"InlineTables100000Deep", "x = " + std::string(100000, '{') + "\n", "nested deeper than 64 levels"},
+        DeepToml{"Arrays100000Deep", "x = " + std::string(100000, '[') + "\n", "nested deeper than 64 levels"}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+// Within the bounds the parser still decides: 64 parts, floats on one line, dots in strings and
+// comments are not counted.
+TEST(TomlNestingBounds, DotsInValuesStringsAndCommentsAreNotParts) {
+  const std::string floats = "x = [" + parts(200, "1.5, ") + "]\n";
+  for (const std::string& text : {parts(64) + " = 1\n", floats, "x = \"" + parts(500) + "\"\n", "# " + parts(500) + "\n",
+                                  "x = '''\n" + parts(500) + "\n'''\n"})
+    EXPECT_EQ(rh::ckpt::toml_nesting_position(text), "") << text.substr(0, 80);
 }
 
 }  // namespace

@@ -86,8 +86,8 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
   }
   try {
     const std::string d = detail::resolve_checkpoint_dir(dir);
-    detail::Verified v = detail::verify_checkpoint_dir(d);   // the manifest's whole schema, as load
-    (void)detail::shard_index(v);                           // and the shards' coverage, as load
+    detail::Verified v = detail::verify_checkpoint_dir(d);   // files, checksums, schema: as load
+    (void)detail::check_consistency(v, nullptr);            // counters, generators, shards: as load
     out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
         << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +65,57 @@ std::string non_ascii_position(const std::string& text) {
              "some non-ASCII characters)";
     }
     if (b == '\n') { ++line; col = 1; } else { ++col; }
+  }
+  return "";
+}
+
+std::string toml_nesting_position(const std::string& text) {
+  size_t line = 1, col = 1, i = 0;
+  int depth = 0, dots = 0;
+  auto at = [&](const std::string& what) { return std::to_string(line) + ": column " + std::to_string(col) + ": " + what; };
+  auto advance = [&] {   // one byte, keeping line and column
+    if (text[i] == '\n') ++line, col = 1;
+    else ++col;
+    ++i;
+  };
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '"' || c == '\'') {   // a string: skipped whole; it may be a quoted key part
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      for (int k = 0; k < (multi ? 3 : 1); ++k) advance();
+      while (i < text.size()) {
+        if (c == '"' && text[i] == '\\') {
+          advance();
+          if (i < text.size()) advance();
+          continue;
+        }
+        if (multi ? text.compare(i, 3, std::string(3, c)) == 0 : text[i] == c) break;
+        if (!multi && text[i] == '\n') break;   // unterminated: toml++ reports it
+        advance();
+      }
+      for (int k = 0; k < (multi ? 3 : 1) && i < text.size(); ++k) advance();
+      continue;
+    }
+    if (c == '#') {   // a comment, to the end of the line
+      while (i < text.size() && text[i] != '\n') advance();
+      continue;
+    }
+    if (c == '.') {
+      if (++dots >= kMaxTomlKeyParts)
+        return at("a key or table header of more than " + std::to_string(kMaxTomlKeyParts) +
+                  " dotted parts (refused before parsing: the TOML parser recurses on each)");
+    } else if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == ' ' || c == '\t' ||
+                 c == '+')) {
+      dots = 0;   // anything that cannot continue a key (=, comma, brackets, newline) ends it
+    }
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return at("arrays or tables nested deeper than " + std::to_string(kMaxJsonDepth) +
+                  " levels (refused before parsing)");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    advance();
   }
   return "";
 }

@@ -43,6 +43,14 @@ std::string quote_text(const std::string& s, size_t max = kMaxQuoted);
 // ASCII (...the reason...)" (L the 1-based line, to follow "file:").
 std::string non_ascii_position(const std::string& text);
 
+// toml++ recurses once per part of a dotted key or table header and once per nested array or
+// inline table: a header of 50,000 parts overflowed the stack (issue 32). Checked before parsing,
+// as JSON's depth is: more than kMaxTomlKeyParts parts in one key or header, or arrays / inline
+// tables nested deeper than kMaxJsonDepth, are refused. Returns "" when within bounds, else
+// "L: column C: ..." (to follow "file:"). Strings and comments are skipped.
+constexpr int kMaxTomlKeyParts = 64;
+std::string toml_nesting_position(const std::string& text);
+
 // Opens path read-only without blocking (O_NONBLOCK, so a FIFO cannot hang the open), checks with
 // fstat that it is a regular file (refusing FIFOs, devices, sockets, directories, naming the
 // path and its type), then clears O_NONBLOCK. With no_follow, a symbolic link is refused too.

@@ -6,7 +6,10 @@
 //
 // The phases (load_phases.h): verify is here, plan and the conversion rules in load_plan.cpp,
 // apply and its undo in load_apply.cpp.
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -14,6 +17,7 @@
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/load_phases.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
@@ -65,6 +69,11 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 
 namespace detail {
 namespace {
+
+[[noreturn]] void fail_tensor(const Verified& v, const std::string& file, const std::string& key, const std::string& what) {
+  const std::string path = (fs::path(v.dir) / file).string();
+  throw CheckpointError("checkpoint file " + path + " tensor '" + key + "': " + what, path, key);
+}
 
 void check_model(const Verified& v, const torch::nn::Module& model, const nlohmann::json& run_config) {
   auto it = v.files.find(kModelFile);
@@ -140,7 +149,97 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
   return s;
 }
 
+// Shards: each file named once, the file of its dp_rank (shard_file_name), one shard per rank
+// of dp_size; every state tensor of a shard file in one of that shard's ranges, with the range's
+// length (a boundary moved by one, swapped or doubled shard files are refused here, not at the
+// first gather).
+void check_shard_files(const Verified& v, const std::string& mpath) {
+  const JsonField m(v.manifest, "checkpoint file " + mpath);
+  std::set<std::string> files;
+  std::set<int64_t> ranks;
+  std::map<std::pair<std::string, std::string>, int64_t> range_len;   // (file, param) -> end - begin
+  m["shards"].each([&](const JsonField& sh) {
+    const std::string file = sh["file"].str();
+    const int64_t rank = sh["dp_rank"].i64(0, 4095);
+    if (!files.insert(file).second) sh["file"].fail("shard file '" + quote_text(file) + "' is named by two shards");
+    if (!ranks.insert(rank).second) sh["dp_rank"].fail("dp_rank " + std::to_string(rank) + " has two shards");
+    if (file != shard_file_name(static_cast<int>(rank)))
+      sh["file"].fail("the shard of dp_rank " + std::to_string(rank) + " is " + shard_file_name(static_cast<int>(rank)) +
+                      ", not '" + quote_text(file) + "' (shard files swapped or renamed)");
+    sh["param_ranges"].each([&](const JsonField& r) {
+      const std::string p = r["param"].str();
+      if (!range_len.emplace(std::make_pair(file, p), r["end"].i64() - r["begin"].i64()).second)
+        r["param"].fail("shard " + file + " holds two ranges of '" + quote_text(p) + "'");
+    });
+  });
+  if (m.has("dp_size")) {
+    const int64_t n = m["dp_size"].i64();
+    if (static_cast<int64_t>(ranks.size()) != n || (!ranks.empty() && *ranks.rbegin() != n - 1))
+      m["shards"].fail(std::to_string(ranks.size()) + " shards, but dp_size is " + std::to_string(n) +
+                       " (one shard per rank 0.." + std::to_string(n - 1) + ")");
+  }
+  m["tensors"].each([&](const JsonField& t) {
+    const std::string kind = t["kind"].str();
+    if (kind != "master_param" && kind != "remainder" && kind != "exp_avg" && kind != "exp_avg_sq") return;
+    const std::string file = t["file"].str(), param = t["param"].str(), key = t["key"].str();
+    auto it = range_len.find({file, param});
+    if (it == range_len.end())
+      t["file"].fail("state '" + quote_text(key) + "' is in " + quote_text(file) + ", but no shard range of that file holds '" +
+                     quote_text(param) + "'");
+    const int64_t numel = static_cast<int64_t>(v.files.at(file).info(key).numel());
+    if (numel != it->second)
+      fail_tensor(v, file, key, "has " + std::to_string(numel) + " elements, but its shard's range of '" + param +
+                                    "' has " + std::to_string(it->second));
+  });
+}
+
+// Every generator state of train_state and rank_states (one entry per rank below dp_size).
+void check_generators(const Verified& v, const TrainState& ts, const std::string& mpath) {
+  for (const auto& [name, bytes] : ts.rng_states)
+    check_generator_state(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
+  const nlohmann::json& m = v.manifest;
+  if (!m.contains("rank_states")) return;
+  const int64_t dp_size = m.value("dp_size", int64_t(1));
+  std::set<int64_t> seen;
+  for (size_t i = 0; i < m["rank_states"].size(); ++i) {
+    const nlohmann::json& rs = m["rank_states"][i];
+    const std::string at = "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i);
+    const int64_t r = rs.at("dp_rank").get<int64_t>();   // the schema check bounded it
+    if (r >= dp_size) throw CheckpointError(at + "/dp_rank: " + std::to_string(r) + " is not below dp_size " + std::to_string(dp_size), mpath);
+    if (!seen.insert(r).second) throw CheckpointError(at + "/dp_rank: rank " + std::to_string(r) + " listed twice", mpath);
+    for (const auto& [name, bytes] : parse_rng_states(rs.at("rng_states"), mpath))
+      check_generator_state(bytes, at + "/rng_states/" + name);
+  }
+}
+
 }  // namespace
+
+void check_generator_state(const std::vector<uint8_t>& bytes, const std::string& what) {
+  constexpr size_t kPhiloxStateBytes = 16;   // CUDAGeneratorImpl: seed and offset
+  if (bytes.size() == kPhiloxStateBytes) return;
+  auto gen = at::detail::createCPUGenerator();
+  const int64_t cpu_bytes = gen.get_state().numel();
+  auto t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  try {
+    gen.set_state(t);
+  } catch (const c10::Error&) {
+    throw CheckpointError(what + ": " + std::to_string(bytes.size()) + " bytes is not a generator state (a CPU "
+                          "generator's has " + std::to_string(cpu_bytes) + ", a CUDA generator's " +
+                          std::to_string(kPhiloxStateBytes) + ")");
+  }
+}
+
+Consistent check_consistency(const Verified& v, const nlohmann::json& run_config) {
+  const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
+  Consistent c;
+  check_counters(v.manifest, run_config, mpath);   // counters against each other and the run they resume
+  c.train_state = parse_train_state(v.manifest.at("train_state"), mpath);
+  check_generators(v, c.train_state, mpath);
+  c.ix = shard_index(v);
+  check_shard_files(v, mpath);
+  return c;
+}
 
 std::string where(const Verified& v, const std::string& file, const std::string& key) {
   return "checkpoint file " + (fs::path(v.dir) / file).string() + " tensor '" + key + "'";
@@ -165,9 +264,9 @@ VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& mo
   vl.mpath = (fs::path(dir) / kManifestFile).string();
   check_model(vl.v, model, run_config);
   check_optimizer(vl.v, opt);
-  check_counters(vl.v.manifest, run_config, vl.mpath);   // counters against the run they resume
-  vl.train_state = parse_train_state(vl.v.manifest.at("train_state"), vl.mpath);
-  vl.ix = shard_index(vl.v);
+  Consistent c = check_consistency(vl.v, run_config);   // what inspect checks too
+  vl.train_state = std::move(c.train_state);
+  vl.ix = std::move(c.ix);
   return vl;
 }
 

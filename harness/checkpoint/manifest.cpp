@@ -220,8 +220,9 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   v.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifestFile).string();
   if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
-  // Size cap, regular file, bounded depth, and the schema of every field read below.
-  v.manifest = read_manifest_file(mpath);
+  // The manifest's own checksum (its sidecar) before parsing, then size cap, regular file,
+  // bounded depth, and the schema of every field read below.
+  v.manifest = read_checked_manifest(dir);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
   open_all(listed_files(mf, dir, mpath), v);
   match_tensors(mf, v);

@@ -9,6 +9,7 @@
 //     optim_rank_00000.safetensors      optimizer state of data-parallel rank 0
 //     manifest.json                     everything else (save.cpp writes it); a directory
 //                                       without a valid manifest is not a checkpoint
+//     manifest.json.xxh3                the manifest's own XXH3-64, checked before it is parsed
 //     disk.csv                          bytes per tensor (a report; not checksummed)
 //   .tmp.iter_0000010.<pid>/            a save in progress (or abandoned): ignored, cleaned
 //   .old.iter_0000010.<pid>/            a replaced checkpoint being deleted: ignored, cleaned
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "harness/checkpoint/safetensors.h"
+#include "harness/checkpoint/train_state.h"
 
 namespace rh::ckpt::detail {
 
@@ -60,6 +62,22 @@ struct ShardIndex {
   std::map<std::string, std::vector<int64_t>> shape;  // the param's shape
 };
 ShardIndex shard_index(const Verified& v);
+
+// Everything a reader checks after verify_checkpoint_dir that needs no model or optimizer: the
+// counters (check_counters; run_config may be null), the train state and every generator state
+// (train_state and rank_states, each of a length a generator accepts), the shard index, and the
+// shard files against it (each named by one shard, the file of its dp_rank, every state tensor in
+// a range of its shard with that range's length). load and inspect both call it, so inspect says
+// OK only where load's model-free checks pass (issue 32). Throws CheckpointError naming the field.
+struct Consistent {
+  ShardIndex ix;
+  TrainState train_state;   // rank 0's generators
+};
+Consistent check_consistency(const Verified& v, const nlohmann::json& run_config);
+
+// A generator state's bytes: a CPU generator's (what at::CPUGeneratorImpl::set_state accepts) or a
+// CUDA Philox generator's (seed and offset, 16 bytes). Throws CheckpointError naming `what`.
+void check_generator_state(const std::vector<uint8_t>& bytes, const std::string& what);
 
 // Elements [begin, end) (flat, within the param) of the state tensor `key` of `param`, joined
 // from the shards that hold them: a 1-D tensor aliasing the mapping when one shard holds them all.

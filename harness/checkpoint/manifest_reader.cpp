@@ -1,6 +1,11 @@
 // Manifest and pointer reading with a schema check (see manifest_reader.h).
 #include "harness/checkpoint/manifest_reader.h"
 
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 
@@ -167,6 +172,43 @@ nlohmann::json read_manifest_file(const std::string& path) {
   return parse_manifest_text(read_regular_file(path, kMaxManifestBytes, /*no_follow=*/true), path);
 }
 
+std::string manifest_checksum_text(const std::string& manifest_text) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx\n",
+                static_cast<unsigned long long>(XXH3_64bits(manifest_text.data(), manifest_text.size())));
+  return buf;
+}
+
+void check_manifest_checksum(const std::string& manifest_text, const std::string& sidecar_text,
+                             const std::string& manifest_path, const std::string& sidecar_path) {
+  const std::string want = manifest_checksum_text(manifest_text);
+  bool form = sidecar_text.size() == 17 && sidecar_text.back() == '\n';
+  for (size_t i = 0; form && i < 16; ++i)
+    form = (sidecar_text[i] >= '0' && sidecar_text[i] <= '9') || (sidecar_text[i] >= 'a' && sidecar_text[i] <= 'f');
+  if (!form)
+    throw CheckpointError("checkpoint file " + sidecar_path + ": expected 16 lower-case hex digits and a newline (the "
+                          "XXH3-64 of " + manifest_path + "), got '" + quote_text(sidecar_text) + "'",
+                          sidecar_path);
+  if (sidecar_text != want)
+    throw CheckpointError("checkpoint file " + manifest_path + ": XXH3-64 checksum " + want.substr(0, 16) + " != " +
+                              sidecar_path + " " + sidecar_text.substr(0, 16) + " (the manifest is corrupted)",
+                          manifest_path);
+}
+
+nlohmann::json read_checked_manifest(const std::string& dir) {
+  const std::string mpath = (std::filesystem::path(dir) / "manifest.json").string();
+  const std::string spath = (std::filesystem::path(dir) / kManifestChecksumFile).string();
+  // Never through a symbolic link: nothing outside the checkpoint directory is read.
+  const std::string text = read_regular_file(mpath, kMaxManifestBytes, /*no_follow=*/true);
+  struct stat st;
+  if (::lstat(spath.c_str(), &st) != 0)
+    throw CheckpointError("checkpoint file " + spath + ": missing: the manifest's checksum (checkpoints written "
+                          "before it existed have none; they cannot be verified, save them again with this version)",
+                          spath);
+  check_manifest_checksum(text, read_regular_file(spath, kMaxManifestChecksumBytes, /*no_follow=*/true), mpath, spath);
+  return parse_manifest_text(text, mpath);
+}
+
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {
   const JsonField m(manifest, "checkpoint file " + path);
   const JsonField ts = m["train_state"];
@@ -205,9 +247,20 @@ void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_co
                                                   std::to_string(it) + " iterations of " + std::to_string(gb) +
                                                   " samples, expected " + std::to_string(want));
   }
+  // The scheduler counts samples, as consumed_samples does: equal even when no batch size is known.
+  const int64_t ns = ts["opt_param_scheduler"]["num_steps"].i64(0, kMaxCounter);
+  const int64_t cs = ts["consumed_samples"].i64(0, kMaxCounter);
+  if (ns != cs)
+    ts["opt_param_scheduler"]["num_steps"].fail(std::to_string(ns) + " scheduler steps (samples), but consumed_samples is " +
+                                                std::to_string(cs));
+  std::optional<int64_t> first_step;
   m["optimizer"]["groups"].each([&](const JsonField& g) {
     const int64_t s = g["step"].i64(0, kMaxCounter);
     if (s > it) g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");
+    // One optimizer step advances every group (a skipped step skips them all).
+    if (first_step && s != *first_step)
+      g["step"].fail("step " + std::to_string(s) + " differs from group 0's step " + std::to_string(*first_step));
+    if (!first_step) first_step = s;
   });
 }
 

@@ -31,14 +31,33 @@ int64_t read_pointer_file(const std::string& path);   // regular file, <= kMaxPo
 nlohmann::json parse_manifest_text(const std::string& text, const std::string& path);
 nlohmann::json read_manifest_file(const std::string& path);   // regular file, <= kMaxManifestBytes
 
+// The manifest's own checksum (issue 32): "<16 lower-case hex digits of XXH3-64>\n" of the
+// manifest's bytes, in a sidecar beside it, written before the directory is published and checked
+// before the manifest is parsed. Every other byte of a checkpoint has its checksum in the
+// manifest; this covers the manifest itself (a step edited from 10 to 9, a digit of an RNG state).
+// Checkpoints written before the sidecar existed have none and are refused, naming the file: a
+// deleted sidecar must not make an edited manifest acceptable.
+inline constexpr const char* kManifestChecksumFile = "manifest.json.xxh3";
+constexpr uint64_t kMaxManifestChecksumBytes = 64;
+std::string manifest_checksum_text(const std::string& manifest_text);
+// Throws CheckpointError naming sidecar_path when sidecar_text is not manifest_checksum_text's
+// form or names another checksum than the manifest's bytes have.
+void check_manifest_checksum(const std::string& manifest_text, const std::string& sidecar_text,
+                             const std::string& manifest_path, const std::string& sidecar_path);
+// manifest.json and its sidecar in dir, both regular files read without following a link; the
+// checksum checked, then the text parsed as parse_manifest_text does.
+nlohmann::json read_checked_manifest(const std::string& dir);
+
 // The number of block checksums a file of `bytes` needs with blocks of block_bytes (> 0), without
 // overflow: ceil(bytes / block_bytes).
 uint64_t block_count(uint64_t bytes, uint64_t block_bytes);
 
 // The counters of a loaded train_state checked against the current run's config (run_config's
 // "train" section, if it has one): the iteration within the run's length, consumed_samples equal
-// to iteration * global_batch, the scheduler's num_steps equal to consumed samples, every group's step at most
-// the iteration. Throws CheckpointError naming the manifest and the field.
+// to iteration * global_batch, the scheduler's num_steps equal to consumed samples (also without
+// a batch size: the scheduler counts samples), every group's step at most the iteration and equal
+// to the other groups' (one optimizer step advances every group). Throws CheckpointError naming
+// the manifest and the field.
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path);
 
 }  // namespace rh::ckpt::detail

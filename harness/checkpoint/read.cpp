@@ -34,9 +34,12 @@ CheckpointSize measure_checkpoint(const std::string& root_or_iter_dir) {
   CheckpointSize s;
   const fs::path iter = detail::resolve_checkpoint_dir(root_or_iter_dir);
   s.iter_dir = iter.string();
-  // The checkpoint's files; disk.csv is an accounting report beside them, not checkpoint data.
+  // The checkpoint's files; disk.csv is an accounting report beside them, not checkpoint data,
+  // and the manifest's 17-byte checksum is left out as the manifest's own disk accounting does.
   for (const auto& e : fs::directory_iterator(iter))
-    if (e.is_regular_file() && e.path().filename() != detail::kDiskCsvFile) s.stored_bytes += e.file_size();
+    if (e.is_regular_file() && e.path().filename() != detail::kDiskCsvFile &&
+        e.path().filename() != detail::kManifestChecksumFile)
+      s.stored_bytes += e.file_size();
   auto f = SafetensorsFile::open((iter / detail::kModelFile).string());
   if (f.compressed()) f = f.decoded();   // blobs of stored bytes: count the decoded tensors' elements
   for (const auto& t : f.tensors()) s.num_params += static_cast<int64_t>(t.numel());

@@ -442,6 +442,7 @@ std::string publish(const SaveJob& job, Written& w) {
   const std::string text = assemble_manifest(job, w);
   // Within the temp directory order does not matter: the directory rename publishes.
   write_file_durable((job.tmp / detail::kManifestFile).string(), text);
+  write_file_durable((job.tmp / detail::kManifestChecksumFile).string(), detail::manifest_checksum_text(text));
   write_file_durable((job.tmp / detail::kDiskCsvFile).string(), detail::disk_csv(w.manifest));
   fsync_dir(job.tmp.string());
   const bool fresh = rename_into_place(job);

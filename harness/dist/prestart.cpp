@@ -74,7 +74,7 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
 // In the grandchild: output to the log, then the tool itself. std::exit runs the same exit path
 // as returning from main (stream flushes, LibTorch's atexit handlers).
 [[noreturn]] void run_child(ToolEntry entry, const std::vector<std::string>& req) {
-  const int fd = ::open(req[0].c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(req[0].c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) _exit(127);
   dup2(fd, 1);
   dup2(fd, 2);

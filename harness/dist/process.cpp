@@ -48,7 +48,7 @@ pid_t start_child(const ChildSpec& c) {
   envp.push_back(nullptr);
   int fd = -1;
   if (!c.log_path.empty()) {
-    fd = ::open(c.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    fd = ::open(c.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) throw std::runtime_error("cannot open log " + c.log_path + ": " + std::strerror(errno));
   }
   const pid_t parent = ::getpid();

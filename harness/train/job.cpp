@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "harness/base/no_follow.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/dist/group.h"
@@ -176,6 +177,11 @@ void check_job(const TrainJob& job, int64_t stop) {
     if (!fs::exists(job.load, ec))
       throw std::invalid_argument("--load " + job.load + ": no such file or directory");
   }
+  // Everything this job writes into --out (the state dumps are checkpoint roots): a planted link
+  // there would have its target overwritten (issue 32).
+  if (!job.out_dir.empty())
+    refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", kLoadResultFile,
+                                        "state_at_save", "state_after_load", "state_final"});
 }
 
 // What one process of the job holds while it runs.

@@ -1,6 +1,8 @@
 // Metrics CSV writer and fast-cpp-csv-parser reader; see metrics.h.
 #include "harness/train/metrics.h"
 
+#include "harness/base/text.h"
+
 // fast-cpp-csv-parser's error type copies file names with strncpy; GCC warns inside the header.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstringop-truncation"
@@ -48,13 +50,7 @@ std::string g9(float v) {
   std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
   return buf;
 }
-void write_file(const std::string& path, const std::string& body) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error("cannot write " + path);
-  f << body;
-  f.close();
-  if (!f) throw std::runtime_error("error writing " + path);
-}
+void write_file(const std::string& path, const std::string& body) { write_text(path, body); }   // O_NOFOLLOW
 double parse_hex(const std::string& s, const std::string& path, unsigned line, const char* col) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);

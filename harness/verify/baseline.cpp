@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "harness/base/no_follow.h"
 #include "harness/base/text.h"
 #include "harness/dist/process.h"
 
@@ -64,7 +65,7 @@ CheckPlan plan_checks(const std::vector<Scenario>& scenarios, const fs::path& ba
 }
 
 void run_baseline(const Baseline& b, const std::string& tool, double timeout_s) {
-  fs::remove_all(b.dir);
+  remove_tree_below(b.dir.parent_path(), b.dir.filename());
   fs::create_directories(b.dir);
   const std::string what = "baseline " + b.id + " (" + b.dir.string() + ")";
   if (b.dp_size <= 1) {
@@ -97,8 +98,7 @@ void run_baseline(const Baseline& b, const std::string& tool, double timeout_s) 
 }
 
 void prune_baseline(const Baseline& b) {
-  fs::remove_all(b.dir / "checkpoints");
-  for (const char* d : {"state_at_save", "state_final"}) fs::remove_all(b.dir / d);
+  for (const char* d : {"checkpoints", "state_at_save", "state_final"}) remove_tree_below(b.dir, d);
 }
 
 }  // namespace rh

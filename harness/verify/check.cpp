@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "harness/base/no_follow.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/dist/process.h"
@@ -79,7 +80,7 @@ void measure(const CellRuns& runs, const fs::path& dir, CheckResult& r) {
   r.bytes_per_param = r.num_params ? static_cast<double>(r.checkpoint_bytes) / n : 0;
   r.raw_bytes_per_param = r.num_params ? static_cast<double>(r.raw_checkpoint_bytes) / n : 0;
   const fs::path disk = fs::path(size.iter_dir) / "disk.csv";
-  if (fs::exists(disk)) fs::copy_file(disk, dir / "disk.csv", fs::copy_options::overwrite_existing);
+  if (fs::exists(disk)) copy_text_file(disk.string(), (dir / "disk.csv").string());
 }
 
 // Right after load: the fingerprints (same layout only), and the dumps joined across shards.
@@ -182,7 +183,7 @@ void copy_baseline_metrics(const CellRuns& runs, const fs::path& dir) {
   fs::create_directories(dir / "baseline");
   if (fs::equivalent(runs.baseline, dir / "baseline")) return;   // run_check: the baseline ran there
   for (const char* f : {"metrics.csv", "config.json"})
-    if (fs::exists(runs.baseline / f)) fs::copy_file(runs.baseline / f, dir / "baseline" / f, fs::copy_options::overwrite_existing);
+    if (fs::exists(runs.baseline / f)) copy_text_file((runs.baseline / f).string(), (dir / "baseline" / f).string());
 }
 
 }  // namespace
@@ -255,7 +256,8 @@ void reset_work_dir(const std::string& work_dir) {
   if (name.empty() || name == "." || name == ".." || dir.lexically_normal() == dir.root_path())
     throw std::invalid_argument("run_check: work directory '" + work_dir +
                                 "' must name a scenario directory (not '', '.', '..' or a root)");
-  fs::remove_all(dir);
+  // A planted link (the cell, or the scenarios directory above it) is refused, never followed.
+  remove_tree_below(dir.parent_path().parent_path(), dir.parent_path().filename() / name);
   fs::create_directories(dir);
 }
 
@@ -274,7 +276,7 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
     control_k(s, fb, r);
     if (loaded) compare(s, runs, dir, fb, r);
     if (!o.keep_checkpoints)
-      for (const char* d : {"state_after_load", "state_final"}) fs::remove_all(dir / "resumed" / d);
+      for (const char* d : {"state_after_load", "state_final"}) remove_tree_below(dir, fs::path("resumed") / d);
   } catch (const std::exception& e) {
     r.outcome = Outcome::error;
     r.first_divergence = e.what();

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "harness/base/text.h"
 #include "harness/train/metrics.h"
 
 namespace fs = std::filesystem;
@@ -28,7 +29,7 @@ std::string golden_failure(const std::string& golden_csv, const std::string& act
   try {
     if (update) {
       fs::create_directories(fs::path(golden_csv).parent_path());
-      fs::copy_file(actual_csv, golden_csv, fs::copy_options::overwrite_existing);
+      copy_text_file(actual_csv, golden_csv);   // never through a link planted at golden_csv
       return "";
     }
     if (!fs::exists(golden_csv)) return "no golden metrics " + golden_csv + " (run with --update-golden)";

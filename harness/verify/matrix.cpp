@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "harness/base/no_follow.h"
 #include "harness/verify/baseline.h"
 #include "harness/verify/external_check.h"
 #include "harness/verify/writers.h"
@@ -253,12 +254,25 @@ std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::s
   return dir.string();
 }
 
+void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scenario>& scenarios,
+                                const std::string& golden_dir) {
+  // What a matrix run removes or writes below its run directory, and what `report` writes after
+  // it (reports/report.cpp checks those again: `report` runs on its own too).
+  std::vector<std::string> below = {"scenarios", "baselines",   "summary.csv", "summary.json", "junit.xml",
+                                    "report.md", "report.html", "projection.csv", "plots"};
+  for (const auto& s : scenarios) below.push_back("scenarios/" + safe_name(s.name));
+  refuse_symlinks_below(run_dir, below);
+  if (golden_dir.empty()) return;
+  for (const auto& s : scenarios) refuse_symlinks_below(golden_dir, safe_name(s.name) + ".csv");
+}
+
 MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   auto all = load_scenarios(o.file);
   auto sel = select_scenarios(all, o.filter);
   if (sel.empty()) throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
   const fs::path run_dir = o.run_dir.empty() ? fs::path("reports/runs") / fs::path(o.file).stem() : fs::path(o.run_dir);
   MatrixRun run(o, std::move(sel), run_dir, log);   // refuses a bad scenario name before anything is written
+  refuse_symlinks_in_run_dir(run_dir, run.scenarios(), o.golden_dir);
   fs::create_directories(run_dir / "scenarios");
   if (!o.golden_dir.empty()) fs::create_directories(o.golden_dir);
   MatrixResult out;

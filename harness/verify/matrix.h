@@ -32,6 +32,13 @@ struct MatrixResult {
 // Runs the matrix; throws ScenarioError / std::invalid_argument for bad input.
 MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log);
 
+// Throws SymlinkRefused (base/no_follow.h) when anything a matrix run of these scenarios removes or
+// writes below run_dir (scenarios/, baselines/, each cell's directory, the summaries, junit.xml,
+// the report files, plots/) or a golden CSV it may rewrite is a symbolic link. run_matrix calls it
+// before anything is written.
+void refuse_symlinks_in_run_dir(const std::filesystem::path& run_dir, const std::vector<Scenario>& scenarios,
+                                const std::string& golden_dir);
+
 // run_dir/scenarios/<safe_name(scenario)>: the only directory a matrix run removes and rewrites
 // for a scenario. Throws ScenarioError for a name safe_name refuses.
 std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario);

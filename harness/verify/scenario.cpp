@@ -491,6 +491,7 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
   // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
   if (const auto where = ckpt::non_ascii_position(text); !where.empty())
     throw ScenarioError(path + ":" + where);
+  if (const auto where = ckpt::toml_nesting_position(text); !where.empty()) throw ScenarioError(path + ":" + where);
   toml::table root;
   try {
     root = toml::parse(text, path);

@@ -69,15 +69,34 @@ def _iteration_dir(path):
     return d
 
 
+def _check_manifest_checksum(d, mpath, text):
+    """manifest.json.xxh3 holds the manifest's XXH3-64 ("<16 hex>\\n"), checked before parsing
+    (manifest_reader.h, read_checked_manifest); a checkpoint without it is refused, as the tool does."""
+    import xxhash
+    spath = os.path.join(d, "manifest.json.xxh3")
+    if os.path.islink(spath) or not os.path.isfile(spath):
+        raise Damaged(spath, "missing or not a regular file: the manifest's checksum (checkpoints written before it "
+                             "existed have none)")
+    with builtins.open(spath, "rb") as f:
+        side = f.read(64)
+    want = xxhash.xxh3_64_hexdigest(text)
+    if len(side) != 17 or side[16:] != b"\n" or not all(c in b"0123456789abcdef" for c in side[:16]):
+        raise Damaged(spath, "expected 16 lower-case hex digits and a newline, got %r" % side[:32])
+    if side[:16].decode() != want:
+        raise Damaged(mpath, "XXH3-64 checksum %s != %s %s (the manifest is corrupted)" % (want, spath, side[:16].decode()))
+
+
 class Checkpoint:
     """One verified checkpoint directory; every file is read and checked when it is opened."""
 
     def __init__(self, path):
         self.dir = _iteration_dir(path)
         mpath = os.path.join(self.dir, "manifest.json")
+        with builtins.open(mpath, "rb") as f:
+            text = f.read()
+        _check_manifest_checksum(self.dir, mpath, text)
         try:
-            with builtins.open(mpath) as f:
-                self.manifest = json.load(f)
+            self.manifest = json.loads(text)
         except ValueError as e:
             raise Damaged(mpath, "not valid JSON: %s" % e) from None
         self._pieces = {}   # (file, key) -> (dtype, stored array)
