@@ -147,7 +147,11 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";
   auto res = run_matrix(o, std::cout);
   if (cmd == st.check_cmd)
-    for (const auto& r : res.results) std::cout << r.name << ": " << r.verdict << "\n";
+    for (const auto& r : res.results) {
+      std::cout << r.name << ": " << r.verdict << "\n";
+      if (!r.explanation.empty()) std::cout << "  diagnosis: " << r.diagnosis << ": " << r.explanation << "\n";
+      for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
+    }
   if (cmd == st.matrix_cmd && !st.no_report) {
     const std::string dir =
         o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
