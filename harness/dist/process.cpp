@@ -35,14 +35,7 @@ pid_t start_child(const ChildSpec& c) {
   std::vector<char*> args;
   for (const auto& a : c.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    bool replaced = false;
-    for (const auto& [k, v] : c.env) replaced = replaced || kv.compare(0, k.size() + 1, k + "=") == 0;
-    if (!replaced) env_strings.push_back(kv);
-  }
-  for (const auto& [k, v] : c.env) env_strings.push_back(k + "=" + v);
+  std::vector<std::string> env_strings = child_environment(c.env);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -187,19 +180,10 @@ void kill_group(pid_t pgid) {
 
 CapturedExit run_captured(const CapturedSpec& c) {
   if (c.argv.empty()) throw std::runtime_error("run_captured: empty argv");
-  std::vector<std::string> env_strings;
-  std::string path_var = "/usr/local/bin:/usr/bin:/bin";
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    bool replaced = false;
-    for (const auto& [k, v] : c.env) replaced = replaced || kv.compare(0, k.size() + 1, k + "=") == 0;
-    if (!replaced) env_strings.push_back(kv);
-    if (!replaced && kv.rfind("PATH=", 0) == 0) path_var = kv.substr(5);
-  }
-  for (const auto& [k, v] : c.env) {
-    env_strings.push_back(k + "=" + v);
-    if (k == "PATH") path_var = v;
-  }
+  std::vector<std::string> env_strings = child_environment(c.env);
+  std::string path_var = "/usr/local/bin:/usr/bin:/bin";   // the child's PATH decides where argv[0] is
+  for (const auto& kv : env_strings)
+    if (kv.rfind("PATH=", 0) == 0) path_var = kv.substr(5);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -324,6 +308,18 @@ CapturedExit run_captured(const CapturedSpec& c) {
   r.timed_out = timed_out;
   r.killed = timed_out || r.output_capped;
   return r;
+}
+
+std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool replaced = false;
+    for (const auto& [k, v] : env) replaced = replaced || kv.compare(0, k.size() + 1, k + "=") == 0;
+    if (!replaced) out.push_back(kv);
+  }
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
 }
 
 std::string self_executable() {

@@ -68,6 +68,10 @@ struct CapturedExit : ChildExit {
 };
 CapturedExit run_captured(const CapturedSpec& spec);
 
+// This process's environment with `env` added, each of its names replacing an inherited one:
+// "NAME=value" strings for execve (every child the tool starts gets its environment this way).
+std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& env);
+
 // The path of the running executable (/proc/self/exe).
 std::string self_executable();
 

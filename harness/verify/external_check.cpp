@@ -230,10 +230,10 @@ struct Difference {
   }
 };
 
-// Every row of `got` with an iteration in [lo, hi] against `ref`'s row of the same number, and
-// every row of `ref` in [lo, hi] must be in `got` when require_all. Differences go to diffs.
-Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, bool require_all,
-                        const std::string& got_name, std::vector<MetricDiff>* diffs) {
+// Every row of `got` with an iteration in [lo, hi] against `ref`'s row of the same number;
+// differences go to diffs (when given).
+Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
+                        std::vector<MetricDiff>* diffs) {
   Difference d;
   for (const auto& row : got.rows) {
     if (row.iteration < lo || row.iteration > hi) continue;
@@ -265,11 +265,15 @@ Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, 
       if (diffs) diffs->push_back(m);
     }
   }
-  if (require_all)
-    for (const auto& row : ref.rows)
-      if (row.iteration >= lo && row.iteration <= hi && !got.find(row.iteration))
-        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the " + got_name + " run");
   return d;
+}
+
+// The rows of `ref` in [lo, hi] that `got` does not log, folded into d (the earliest wins).
+void offer_missing(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
+                   Difference& d) {
+  for (const auto& row : ref.rows)
+    if (row.iteration >= lo && row.iteration <= hi && !got.find(row.iteration))
+      d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the " + got_name + " run");
 }
 
 // The probe's step records of `got` in [lo, hi] against `ref`'s.
@@ -409,13 +413,7 @@ class BridgeServer {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
     std::vector<std::string> argv = {python_interpreter(), "-m", "rhckpt.torch_bridge", "--serve"};
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e;
-      if (kv.rfind("PYTHONPATH=", 0) != 0 && kv.rfind("OMP_NUM_THREADS=", 0) != 0) env_strings.push_back(kv);
-    }
-    env_strings.push_back("PYTHONPATH=" + py);
-    env_strings.push_back("OMP_NUM_THREADS=1");
+    std::vector<std::string> env_strings = child_environment({{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}});
     std::vector<char*> args, envp;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -580,13 +578,12 @@ bool present(const fs::path& p) {
   return fs::exists(fs::symlink_status(p, ec));
 }
 
-std::string resolution_notes(const MetricLog& log, bool bitwise_elsewhere, std::vector<std::string>& notes) {
+void resolution_notes(const MetricLog& log, bool bitwise_elsewhere, std::vector<std::string>& notes) {
   for (const auto& [name, res] : log.resolution)
     if (!res.empty())
       notes.push_back(name + " printed with " + res + " here" +
                       (bitwise_elsewhere ? "; the checkpoint/probe comparison is bitwise"
                                          : "; nothing else is compared bitwise (add trainer.checkpoint or the probe)"));
-  return "";
 }
 
 void diagnose(CheckResult& r, const std::string& code, const std::string& where, const std::string& words) {
@@ -613,8 +610,9 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
                              (u.dir / "stdout.log").string() + ")");
   for (size_t d = 1; d < un.size(); ++d) {
     const std::string name = un[d].label;
-    Difference diff = compare_rows(u.metrics, un[d].metrics, std::numeric_limits<int64_t>::min(),
-                                   std::numeric_limits<int64_t>::max(), true, name, nullptr);
+    constexpr int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+    Difference diff = compare_rows(u.metrics, un[d].metrics, lo, hi, name, nullptr);
+    offer_missing(u.metrics, un[d].metrics, lo, hi, name, diff);
     Difference pd = compare_probe_steps(u.probe, un[d].probe, 0, N);
     if (pd.found() && pd.iteration <= diff.iteration) diff = pd;
     std::string key;
@@ -638,7 +636,8 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
   // 2. The interrupted run: every row up to K must equal the uninterrupted run's.
   RunOut in = run.run("interrupted", false, K, {}, std::nullopt);
   {
-    Difference d = compare_rows(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, true, "interrupted", nullptr);
+    Difference d = compare_rows(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, "interrupted", nullptr);
+    offer_missing(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, "interrupted", d);
     Difference pd = compare_probe_steps(u.probe, in.probe, std::numeric_limits<int64_t>::min(), K);
     if (pd.found() && pd.iteration <= d.iteration) d = pd;
     if (d.found())
@@ -695,11 +694,8 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
     else
       saved_state_known_equal = true;
   }
-  Difference d = compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, false, "resumed", &r.metric_diffs);
-  {
-    Difference req = compare_rows(u.metrics, rs.metrics, K + 1, N, true, "resumed", nullptr);
-    if (req.found() && req.iteration < d.iteration) d = req;
-  }
+  Difference d = compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, "resumed", &r.metric_diffs);
+  offer_missing(u.metrics, rs.metrics, K + 1, N, "resumed", d);
   for (const auto& row : rs.metrics.rows) r.control_fresh_differs = r.control_fresh_differs || (row.iteration > K && row.iteration <= N);
   Difference pd = compare_probe_steps(u.probe, rs.probe, K + 1, N);
   std::string where = d.found() ? d.what : "";
@@ -740,10 +736,13 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
 
 std::string python_package_dir() {
   if (const char* e = std::getenv("RH_PYTHON_DIR"); e && *e) return e;
+  fs::path dir;
+  try {
+    dir = fs::path(self_executable()).parent_path();
+  } catch (const std::runtime_error&) {
+    return "";
+  }
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  const fs::path dir = exe.parent_path();
   // The tool in a build tree (build/), an install (bin/ beside share/), or any binary of this
   // source tree (the benchmarks and tests).
   for (const fs::path& c : {dir.parent_path() / "python", dir.parent_path() / "share" / "resume-harness" / "python",
