@@ -98,6 +98,31 @@ torch::Tensor MoELayerImpl::router_logits(const torch::Tensor& x, torch::Generat
   return torch::linear(xr.to(dt), router->weight.to(dt));  // (N, E)
 }
 
+torch::Tensor MoELayerImpl::z_loss(const torch::Tensor& logits) const {
+  // moe_utils.py z_loss_func (NVIDIA/Megatron-LM main d98e8a6, lines 153-182):
+  // `torch.mean(torch.square(torch.logsumexp(logits, dim=-1))) * z_loss_coeff`, in the logits'
+  // own dtype: router.py TopKRouter.gating (lines 106-111) makes them `input.dtype` (bf16 in a
+  // bf16 model) unless --moe-router-dtype is fp32 or fp64.
+  // Each op as CUDA computes it on that dtype: elementwise ops in fp32 (fp64 for fp64) rounded to
+  // the dtype; reductions accumulate in fp32 and round once; logsumexp is ATen's composite
+  // (amax, sub, exp, sum, log, add: ReduceOps.cpp logsumexp_out_impl); mean is the CUDA
+  // mean_kernel_impl, sum * (1 / n) in the accumulation type. A bf16 value is held here in fp32
+  // and rounded by `hold` (CPU bf16 kernels differ: 1.13's CPU mean divides). The backward runs
+  // through these fp32 ops, not bf16 ones.
+  const bool bf16 = router_dtype == "none" && num.param_dtype == torch::kBFloat16;
+  const auto work = router_dtype == "fp64" ? torch::kDouble : torch::kFloat;
+  auto hold = [&](const torch::Tensor& t) { return bf16 ? t.to(torch::kBFloat16).to(work) : t; };
+  const auto x = hold(logits.to(work));
+  auto m = std::get<0>(x.detach().max(-1, /*keepdim=*/true));
+  m.masked_fill_(m.abs() == std::numeric_limits<double>::infinity(), 0.0);
+  const auto e = hold(hold(x - m).exp());
+  const auto lse = hold(hold(hold(e.sum(-1)).log()) + m.squeeze(-1));
+  const auto sq = hold(lse.square());
+  const double inv_n = 1.0 / static_cast<double>(sq.numel());
+  const auto factor = work == torch::kDouble ? inv_n : static_cast<double>(static_cast<float>(inv_n));
+  return hold(hold(sq.sum() * factor) * z_loss_coeff);
+}
+
 torch::Tensor MoELayerImpl::score_and_pick(RouterOutput& r) {
   // moe_utils.py topk_routing_with_score_function: scores in fp32, then
   // `probs = probs.type_as(logits)` (here: rounded as the model holds a logits-dtype tensor).
@@ -173,8 +198,7 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
     local_tokens_per_expert += kept_counts.to(torch::kFloat);
   }
 
-  const auto lf = r.logits.to(torch::kFloat);
-  r.aux_loss = torch::zeros({}, lf.options());
+  r.aux_loss = torch::zeros({}, r.logits.options().dtype(torch::kFloat));
   if (aux_loss_coeff > 0.0) {
     // Megatron's switch_load_balancing_loss_func; tokens_e carries no gradient.
     auto prob_per_expert = aux_scores.sum(0);  // (E)
@@ -182,9 +206,7 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
         double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
     r.aux_loss = r.aux_loss + (prob_per_expert * counts.to(torch::kFloat)).sum() * scale;
   }
-  if (z_loss_coeff > 0.0) {   // in fp32 whatever the router dtype
-    r.aux_loss = r.aux_loss + torch::logsumexp(lf, -1).pow(2).mean() * z_loss_coeff;
-  }
+  if (z_loss_coeff > 0.0) r.aux_loss = r.aux_loss + z_loss(r.logits).to(torch::kFloat);
   return r;
 }
 

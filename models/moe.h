@@ -116,6 +116,7 @@ struct MoELayerImpl : torch::nn::Module {
 
  private:
   torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);  // (N, E)
+  torch::Tensor z_loss(const torch::Tensor& logits) const;   // in the logits' dtype, scalar
   torch::Tensor score_and_pick(RouterOutput& r);  // fills top_idx, top_probs; returns aux scores
   void drop_tokens(RouterOutput& r);              // fills kept (and padded_map), zeroes dropped probs
   torch::Tensor dispatch_padded(const torch::Tensor& x, const RouterOutput& r);

@@ -1,6 +1,9 @@
 // Tests of the MoE layer on its own: the router's top-k and losses on a hand-computed case, the
 // dropless dispatch against a per-token loop reference, and experts that receive no tokens.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "tests/model_test_util.h"
 
@@ -58,6 +61,87 @@ TEST_P(MoELayerTest, RouterTopKAndLossesMatchHandComputedCase) {
   // The same case with the z-loss off isolates the load-balancing term.
   moe->z_loss_coeff = 0.0;
   EXPECT_NEAR(moe->route(x, nullptr).aux_loss.item<float>(), 0.012292614189286451, 1e-8);
+}
+
+// The z-loss in the router logits' dtype (moe_utils.py z_loss_func, router.py gating), against
+// an independent numpy computation of upstream's ops (tests/megatron_reference.py): bf16 logits
+// (a bf16 model with --moe-router-dtype none) give the bf16 result bit for bit; fp32 and fp64
+// logits give theirs within 2 ulps (the order of a float sum over 4-8 values may differ).
+const nlohmann::json& megatron_reference() {
+  static const nlohmann::json j = [] {
+    const std::string out = std::string(RH_BINARY_DIR) + "/megatron_reference_moe.json";
+    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/megatron_reference.py " + out;
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+    std::ifstream f(out);
+    return nlohmann::json::parse(f);
+  }();
+  return j;
+}
+
+TEST_P(MoELayerTest, ZLossIsComputedInTheRouterLogitsDtype) {
+  size_t checked = 0;
+  for (const auto& c : megatron_reference().at("z_loss")) {
+    const std::string dtype = c.at("dtype");
+    const bool bf16_model = GetParam().param_dtype == "bf16";
+    // Which router dtype gives logits of this dtype in this model.
+    std::string router_dtype = dtype == "fp64" ? "fp64" : "fp32";
+    if (dtype == "bf16") {
+      if (!bf16_model) continue;
+      router_dtype = "none";
+    }
+    const auto rows = c.at("rows").get<std::vector<std::vector<double>>>();
+    const int64_t N = static_cast<int64_t>(rows.size()), E = static_cast<int64_t>(rows[0].size());
+    ModelConfig cfg = config_for(GetParam());
+    cfg.d_model = E;
+    cfg.n_heads = 2;
+    cfg.n_experts = E;
+    cfg.aux_loss_coeff = 0.0;   // isolate the z-loss
+    cfg.z_loss_coeff = c.at("coeff");
+    cfg.router_dtype = router_dtype;
+    auto moe = make_layer(cfg, 1);
+    {
+      torch::NoGradGuard ng;
+      moe->router->weight.copy_(torch::eye(E));
+    }
+    std::vector<float> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    auto x = torch::tensor(flat).view({N, E}).to(moe->num.compute_dtype);
+    const float got = moe->route(x, nullptr).aux_loss.item<float>();
+    const std::string what = std::string(c.at("case")) + " " + dtype + " router_dtype " + router_dtype;
+    if (dtype == "bf16") {
+      EXPECT_EQ(float_bits(got), c.at("z_bits").get<uint32_t>()) << what << ": got " << got;
+    } else {
+      double want;
+      if (dtype == "fp64") {
+        const uint64_t u = c.at("z_bits64");
+        std::memcpy(&want, &u, 8);
+      } else {
+        const uint32_t u = c.at("z_bits");
+        float f;
+        std::memcpy(&f, &u, 4);
+        want = f;
+      }
+      EXPECT_NEAR(got, want, 2 * std::abs(want) * 1.2e-7) << what;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 4u);
+}
+
+// The bf16 z-loss is not the fp32 one: a bf16 model with --moe-router-dtype none differs from
+// one with fp32 router logits (the rule this pins; before, both were computed in fp32).
+TEST(MoEZLoss, Bf16AndFp32RouterDtypesDiffer) {
+  const auto& ref = megatron_reference().at("z_loss");
+  size_t pairs = 0;
+  for (const auto& c : ref) {
+    if (c.at("dtype") != "bf16") continue;
+    for (const auto& d : ref) {
+      if (d.at("dtype") != "fp32" || d.at("case") != c.at("case")) continue;
+      EXPECT_NE(c.at("z_bits").get<uint32_t>(), d.at("z_bits").get<uint32_t>()) << c.at("case");
+      ++pairs;
+    }
+  }
+  EXPECT_GE(pairs, 2u);
 }
 
 // Slow, obvious reference: a per-token loop decides which rows each expert sees (in token, slot

@@ -60,9 +60,13 @@ rh::RunConfig config_of(const nlohmann::json& c) {
   cfg.train.lr_wsd_decay_iters = c.at("wsd_iters");
   cfg.train.lr_decay_style = c.at("style");
   cfg.train.lr_wsd_decay_style = c.at("wsd_style");
-  cfg.train.start_weight_decay = c.at("start_wd");
-  cfg.train.end_weight_decay = c.at("end_wd");
   cfg.train.weight_decay_incr_style = c.at("wd_style");
+  if (cfg.train.weight_decay_incr_style == "constant") {   // upstream: start/end unset, = weight_decay
+    cfg.optim.weight_decay = c.at("start_wd");
+  } else {
+    cfg.train.start_weight_decay = c.at("start_wd");
+    cfg.train.end_weight_decay = c.at("end_wd");
+  }
   return cfg;
 }
 
@@ -142,8 +146,21 @@ TEST(Schedule, BadStylesAndUpstreamAssertsAreBadInput) {
   refused([](rh::RunConfig& c) { c.train.lr_decay_style = "WSD"; }, "needs train.lr_wsd_decay_iters");
   refused([](rh::RunConfig& c) { c.train.lr_wsd_decay_style = "step"; }, "train.lr_wsd_decay_style");
   refused([](rh::RunConfig& c) { c.train.weight_decay_incr_style = "exp"; }, "train.weight_decay_incr_style");
+  // arguments.py: constant asserts --start/--end-weight-decay are None, even set to the same
+  // value; linear and cosine assert both are set.
   refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.0; c.train.end_weight_decay = 0.1; },
-          "constant needs start and end weight decay equal");
+          "constant: train.start_weight_decay and train.end_weight_decay");
+  refused([](rh::RunConfig& c) { c.train.start_weight_decay = c.train.end_weight_decay = 0.1; },
+          "must be unset");
+  refused([](rh::RunConfig& c) { c.train.end_weight_decay = 0.1; }, "must be unset");
+  for (const char* style : {"linear", "cosine"}) {
+    refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; },
+            std::string("weight_decay_incr_style ") + style + " needs both");
+    refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; c.train.start_weight_decay = 0.0; },
+            "needs both");
+    refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; c.train.end_weight_decay = 0.1; },
+            "needs both");
+  }
   refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.2; c.train.end_weight_decay = 0.1;
                                  c.train.weight_decay_incr_style = "linear"; }, "end_wd >= start_wd");
   refused([](rh::RunConfig& c) { c.train.lr_warmup_init = 1.0; }, "train.lr_warmup_init");

@@ -192,10 +192,21 @@ void validate_scheduler(const RunConfig& c) {
   for (auto [name, v] : {std::pair{"train.start_weight_decay", t.start_weight_decay},
                          std::pair{"train.end_weight_decay", t.end_weight_decay}})
     require(std::isfinite(v) && (v >= 0 || v == -1), std::string(name) + " must be >= 0 or -1 (= optimizer.weight_decay)");
+  // arguments.py validate_args (NVIDIA/Megatron-LM main d98e8a6, lines 1393-1400): constant
+  // asserts --start/--end-weight-decay are unset (it sets both to --weight-decay itself); linear
+  // and cosine assert both are set.
+  const bool start_set = t.start_weight_decay != -1, end_set = t.end_weight_decay != -1;
+  if (t.weight_decay_incr_style == "constant")
+    require(!start_set && !end_set,
+            "train.weight_decay_incr_style constant: train.start_weight_decay and train.end_weight_decay "
+            "(--start/--end-weight-decay) must be unset (upstream asserts it; the decay is --weight-decay)");
+  else
+    require(start_set && end_set,
+            "train.weight_decay_incr_style " + t.weight_decay_incr_style +
+                " needs both train.start_weight_decay and train.end_weight_decay (--start/--end-weight-decay; "
+                "upstream asserts both are set)");
   const auto s = scheduler_from_config(c);
   require(s.end_wd >= s.start_wd, "train.end_weight_decay must be >= train.start_weight_decay (upstream asserts end_wd >= start_wd)");
-  require(t.weight_decay_incr_style != "constant" || s.start_wd == s.end_wd,
-          "train.weight_decay_incr_style constant needs start and end weight decay equal (upstream get_wd asserts it)");
   require(!(t.override_opt_param_scheduler && t.use_checkpoint_opt_param_scheduler),
           "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: both override and "
           "use-checkpoint are set.");

@@ -1,6 +1,8 @@
 // The training loop; see trainer.h.
 #include "harness/train/trainer.h"
 
+#include "harness/optim/clip.h"
+
 #include <xxhash.h>
 
 #include <chrono>
@@ -122,8 +124,10 @@ IterMetrics Trainer::train_iteration() {
   m.aux_loss = (aux_sum / static_cast<float>(n_micro)).item<float>();
   m.total_loss = m.lm_loss + m.aux_loss;
   m.grad_norm = optimizer_->grad_norm();
-  if (cfg_.train.clip_grad > 0 && m.grad_norm > cfg_.train.clip_grad)
-    optimizer_->scale_grads(static_cast<float>(cfg_.train.clip_grad / (m.grad_norm + 1e-6)));
+  if (cfg_.train.clip_grad > 0) {   // harness/optim/clip.h: Megatron's fp32 coefficient
+    const float coeff = optim::clip_coefficient(static_cast<float>(m.grad_norm), cfg_.train.clip_grad);
+    if (!(coeff == 1.0f)) optimizer_->scale_grads(coeff);
+  }
   m.num_zeros = optimizer_->count_zeros();
   // The scheduler's values at its current num_steps are the ones this step uses (Megatron's
   // train_step: optimizer.step(), then opt_param_scheduler.step(increment = global batch), which
