@@ -308,8 +308,16 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
           "fails in RUN_B")
       ->expected(2)
       ->excludes(dir);
-  rc.cmd->footer("Exit codes: 0 written (or no regression), 1 --compare found a regression, 2 missing or "
-                 "malformed run directory.");
+  rc.cmd
+      ->add_option("--merge", rc.merge,
+                   "OUT_DIR SHARD_DIR...: merge the run directories of `matrix --shard I/N` runs into OUT_DIR "
+                   "(summary.csv, summary.json, junit.xml and cell directories as one unsharded run writes them), "
+                   "then write the report there; exit 1 if a merged cell failed, 2 if the shards are not one matrix")
+      ->expected(2, 4096)
+      ->excludes(dir)
+      ->excludes("--compare");
+  rc.cmd->footer("Exit codes: 0 written (or no regression), 1 --compare found a regression or --merge a failed "
+                 "cell, 2 missing or malformed run directory, or --merge shards that are not one matrix.");
 }
 
 int run_report_command(const ReportCommand& rc, std::ostream& out) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -16,6 +17,8 @@ struct ReportCommand {
   std::string run_dir;
   std::string compare_a, compare_b;   // --compare RUN_A RUN_B
   std::string models_file;            // projection models (default reports/models.toml)
+  std::vector<std::string> merge;     // --merge OUT_DIR SHARD_DIR...: run by the cli room (harness/verify/merge.h),
+                                      // which then writes the report into OUT_DIR
   bool active() const;
 };
 

@@ -17,6 +17,7 @@
 #include "harness/train/env.h"
 #include "harness/train/job.h"
 #include "harness/verify/matrix.h"
+#include "harness/verify/merge.h"
 #include "reports/data_files.h"
 #include "reports/report.h"
 
@@ -35,6 +36,7 @@ struct CommandState {
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
   MatrixOptions check, matrix;
+  std::string shard;   // matrix --shard I/N
   bool no_report = false;
   CLI::App* check_cmd = nullptr;
   CLI::App* matrix_cmd = nullptr;
@@ -102,6 +104,9 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
   st.matrix_cmd->add_option("--filter", st.matrix.filter, "only scenarios matching this name/substring/glob");
   st.matrix_cmd->add_flag("--no-report", st.no_report, "do not write report.md / report.html at the end");
+  st.matrix_cmd->add_option("--shard", st.shard,
+                            "I/N: run only the I-th of N parts (cells sharing a baseline stay together; every runner "
+                            "computes the same split); merge the parts with `report --merge`. Writes no report");
   add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>");
 }
 
@@ -145,6 +150,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   const char* no_prestart = std::getenv("RH_NO_PRESTART");
   if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
   if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";
+  if (cmd == st.matrix_cmd && !st.shard.empty()) o.shard = parse_shard(st.shard);
   auto res = run_matrix(o, std::cout);
   if (cmd == st.check_cmd)
     for (const auto& r : res.results) {
@@ -152,7 +158,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
       if (!r.explanation.empty()) std::cout << "  diagnosis: " << r.diagnosis << ": " << r.explanation << "\n";
       for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
     }
-  if (cmd == st.matrix_cmd && !st.no_report) {
+  if (cmd == st.matrix_cmd && !st.no_report && !o.shard.active()) {
     const std::string dir =
         o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
     if (write_report(dir, std::cout) == 2) return 2;
@@ -160,6 +166,15 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   return res.exit_code;
 }
 
+
+// report --merge OUT_DIR SHARD_DIR...: merge.h, then the report of the merged run directory.
+int run_merge_command(const ReportCommand& rc) {
+  const std::filesystem::path out = rc.merge.front();
+  std::vector<std::filesystem::path> shards(rc.merge.begin() + 1, rc.merge.end());
+  const MergeResult m = merge_shards(out, shards, std::cout);   // MergeError: exit 2 (bad input)
+  if (write_report(out.string(), rc.models_file, std::cout) == 2) return 2;
+  return m.failed ? 1 : 0;
+}
 
 // "resume-harness frobnicate": CLI11 would say only that an argument was not expected.
 std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
@@ -186,6 +201,7 @@ int run_command(CommandState& st, int argc, char** argv) {
   if (*st.inspect_cmd) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
   if (*st.check_cmd) return run_matrix_command(st, st.check_cmd, st.check);
   if (*st.matrix_cmd) return run_matrix_command(st, st.matrix_cmd, st.matrix);
+  if (st.report.active() && !st.report.merge.empty()) return run_merge_command(st.report);
   if (st.report.active()) return run_report_command(st.report, std::cout);
   return 2;
 }

@@ -2,8 +2,13 @@
 // workers (baselines, then each cell once its runs are done), write the summaries.
 #include "harness/verify/matrix.h"
 
+#include <xxhash.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
+#include <iterator>
+#include <numeric>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -35,6 +40,15 @@ std::vector<size_t> external_cells(const std::vector<Scenario>& sel) {
   for (size_t i = 0; i < sel.size(); ++i)
     if (sel[i].trainer) out.push_back(i);
   return out;
+}
+
+// The scenario file's identity for `report --merge`: shards of one matrix read the same bytes.
+std::string file_xxh3(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+  return hex;
 }
 
 std::string fmt_seconds(double s) {
@@ -270,6 +284,25 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   auto all = load_scenarios(o.file);
   auto sel = select_scenarios(all, o.filter);
   if (sel.empty()) throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
+  RunSummary summary;
+  summary.file = o.file;
+  summary.filter = o.filter;
+  summary.jobs = o.jobs;
+  summary.file_xxh3 = file_xxh3(o.file);
+  if (o.shard.active()) {   // shard.h: whole baseline groups, the same split on every runner
+    const ShardPlan sp = plan_shards(sel, o.shard.count);
+    std::vector<Scenario> mine;
+    for (size_t i = 0; i < sel.size(); ++i) {
+      summary.matrix_cells.push_back(sel[i].name);
+      if (sp.shard_of[i] == o.shard.index) mine.push_back(sel[i]);
+    }
+    summary.shard_index = o.shard.index;
+    summary.shard_count = o.shard.count;
+    log << "shard " << o.shard.index << "/" << o.shard.count << ": " << mine.size() << " of " << sel.size()
+        << " scenarios (" << sp.cost[static_cast<size_t>(o.shard.index - 1)] << " of "
+        << std::accumulate(sp.cost.begin(), sp.cost.end(), int64_t{0}) << " iterations x ranks)\n";
+    sel = std::move(mine);
+  }
   const fs::path run_dir = o.run_dir.empty() ? fs::path("reports/runs") / fs::path(o.file).stem() : fs::path(o.run_dir);
   MatrixRun run(o, std::move(sel), run_dir, log);   // refuses a bad scenario name before anything is written
   refuse_symlinks_in_run_dir(run_dir, run.scenarios(), o.golden_dir);
@@ -279,7 +312,9 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   out.results = run.run();
   size_t failed = 0;
   for (const auto& r : out.results) failed += r.passed ? 0 : 1;
-  write_summary({o.file, o.filter, run_dir.string(), o.jobs, run.elapsed()}, run.scenarios(), out.results);
+  summary.run_dir = run_dir.string();
+  summary.seconds = run.elapsed();
+  write_summary(summary, run.scenarios(), out.results);
   write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
       << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "

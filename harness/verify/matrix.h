@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/verify/check.h"
+#include "harness/verify/shard.h"
 
 namespace rh {
 
@@ -22,6 +23,7 @@ struct MatrixOptions {
   bool update_golden = false;    // rewrite them instead
   std::string tool;              // executable for the child processes
   bool progress_tty = false;     // redraw one status line (else plain lines)
+  ShardSpec shard;               // --shard I/N: only this part of the selection (shard.h)
 };
 
 struct MatrixResult {

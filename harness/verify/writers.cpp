@@ -135,13 +135,16 @@ void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios
   }
   write_text((dir / "summary.csv").string(), csv);
   const auto info = runtime_info();
-  const nlohmann::json summary = {
-      {"file", run.file}, {"filter", run.filter}, {"scenarios", list}, {"failed", failed},
-      {"total", scenarios.size()}, {"seconds", run.seconds},
+  const RunConfig first = scenarios.empty() ? RunConfig{} : scenarios.front().cfg;
+  nlohmann::json summary = {
+      {"file", run.file}, {"file_xxh3", run.file_xxh3}, {"filter", run.filter}, {"scenarios", list},
+      {"failed", failed}, {"total", scenarios.size()}, {"seconds", run.seconds},
       {"environment", {{"harness_version", info.harness_version}, {"git_commit", info.git_commit},
                        {"torch_version", info.torch_version}, {"blas", info.blas},
-                       {"cuda_compiled", info.cuda_compiled}, {"threads_per_process", scenarios.front().cfg.train.threads},
-                       {"jobs", run.jobs}, {"device", scenarios.front().cfg.train.device}}}};
+                       {"cuda_compiled", info.cuda_compiled}, {"threads_per_process", first.train.threads},
+                       {"jobs", run.jobs}, {"device", first.train.device}}}};
+  if (run.shard_count > 0)
+    summary["shard"] = {{"index", run.shard_index}, {"count", run.shard_count}, {"cells", run.matrix_cells}};
   write_text((dir / "summary.json").string(), summary.dump(2) + "\n");
 }
 

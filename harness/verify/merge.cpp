@@ -1,0 +1,246 @@
+// Merging the run directories of a sharded matrix; see merge.h.
+#include "harness/verify/merge.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "harness/base/no_follow.h"
+#include "harness/base/text.h"
+#include "harness/checkpoint/json_guard.h"
+#include "harness/verify/scenario_name.h"
+#include "harness/verify/writers.h"
+
+namespace fs = std::filesystem;
+
+namespace rh {
+namespace {
+
+constexpr uint64_t kMaxSummaryBytes = 512ull << 20;
+
+struct Shard {
+  fs::path dir;
+  nlohmann::json summary;
+  std::string csv;
+};
+
+[[noreturn]] void refuse(const fs::path& shard, const std::string& what) {
+  throw MergeError("report --merge: " + shard.string() + ": " + what);
+}
+
+std::string read_shard_file(const fs::path& dir, const char* name) {
+  try {
+    return ckpt::read_regular_file((dir / name).string(), kMaxSummaryBytes, /*no_follow=*/true);
+  } catch (const std::exception& e) {
+    refuse(dir, std::string("cannot read ") + name + " (is it a run directory written by `matrix --shard I/N`?): " +
+                    e.what());
+  }
+}
+
+// A member of a JSON object with the type asked for, or a refusal naming shard, key and type.
+const nlohmann::json& member(const Shard& s, const nlohmann::json& obj, const std::string& key,
+                             nlohmann::json::value_t type, const std::string& where) {
+  const auto number = [](nlohmann::json::value_t t) {
+    return t == nlohmann::json::value_t::number_integer || t == nlohmann::json::value_t::number_unsigned;
+  };
+  if (!obj.is_object() || !obj.contains(key)) refuse(s.dir, "summary.json: " + where + key + " is missing");
+  const auto& v = obj.at(key);
+  if (!(v.type() == type || (number(type) && number(v.type()))))
+    refuse(s.dir, "summary.json: " + where + key + " has the wrong type (got " + ckpt::quote_json(v, 60) + ")");
+  return v;
+}
+
+// RFC 4180 records: a quoted field may hold commas and line breaks. Each record keeps its
+// trailing line break, so the records concatenated give the text back.
+std::vector<std::string> csv_records(const std::string& text) {
+  std::vector<std::string> out;
+  bool quoted = false;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '"') quoted = !quoted;
+    else if (text[i] == '\n' && !quoted) {
+      out.push_back(text.substr(start, i + 1 - start));
+      start = i + 1;
+    }
+  }
+  if (start < text.size()) out.push_back(text.substr(start));
+  return out;
+}
+
+// The first field of a record, unquoted.
+std::string first_field(const std::string& rec) {
+  if (rec.empty() || rec[0] != '"') return rec.substr(0, std::min(rec.find(','), rec.find('\n')));
+  std::string v;
+  for (size_t i = 1; i < rec.size(); ++i) {
+    if (rec[i] != '"') {
+      v += rec[i];
+    } else if (i + 1 < rec.size() && rec[i + 1] == '"') {
+      v += '"';
+      ++i;
+    } else {
+      break;
+    }
+  }
+  return v;
+}
+
+// Copies a cell's directory; a symbolic link anywhere in it is refused (never followed).
+void copy_cell_dir(const fs::path& shard, const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(from, ec);
+  if (ec || !fs::is_directory(st)) refuse(shard, "the cell directory " + from.string() + " is missing");
+  fs::create_directories(to);
+  for (auto it = fs::recursive_directory_iterator(from); it != fs::recursive_directory_iterator(); ++it) {
+    const auto s = it->symlink_status();
+    const fs::path dest = to / fs::relative(it->path(), from);
+    if (fs::is_symlink(s)) refuse(shard, it->path().string() + " is a symbolic link; refusing to copy through it");
+    if (fs::is_directory(s)) fs::create_directory(dest);
+    else if (fs::is_regular_file(s)) fs::copy_file(it->path(), dest, fs::copy_options::overwrite_existing);
+    else refuse(shard, it->path().string() + " is not a regular file or directory");
+  }
+}
+
+}  // namespace
+
+MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& shard_dirs, std::ostream& log) {
+  if (shard_dirs.empty()) throw MergeError("report --merge: give OUT_DIR and at least one shard run directory");
+  std::vector<Shard> shards;
+  for (const auto& d : shard_dirs) {
+    Shard s{d, {}, {}};
+    try {
+      s.summary = ckpt::parse_json_bounded(read_shard_file(d, "summary.json"), (d / "summary.json").string());
+    } catch (const MergeError&) {
+      throw;
+    } catch (const std::exception& e) {
+      refuse(d, e.what());
+    }
+    s.csv = read_shard_file(d, "summary.csv");
+    std::error_code ec;
+    if (fs::equivalent(d, out_dir, ec)) refuse(d, "is OUT_DIR itself; merge into a new directory");
+    shards.push_back(std::move(s));
+  }
+
+  // One matrix: same count, file, filter, tool and cell list; every index once.
+  using vt = nlohmann::json::value_t;
+  const Shard& first = shards.front();
+  const auto& shard0 = member(first, first.summary, "shard", vt::object, "");
+  const int64_t count = member(first, shard0, "count", vt::number_integer, "shard.").get<int64_t>();
+  const auto& cells_json = member(first, shard0, "cells", vt::array, "shard.");
+  std::vector<std::string> cells;
+  for (const auto& c : cells_json) {
+    if (!c.is_string()) refuse(first.dir, "summary.json: shard.cells holds a non-string");
+    cells.push_back(c.get<std::string>());
+  }
+  const auto identity = [&](const Shard& s) {
+    const auto& env = member(s, s.summary, "environment", vt::object, "");
+    return std::vector<std::string>{
+        member(s, s.summary, "file_xxh3", vt::string, "").get<std::string>(),
+        member(s, s.summary, "filter", vt::string, "").get<std::string>(),
+        member(s, env, "harness_version", vt::string, "environment.").get<std::string>(),
+        member(s, env, "git_commit", vt::string, "environment.").get<std::string>()};
+  };
+  const auto id0 = identity(first);
+  const char* what[] = {"scenario file (file_xxh3)", "--filter", "tool version", "tool git commit"};
+  std::set<int64_t> seen_index;
+  std::map<std::string, std::pair<size_t, nlohmann::json>> entries;   // cell -> (shard, result)
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const Shard& s = shards[k];
+    const auto& sh = member(s, s.summary, "shard", vt::object, "");
+    const int64_t idx = member(s, sh, "index", vt::number_integer, "shard.").get<int64_t>();
+    const int64_t n = member(s, sh, "count", vt::number_integer, "shard.").get<int64_t>();
+    if (n != count)
+      refuse(s.dir, "is shard " + std::to_string(idx) + "/" + std::to_string(n) + ", but " + first.dir.string() +
+                        " is one of " + std::to_string(count));
+    if (idx < 1 || idx > count) refuse(s.dir, "shard.index " + std::to_string(idx) + " is not in 1.." + std::to_string(count));
+    if (!seen_index.insert(idx).second) refuse(s.dir, "shard " + std::to_string(idx) + "/" + std::to_string(count) + " is given twice");
+    const auto id = identity(s);
+    for (size_t f = 0; f < id.size(); ++f)
+      if (id[f] != id0[f])
+        refuse(s.dir, std::string("another ") + what[f] + " than " + first.dir.string() + " ('" + ckpt::quote_text(id[f]) +
+                          "' vs '" + ckpt::quote_text(id0[f]) + "'): not shards of one matrix");
+    if (member(s, sh, "cells", vt::array, "shard.") != cells_json)
+      refuse(s.dir, "its shard.cells (the matrix's cells) differ from " + first.dir.string() + "'s");
+    for (const auto& e : member(s, s.summary, "scenarios", vt::array, "")) {
+      const std::string name = member(s, e, "name", vt::string, "scenarios[].").get<std::string>();
+      member(s, e, "passed", vt::boolean, "scenarios[].");
+      member(s, e, "verdict", vt::string, "scenarios[].");
+      if (std::find(cells.begin(), cells.end(), name) == cells.end())
+        refuse(s.dir, "cell '" + ckpt::quote_text(name) + "' is not one of the matrix's cells");
+      if (entries.count(name))
+        refuse(s.dir, "cell '" + ckpt::quote_text(name) + "' is also in " + shards[entries.at(name).first].dir.string());
+      entries.emplace(name, std::make_pair(k, e));
+    }
+  }
+  if (static_cast<int64_t>(seen_index.size()) != count) {
+    std::string missing;
+    for (int64_t i = 1; i <= count; ++i)
+      if (!seen_index.count(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+    throw MergeError("report --merge: shard(s) " + missing + " of " + std::to_string(count) + " are missing");
+  }
+  for (const auto& c : cells)
+    if (!entries.count(c))
+      throw MergeError("report --merge: cell '" + ckpt::quote_text(c) + "' is in no shard (a shard's run did not finish?)");
+
+  // summary.csv rows by cell, in the matrix's order; one header.
+  std::map<std::string, std::string> rows;
+  std::string header;
+  for (const auto& s : shards) {
+    auto recs = csv_records(s.csv);
+    if (recs.empty()) refuse(s.dir, "summary.csv is empty");
+    if (header.empty()) header = recs[0];
+    else if (recs[0] != header) refuse(s.dir, "summary.csv has another header than " + first.dir.string() + "'s");
+    for (size_t i = 1; i < recs.size(); ++i) {
+      const std::string name = first_field(recs[i]);
+      if (!entries.count(name) || shards[entries.at(name).first].dir != s.dir)
+        refuse(s.dir, "summary.csv row '" + ckpt::quote_text(name) + "' is not a cell of its summary.json");
+      rows[name] = recs[i];
+    }
+  }
+  std::vector<std::string> below = {"scenarios", "summary.csv", "summary.json", "junit.xml",
+                                    "report.md", "report.html", "projection.csv", "plots"};
+  for (const auto& c : cells) below.push_back("scenarios/" + safe_name(c));
+  refuse_symlinks_below(out_dir, below);
+  fs::create_directories(out_dir / "scenarios");
+
+  std::string csv = header;
+  nlohmann::json list = nlohmann::json::array();
+  std::vector<CheckResult> junit;
+  MergeResult res;
+  double seconds = 0;
+  for (const auto& s : shards)
+    if (s.summary.contains("seconds") && s.summary.at("seconds").is_number())
+      seconds = std::max(seconds, s.summary.at("seconds").get<double>());
+  for (const auto& c : cells) {
+    const auto& [k, e] = entries.at(c);
+    if (!rows.count(c)) refuse(shards[k].dir, "summary.csv has no row for cell '" + ckpt::quote_text(c) + "'");
+    csv += rows.at(c);
+    list.push_back(e);
+    CheckResult r;
+    r.name = c;
+    r.passed = e.at("passed").get<bool>();
+    r.verdict = e.at("verdict").get<std::string>();
+    r.seconds = e.contains("seconds") && e.at("seconds").is_number() ? e.at("seconds").get<double>() : 0.0;
+    junit.push_back(r);
+    res.failed += r.passed ? 0 : 1;
+    const fs::path rel = fs::path("scenarios") / safe_name(c);
+    remove_tree_below(out_dir, rel);
+    copy_cell_dir(shards[k].dir, shards[k].dir / rel, out_dir / rel);
+  }
+  res.cells = cells.size();
+  nlohmann::json merged = first.summary;
+  merged.erase("shard");
+  merged["scenarios"] = list;
+  merged["failed"] = res.failed;
+  merged["total"] = cells.size();
+  merged["seconds"] = seconds;   // the longest shard: the wall time of the sharded run
+  write_text((out_dir / "summary.csv").string(), csv);
+  write_text((out_dir / "summary.json").string(), merged.dump(2) + "\n");
+  const std::string file = member(first, first.summary, "file", vt::string, "").get<std::string>();
+  write_junit((out_dir / "junit.xml").string(), fs::path(file).stem().string(), junit);
+  log << "merged " << shards.size() << " shards: " << (res.cells - res.failed) << " passed, " << res.failed
+      << " failed, run directory " << out_dir.string() << "\n";
+  return res;
+}
+
+}  // namespace rh

@@ -1,0 +1,231 @@
+// matrix --shard I/N and report --merge (harness/verify/shard.h, merge.h): the split keeps
+// baseline groups together and balances them, and the merged run directory of the shards is what
+// one unsharded run writes (every summary field but the seconds, every cell's compare files),
+// through the real tool. Refusals: missing, duplicated or foreign shards exit 2.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "harness/dist/process.h"
+#include "harness/verify/baseline.h"
+#include "harness/verify/scenario.h"
+#include "harness/verify/shard.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Three baseline groups of different sizes (one of three cells, one of two, one of one) and a
+// cell that fails (a fault declared exact).
+const char* kTiny = R"(
+[defaults]
+save_at = 3
+[defaults.model]
+vocab_size = 32
+seq_len = 16
+d_model = 32
+n_layers = 1
+n_heads = 2
+ffn_hidden = 32
+[defaults.train]
+iterations = 6
+global_batch = 4
+micro_batch = 2
+lr_decay_iters = 6
+
+[[scenario]]
+name = "a"
+[[scenario]]
+name = "a-fp32"
+save_policy = "fp32"
+[[scenario]]
+name = "a-fault"
+fault = "reset_lr_schedule"
+[[scenario]]
+name = "b"
+model = { d_model = 16, ffn_hidden = 16 }
+[[scenario]]
+name = "b-per-key"
+model = { d_model = 16, ffn_hidden = 16 }
+save_policy = "per_key"
+[[scenario]]
+name = "c"
+train = { iterations = 8, lr_decay_iters = 8 }
+)";
+
+struct ToolRun {
+  int code = -1;
+  std::string log;
+};
+
+class Shards : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("rh_shard_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "m.toml") << kTiny;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static ToolRun tool(std::vector<std::string> args) {
+    std::vector<std::string> argv{RH_TOOL};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = (dir_ / "log").string();
+    fs::remove(log);
+    const auto r = rh::run_process(argv, log, 600);
+    return {r.exit_code, rh::tail_of_file(log, 200000)};
+  }
+  static ToolRun matrix(const std::string& run, const std::string& shard = "", const std::string& file = "m.toml") {
+    std::vector<std::string> a{"matrix", (dir_ / file).string(), "-j", "2", "--run-dir", (dir_ / run).string()};
+    if (!shard.empty()) a.insert(a.end(), {"--shard", shard});
+    else a.push_back("--no-report");
+    return tool(a);
+  }
+  static fs::path dir_;
+};
+fs::path Shards::dir_;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// summary.json without what may differ between runs: seconds, the run's job count.
+nlohmann::json without_seconds(nlohmann::json j) {
+  j.erase("seconds");
+  j["environment"].erase("jobs");
+  for (auto& e : j["scenarios"]) e.erase("seconds"), e.erase("trainer_seconds");
+  return j;
+}
+
+// summary.csv without its seconds column (index 21), or junit.xml without time="..." values.
+std::string csv_without_seconds(const std::string& csv) {
+  std::istringstream in(csv);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::string cur;
+    bool quoted = false;
+    for (char c : line) {   // the tiny matrix's verdicts hold no line breaks
+      if (c == '"') quoted = !quoted;
+      if (c == ',' && !quoted) f.push_back(cur), cur.clear();
+      else cur += c;
+    }
+    f.push_back(cur);
+    if (f.size() > 21) f.erase(f.begin() + 21);
+    for (const auto& x : f) out += x + ",";
+    out += "\n";
+  }
+  return out;
+}
+std::string junit_without_times(std::string x) {
+  size_t p = 0;
+  while ((p = x.find("time=\"", p)) != std::string::npos) {
+    const size_t q = x.find('"', p + 6);
+    x.erase(p + 6, q - p - 6);
+    p += 7;
+  }
+  return x;
+}
+
+TEST(ShardPlan, KeepsBaselineGroupsTogetherAndAssignsEveryCellOnce) {
+  const fs::path d = fs::temp_directory_path() / ("rh_shard_plan_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  std::ofstream(d / "m.toml") << kTiny;
+  const auto sel = rh::load_scenarios((d / "m.toml").string());
+  fs::remove_all(d);
+  const auto plan = rh::plan_checks(sel, "baselines");
+  for (int n = 1; n <= 7; ++n) {
+    const auto sp = rh::plan_shards(sel, n);
+    ASSERT_EQ(sp.shard_of.size(), sel.size());
+    for (int s : sp.shard_of) EXPECT_TRUE(s >= 1 && s <= n) << s;
+    // Slow, obvious check: every two cells with a common baseline are on one shard.
+    for (const auto& x : plan.cells) {
+      for (const auto& y : plan.cells) {
+        if (x.baseline != y.baseline && x.baseline != y.reference && x.reference != y.baseline) continue;
+        EXPECT_EQ(sp.shard_of[x.scenario], sp.shard_of[y.scenario]) << sel[x.scenario].name << " / " << sel[y.scenario].name;
+      }
+    }
+    EXPECT_EQ(rh::plan_shards(sel, n).shard_of, sp.shard_of) << "not deterministic";
+  }
+  // Three groups on two shards, costs by hand (iterations x ranks): a: baseline 6 + 3 x 3
+  // resumed = 15; b: 6 + 2 x 3 = 12; c: 8 + 5 = 13. Largest first: a -> 1, c -> 2, b -> 2.
+  const auto two = rh::plan_shards(sel, 2);
+  EXPECT_EQ(two.cost, (std::vector<int64_t>{15, 25}));
+  EXPECT_EQ(two.shard_of, (std::vector<int>{1, 1, 1, 2, 2, 2}));
+}
+
+TEST(ShardPlan, BadShardTextIsRefusedNamingTheFlag) {
+  for (const char* bad : {"", "1", "0/2", "3/2", "1/0", "a/b", "1/2/3", "/2", "1/", "-1/2", "1/99999"})
+    EXPECT_THROW(rh::parse_shard(bad), std::invalid_argument) << bad;
+  const auto s = rh::parse_shard("2/4");
+  EXPECT_EQ(s.index, 2);
+  EXPECT_EQ(s.count, 4);
+}
+
+TEST_F(Shards, MergedShardsEqualAnUnshardedRun) {
+  ASSERT_EQ(matrix("whole").code, 1);   // a-fault fails
+  for (int n : {2, 3}) {
+    std::vector<std::string> merge{"report", "--merge", (dir_ / ("merged" + std::to_string(n))).string()};
+    for (int i = n; i >= 1; --i) {   // shards given in any order
+      const std::string run = "s" + std::to_string(n) + "_" + std::to_string(i);
+      const ToolRun r = matrix(run, std::to_string(i) + "/" + std::to_string(n));
+      EXPECT_TRUE(r.code == 0 || r.code == 1) << r.log;
+      EXPECT_NE(r.log.find("shard " + std::to_string(i) + "/" + std::to_string(n)), std::string::npos) << r.log;
+      EXPECT_FALSE(fs::exists(dir_ / run / "report.md")) << "a shard writes no report";
+      merge.push_back((dir_ / run).string());
+    }
+    const ToolRun m = tool(merge);
+    EXPECT_EQ(m.code, 1) << "a merged cell failed: " << m.log;
+    const fs::path out = dir_ / ("merged" + std::to_string(n));
+    const auto whole = nlohmann::json::parse(slurp(dir_ / "whole" / "summary.json"));
+    const auto merged = nlohmann::json::parse(slurp(out / "summary.json"));
+    EXPECT_EQ(without_seconds(merged), without_seconds(whole)) << n << " shards";
+    EXPECT_EQ(csv_without_seconds(slurp(out / "summary.csv")), csv_without_seconds(slurp(dir_ / "whole" / "summary.csv")));
+    EXPECT_EQ(junit_without_times(slurp(out / "junit.xml")), junit_without_times(slurp(dir_ / "whole" / "junit.xml")));
+    for (const auto& e : whole.at("scenarios")) {
+      const fs::path cell = e.at("dir").get<std::string>();
+      for (const char* f : {"metrics_compare.csv", "state_compare.csv"})
+        EXPECT_EQ(slurp(out / cell / f), slurp(dir_ / "whole" / cell / f)) << cell / f;
+    }
+    EXPECT_TRUE(fs::exists(out / "report.md")) << m.log;
+  }
+}
+
+TEST_F(Shards, ShardsThatAreNotOneMatrixAreRefused) {
+  ASSERT_NE(matrix("r1", "1/2").code, 2);
+  std::ofstream(dir_ / "other.toml") << std::string(kTiny) + "\n# changed\n";
+  ASSERT_NE(matrix("other2", "2/2", "other.toml").code, 2);
+  const auto merge = [&](std::vector<std::string> shards) {
+    std::vector<std::string> a{"report", "--merge", (dir_ / "bad").string()};
+    for (const auto& s : shards) a.push_back((dir_ / s).string());
+    return tool(a);
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"r1"}, "shard(s) 2 of 2 are missing"},
+      {{"r1", "r1"}, "is given twice"},
+      {{"r1", "other2"}, "another scenario file"},
+      {{"r1", "nonexistent"}, "cannot read summary.json"},
+  };
+  for (const auto& [shards, want] : cases) {
+    const ToolRun r = merge(shards);
+    EXPECT_EQ(r.code, 2) << r.log;
+    EXPECT_NE(r.log.find(want), std::string::npos) << "want '" << want << "' in: " << r.log;
+    EXPECT_EQ(std::count(r.log.begin(), r.log.end(), '\n'), 1) << r.log;
+  }
+  const ToolRun bad = tool({"matrix", (dir_ / "m.toml").string(), "--shard", "3/2"});
+  EXPECT_EQ(bad.code, 2) << bad.log;
+  EXPECT_NE(bad.log.find("--shard '3/2'"), std::string::npos) << bad.log;
+}
+
+}  // namespace
