@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -34,11 +36,25 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_fsync_ns{0};
+struct FsyncClock {   // adds its lifetime to g_fsync_ns
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~FsyncClock() {
+    g_fsync_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+}  // namespace
+
+double fsync_seconds() { return static_cast<double>(g_fsync_ns.load()) * 1e-9; }
+
 void fsync_fd(int fd, const std::string& path) {
+  FsyncClock clock;
   if (::fsync(fd) != 0) throw_errno("cannot fsync", path);
 }
 
 void fsync_dir(const std::string& dir) {
+  FsyncClock clock;
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open directory", dir);
   int rc = ::fsync(fd);

@@ -16,6 +16,9 @@ namespace rh::ckpt {
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 void fsync_fd(int fd, const std::string& path);
 void fsync_dir(const std::string& dir);
+// Seconds this process has spent in fsync_fd and fsync_dir so far (all threads), for the
+// matrix benchmark's breakdown (base/phases.h).
+double fsync_seconds();
 // Creates/truncates path with content and fsyncs it (not atomic; for files inside a temp dir).
 void write_file_durable(const std::string& path, const std::string& content);
 // Replaces path atomically: path.tmp.<pid>, fsync, rename, fsync of the parent directory.

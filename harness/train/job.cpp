@@ -3,6 +3,7 @@
 // write the outputs.
 #include "harness/train/job.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,9 @@
 #include <stdexcept>
 
 #include "harness/base/no_follow.h"
+#include "harness/base/phases.h"
 #include "harness/base/text.h"
+#include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/dist/group.h"
 #include "harness/train/env.h"
@@ -180,7 +183,7 @@ void check_job(const TrainJob& job, int64_t stop) {
   // Everything this job writes into --out (the state dumps are checkpoint roots): a planted link
   // there would have its target overwritten (issue 32).
   if (!job.out_dir.empty())
-    refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", kLoadResultFile,
+    refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", "phases.json", kLoadResultFile,
                                         "state_at_save", "state_after_load", "state_final"});
 }
 
@@ -193,12 +196,15 @@ struct Run {
   fs::path out;
   std::unique_ptr<Trainer> tr;
   std::string fingerprints = "iteration,key,xxh3\n";
+  PhaseTimes phases;   // phases.json (base/phases.h)
 
   void fingerprint(int64_t iteration) {
+    PhaseTimes::Scope t(phases, "fingerprint");
     const auto fp = all_fingerprints(*tr, group.get());
     if (lead) fingerprints += fingerprint_rows(iteration, fp);
   }
   void dump(const char* name) {
+    PhaseTimes::Scope t(phases, "dump");
     if (job.dump_states && !job.out_dir.empty()) dump_state(*tr, out / name, group.get());
   }
 };
@@ -285,11 +291,23 @@ const char* error_kind(const std::exception& e) {
   return "internal";
 }
 
-// Resumes from job.load: the fresh state's fingerprints (negative-control material), the load,
-// the scheduler state checked against this run's, the faults, load_result.json either way.
-void resume(Run& run) {
+// phases.json: seconds per phase of this process (rank 0's; `ranks` processes ran alike), the
+// iterations it trained, its fsync seconds (inside save and dump) and its total from run_train's
+// start.
+void write_phases(Run& run, size_t iterations, std::chrono::steady_clock::duration total, double fsync_s) {
+  nlohmann::json j = {{"ranks", run.group ? run.group->size() : 1},
+                      {"iterations", iterations},
+                      {"seconds", run.phases.seconds()},
+                      {"fsync", fsync_s},
+                      {"total", std::chrono::duration<double>(total).count()}};
+  write_text((run.out / "phases.json").string(), j.dump(2) + "\n");
+}
+
+// The load itself, timed as phase "load": the checkpoint into the model and optimizer, the
+// scheduler state checked against this run's, the faults, load_result.json either way.
+void load_and_restore(Run& run) {
+  PhaseTimes::Scope timed(run.phases, "load");
   const TrainJob& job = run.job;
-  run.fingerprint(-1);
   ckpt::TrainState st = run.tr->state();
   ckpt::LoadReport report;
   try {
@@ -319,6 +337,13 @@ void resume(Run& run) {
     for (const auto& c : report.conversions) std::cout << "  conversion: " << c << "\n";
     if (job.fault != Fault::none) std::cout << "  fault injected: " << to_string(job.fault) << "\n";
   }
+}
+
+// Resumes from job.load: the fresh state's fingerprints (negative-control material), the load,
+// the state dump after it and the fingerprints at K.
+void resume(Run& run) {
+  run.fingerprint(-1);
+  load_and_restore(run);
   run.dump("state_after_load");
   run.fingerprint(run.tr->iteration());
 }
@@ -327,6 +352,7 @@ void resume(Run& run) {
 // the state: the fingerprints of the next iteration prove it).
 void save_all(Run& run) {
   run.dump("state_at_save");
+  PhaseTimes::Scope timed(run.phases, "save");
   for (const auto& t : run.job.saves) {
     const auto res = save_state(*run.tr, t.root, t.policy, run.group.get());
     if (!run.quiet)
@@ -338,7 +364,9 @@ void save_all(Run& run) {
 std::vector<IterMetrics> train_until(Run& run, int64_t stop) {
   std::vector<IterMetrics> rows;
   while (run.tr->iteration() < stop) {
+    const auto t0 = std::chrono::steady_clock::now();
     auto m = run.tr->train_iteration();
+    run.phases.add("train", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     rows.push_back(m);
     run.fingerprint(m.iteration);
     if (!run.quiet) {
@@ -361,18 +389,29 @@ int run_train(const TrainJob& job) {
   configure_determinism(static_cast<int>(job.cfg.train.threads));
   const int64_t stop = job.stop_at < 0 ? job.cfg.train.iterations : job.stop_at;
   check_job(job, stop);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double fsync0 = ckpt::fsync_seconds();
   Run run(job);
-  start(run);
-  if (!job.load.empty()) resume(run);
-  else run.fingerprint(0);
+  {
+    PhaseTimes::Scope t(run.phases, "setup");
+    start(run);
+  }
+  if (!job.load.empty()) {
+    resume(run);
+  } else {
+    run.fingerprint(0);
+  }
   const auto rows = train_until(run, stop);
   if (!job.saves.empty() && job.save_at < 0) save_all(run);
   run.dump("state_final");
   if (run.write_out) {
+    PhaseTimes::Scope t(run.phases, "outputs");
     write_metrics_csv((run.out / "metrics.csv").string(), rows);
     write_timing_csv((run.out / "timing.csv").string(), rows);
     write_text((run.out / "fingerprints.csv").string(), run.fingerprints);
   }
+  if (run.write_out) write_phases(run, rows.size(), std::chrono::steady_clock::now() - t0,
+                                  ckpt::fsync_seconds() - fsync0);
   return 0;
 }
 

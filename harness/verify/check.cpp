@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "harness/base/no_follow.h"
+#include "harness/base/phases.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/dist/process.h"
@@ -267,14 +268,26 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
   r.expectation = to_string(s.expect.kind);
   const fs::path dir(o.work_dir);
   const auto t0 = std::chrono::steady_clock::now();
+  PhaseTimes phases;   // phases.json: where this check's time went (bench_matrix)
   try {
     if (!runs.baseline_error.empty()) throw std::runtime_error(runs.baseline_error);
-    copy_baseline_metrics(runs, dir);
-    const bool loaded = resume(s, runs, o, r);
-    measure(runs, dir, r);
-    const auto fb = read_fingerprints((runs.baseline / "fingerprints.csv").string());
-    control_k(s, fb, r);
-    if (loaded) compare(s, runs, dir, fb, r);
+    bool loaded = false;
+    {
+      PhaseTimes::Scope t(phases, "copy_baseline");
+      copy_baseline_metrics(runs, dir);
+    }
+    {
+      PhaseTimes::Scope t(phases, "resumed_process");
+      loaded = resume(s, runs, o, r);
+    }
+    {
+      PhaseTimes::Scope t(phases, "compare");
+      measure(runs, dir, r);
+      const auto fb = read_fingerprints((runs.baseline / "fingerprints.csv").string());
+      control_k(s, fb, r);
+      if (loaded) compare(s, runs, dir, fb, r);
+    }
+    PhaseTimes::Scope t(phases, "cleanup");
     if (!o.keep_checkpoints)
       for (const char* d : {"state_after_load", "state_final"}) remove_tree_below(dir, fs::path("resumed") / d);
   } catch (const std::exception& e) {
@@ -284,7 +297,11 @@ CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptio
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   decide(s, runs, o, r);
   try {
-    write_cell_outputs(dir.string(), s, r);
+    {
+      PhaseTimes::Scope t(phases, "write_results");
+      write_cell_outputs(dir.string(), s, r);
+    }
+    write_text((dir / "phases.json").string(), nlohmann::json({{"seconds", phases.seconds()}}).dump(2) + "\n");
   } catch (const std::exception& e) {
     r.passed = false;
     r.verdict = std::string("FAIL: cannot write results: ") + e.what();

@@ -15,6 +15,8 @@
 #include <thread>
 
 #include "harness/base/no_follow.h"
+#include "harness/base/phases.h"
+#include "harness/base/text.h"
 #include "harness/verify/baseline.h"
 #include "harness/verify/external_check.h"
 #include "harness/verify/writers.h"
@@ -127,6 +129,9 @@ class MatrixRun {
   }
   const std::vector<Scenario>& scenarios() const { return sel_; }
   size_t baselines() const { return plan_.baselines.size(); }
+  // Worker seconds by task kind and idle (waiting for a baseline, or done while others run);
+  // read after run() returns.
+  const PhaseTimes& phases() const { return phases_; }
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
  private:
@@ -134,7 +139,10 @@ class MatrixRun {
     std::unique_lock<std::mutex> lk(sched_.mu);
     int kind = 0;
     size_t index = 0;
+    auto idle0 = Clock::now();
     while (sched_.take(lk, kind, index)) {
+      phases_.add("idle", std::chrono::duration<double>(Clock::now() - idle0).count());
+      const auto task0 = Clock::now();
       status(kind == 1   ? "checking " + sel_[plan_.cells[index].scenario].name
              : kind == 2 ? "running trainer of " + sel_[index].name
                          : "training baseline " + plan_.baselines[index].id);
@@ -143,8 +151,12 @@ class MatrixRun {
       else if (kind == 2) check_external(index);
       else train(index);
       lk.lock();
+      phases_.add(kind == 1 ? "cells" : kind == 2 ? "external_cells" : "baselines",
+                  std::chrono::duration<double>(Clock::now() - task0).count());
       sched_.cv.notify_all();
+      idle0 = Clock::now();
     }
+    phases_.add("idle", std::chrono::duration<double>(Clock::now() - idle0).count());   // the tail
   }
 
   // The progress line (sched_.mu held): one redrawn line on a terminal, else a line per change.
@@ -254,6 +266,7 @@ class MatrixRun {
   Schedule sched_;
   std::vector<CheckResult> results_;
   std::ostream& log_;
+  PhaseTimes phases_;   // guarded by sched_.mu
   const Clock::time_point t0_ = Clock::now();
 };
 
@@ -273,7 +286,7 @@ void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scena
   // What a matrix run removes or writes below its run directory, and what `report` writes after
   // it (reports/report.cpp checks those again: `report` runs on its own too).
   std::vector<std::string> below = {"scenarios", "baselines",   "summary.csv", "summary.json", "junit.xml",
-                                    "report.md", "report.html", "projection.csv", "plots"};
+                                    "report.md", "report.html", "projection.csv", "plots", "phases.json"};
   for (const auto& s : scenarios) below.push_back("scenarios/" + safe_name(s.name));
   refuse_symlinks_below(run_dir, below);
   if (golden_dir.empty()) return;
@@ -314,8 +327,17 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   for (const auto& r : out.results) failed += r.passed ? 0 : 1;
   summary.run_dir = run_dir.string();
   summary.seconds = run.elapsed();
+  const auto w0 = Clock::now();
   write_summary(summary, run.scenarios(), out.results);
   write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
+  // phases.json: worker seconds by task kind and idle, the summaries' writing, the wall time
+  // (bench/bench_matrix.cpp reads it with each process's and each cell's phases.json).
+  write_text((run_dir / "phases.json").string(),
+             nlohmann::json({{"jobs", std::max(1, o.jobs)},
+                             {"wall", run.elapsed()},
+                             {"workers", run.phases().seconds()},
+                             {"summaries", std::chrono::duration<double>(Clock::now() - w0).count()}})
+                     .dump(2) + "\n");
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
       << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
       << run_dir.string() << "\n";
