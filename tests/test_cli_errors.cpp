@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "harness/base/suggest.h"
 #include "harness/dist/process.h"
 
 namespace fs = std::filesystem;
@@ -66,6 +67,63 @@ TEST(CliErrors, UnknownSubcommandListsTheValidOnes) {
   expect_bad_input(r, "unknown subcommand 'frobnicate'");
   for (const char* s : {"train", "inspect", "check", "matrix", "report"})
     EXPECT_NE(r.log.find(s), std::string::npos) << s << " missing from: " << r.log;
+}
+
+// "Did you mean": the closest subcommand, flag or scenario name when one is a likely typo, and
+// nothing when none is close.
+TEST(CliErrors, TyposGetTheClosestNameSuggested) {
+  EXPECT_EQ(rh::edit_distance("matrx", "matrix"), 1u);
+  EXPECT_EQ(rh::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(rh::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(rh::closest_match("chek", {"train", "check", "matrix"}), "check");
+  EXPECT_EQ(rh::closest_match("frobnicate", {"train", "check", "matrix"}), "");
+  EXPECT_EQ(rh::closest_match("check", {"check"}), "");   // exact: nothing to suggest
+  const fs::path d = fresh_dir("typos");
+  const std::string ci = std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml";
+  struct Case {
+    std::vector<std::string> args;
+    std::string want;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{"matrx"}, "unknown subcommand 'matrx' (did you mean 'matrix'?)"},
+           {{"matrix", ci, "--jbos", "2"}, "(did you mean '--jobs'?)"},
+           {{"train", "--lr-decay-styl", "cosine"}, "(did you mean '--lr-decay-style'?)"},
+           {{"check", "--file", ci, "seed-protocl"}, "no scenario matches 'seed-protocl' (did you mean 'seed-protocol'?)"},
+       })
+    expect_bad_input(tool(d, c.args), c.want);
+  const ToolRun far = tool(d, {"frobnicate"});
+  EXPECT_EQ(far.log.find("did you mean"), std::string::npos) << far.log;
+}
+
+// --list prints what a filter (and a shard) selects and runs nothing.
+TEST(CliErrors, ListPrintsTheSelectionAndRunsNothing) {
+  const fs::path d = fresh_dir("list");
+  const std::string ci = std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml";
+  const ToolRun all = tool(d, {"matrix", ci, "--list", "--run-dir", (d / "run").string()});
+  ASSERT_EQ(all.code, 0) << all.log;
+  EXPECT_EQ(std::count(all.log.begin(), all.log.end(), '\n'), 51) << all.log;
+  EXPECT_FALSE(fs::exists(d / "run")) << "--list wrote a run directory";
+  std::string halves;
+  for (const char* s : {"1/2", "2/2"}) {
+    const ToolRun h = tool(d, {"matrix", ci, "--list", "--shard", s});
+    ASSERT_EQ(h.code, 0) << h.log;
+    EXPECT_LT(std::count(h.log.begin(), h.log.end(), '\n'), 51) << s;
+    halves += h.log;
+  }
+  auto sorted_lines = [](const std::string& t) {
+    std::vector<std::string> v;
+    std::string line;
+    for (char c : t) {
+      if (c == '\n') v.push_back(line), line.clear();
+      else line += c;
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted_lines(halves), sorted_lines(all.log)) << "the two halves are not the whole";
+  const ToolRun one = tool(d, {"check", "--file", ci, "seed-*", "--list"});
+  EXPECT_EQ(one.code, 0);
+  EXPECT_EQ(one.log, "seed-protocol\n");
 }
 
 TEST(CliErrors, Cli11ParseErrorsCarryTheSamePrefix) {

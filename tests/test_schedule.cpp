@@ -142,7 +142,11 @@ TEST(Schedule, BadStylesAndUpstreamAssertsAreBadInput) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  refused([](rh::RunConfig& c) { c.train.lr_decay_style = "cosine-ish"; }, "train.lr_decay_style (--lr-decay-style)");
+  refused([](rh::RunConfig& c) { c.train.lr_decay_style = "cosine-ish"; },
+          "train.lr_decay_style (--lr-decay-style) must be one of constant, linear, cosine, inverse-square-root, WSD, "
+          "got 'cosine-ish'");
+  refused([](rh::RunConfig& c) { c.train.weight_decay_incr_style = "exp"; },
+          "must be one of constant, linear, cosine, got 'exp'");
   refused([](rh::RunConfig& c) { c.train.lr_decay_style = "WSD"; }, "needs train.lr_wsd_decay_iters");
   refused([](rh::RunConfig& c) { c.train.lr_wsd_decay_style = "step"; }, "train.lr_wsd_decay_style");
   refused([](rh::RunConfig& c) { c.train.weight_decay_incr_style = "exp"; }, "train.weight_decay_incr_style");

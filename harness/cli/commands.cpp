@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
@@ -18,6 +20,7 @@
 #include "harness/train/job.h"
 #include "harness/verify/matrix.h"
 #include "harness/verify/merge.h"
+#include "harness/base/suggest.h"
 #include "reports/data_files.h"
 #include "reports/report.h"
 
@@ -37,6 +40,7 @@ struct CommandState {
   std::string inspect_dir;
   MatrixOptions check, matrix;
   std::string shard;   // matrix --shard I/N
+  bool list = false;   // check/matrix --list
   bool no_report = false;
   CLI::App* check_cmd = nullptr;
   CLI::App* matrix_cmd = nullptr;
@@ -83,8 +87,13 @@ void register_train(CLI::App& app, CommandState& st) {
   add_run_options(*train, job.cfg);
 }
 
-void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& default_run_dir) {
-  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time")->check(CLI::Range(1, 64))->capture_default_str();
+void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& default_run_dir, bool& list) {
+  o.jobs = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 64u));
+  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time (default: this machine's cores)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  c.add_flag("--list", list, "print the scenarios this selects (filter and --shard applied), run nothing");
+  c.add_option("--junit", o.junit_path, "also write junit.xml to PATH (CI test reports)");
   c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
   c.add_flag("--keep-checkpoints", o.keep_checkpoints, "keep each scenario's checkpoint in the run directory");
   c.add_option("--golden", o.golden_dir, "compare each baseline's metrics bitwise with golden CSVs in DIR");
@@ -98,7 +107,7 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   st.check_cmd->add_option("SCENARIO", st.check.filter,
                            "canonical scenario name, a substring of names, or a glob with *")->required();
   st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
-  add_matrix_options(*st.check_cmd, st.check, "reports/runs/check");
+  add_matrix_options(*st.check_cmd, st.check, "reports/runs/check", st.list);
   st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
   auto* pos = st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml");
   st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
@@ -107,7 +116,7 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   st.matrix_cmd->add_option("--shard", st.shard,
                             "I/N: run only the I-th of N parts (cells sharing a baseline stay together; every runner "
                             "computes the same split); merge the parts with `report --merge`. Writes no report");
-  add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>");
+  add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>", st.list);
 }
 
 int run_train_command(CommandState& st, int argc, char** argv) {
@@ -151,6 +160,13 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
   if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";
   if (cmd == st.matrix_cmd && !st.shard.empty()) o.shard = parse_shard(st.shard);
+  if (st.list) {
+    const auto names = list_matrix(o);
+    if (names.empty() && !o.shard.active())
+      throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
+    for (const auto& n : names) std::cout << n << "\n";
+    return 0;
+  }
   auto res = run_matrix(o, std::cout);
   if (cmd == st.check_cmd)
     for (const auto& r : res.results) {
@@ -180,12 +196,14 @@ int run_merge_command(const ReportCommand& rc) {
 std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return "";
   std::string names;
+  std::vector<std::string> list;
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
     if (sub->check_name(argv[1])) return "";
     names += (names.empty() ? "" : ", ") + sub->get_name();
+    list.push_back(sub->get_name());
   }
-  return std::string("unknown subcommand '") + argv[1] + "'; the subcommands are " + names +
-         " (resume-harness --help)";
+  return std::string("unknown subcommand '") + argv[1] + "'" + did_you_mean(argv[1], list) +
+         "; the subcommands are " + names + " (resume-harness --help)";
 }
 
 void register_commands(CLI::App& app, CommandState& st) {
@@ -215,7 +233,21 @@ int tool_main(int argc, char** argv) {
                        "print the version, git commit, LibTorch, BLAS and its core, then exit");
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
     std::string where = a->get_parent() ? a->get_name() + " " : "";
-    return std::string(kErrorPrefix) + where + e.what() + " (run with --help for the options)\n";
+    // An unknown flag: the closest of this subcommand's flags, if one is close.
+    std::string hint;
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      std::vector<std::string> flags;
+      std::vector<const CLI::App*> apps{a};
+      for (const CLI::App* sub : a->get_subcommands()) apps.push_back(sub);   // the one given
+      for (const CLI::App* ap : apps)
+        for (const CLI::Option* opt : ap->get_options()) {
+          for (const auto& l : opt->get_lnames()) flags.push_back("--" + l);
+          for (const auto& s : opt->get_snames()) flags.push_back("-" + s);
+        }
+      for (const auto& extra : a->remaining(/*recurse=*/true))
+        if (extra.rfind("-", 0) == 0 && hint.empty()) hint = did_you_mean(extra.substr(0, extra.find('=')), flags);
+    }
+    return std::string(kErrorPrefix) + where + e.what() + hint + " (run with --help for the options)\n";
   });
   CommandState st;
   register_commands(app, st);

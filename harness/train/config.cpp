@@ -163,26 +163,23 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument(msg);
 }
 
-bool one_of(const std::string& v, const std::vector<std::string>& names, std::string* all) {
-  for (const auto& n : names) *all += (all->empty() ? "" : ", ") + n;
-  return std::find(names.begin(), names.end(), v) != names.end();
+// Refuses `v` unless it is one of `names`, listing them: "<what> must be one of a, b, c, got 'v'".
+// (The list is built before the message: an argument filled in by the condition itself was
+// empty in the message, as GCC evaluates the message first.)
+void require_one_of(const std::string& v, const std::vector<std::string>& names, const std::string& what) {
+  if (std::find(names.begin(), names.end(), v) != names.end()) return;
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  require(false, what + " must be one of " + all + ", got '" + ckpt::quote_text(v) + "'");
 }
 
 // The asserts of optimizer_param_scheduler.py OptimizerParamScheduler.__init__ / get_wd, and
 // arguments.py's choices, as bad input.
 void validate_scheduler(const RunConfig& c) {
   const auto& t = c.train;
-  std::string all;
-  require(one_of(t.lr_decay_style, lr_decay_styles(), &all),
-          "train.lr_decay_style (--lr-decay-style) must be one of " + all + ", got '" + ckpt::quote_text(t.lr_decay_style) + "'");
-  all.clear();
-  require(one_of(t.lr_wsd_decay_style, lr_wsd_decay_styles(), &all),
-          "train.lr_wsd_decay_style (--lr-wsd-decay-style) must be one of " + all + ", got '" +
-              ckpt::quote_text(t.lr_wsd_decay_style) + "'");
-  all.clear();
-  require(one_of(t.weight_decay_incr_style, wd_incr_styles(), &all),
-          "train.weight_decay_incr_style (--weight-decay-incr-style) must be one of " + all + ", got '" +
-              ckpt::quote_text(t.weight_decay_incr_style) + "'");
+  require_one_of(t.lr_decay_style, lr_decay_styles(), "train.lr_decay_style (--lr-decay-style)");
+  require_one_of(t.lr_wsd_decay_style, lr_wsd_decay_styles(), "train.lr_wsd_decay_style (--lr-wsd-decay-style)");
+  require_one_of(t.weight_decay_incr_style, wd_incr_styles(), "train.weight_decay_incr_style (--weight-decay-incr-style)");
   require(t.lr_decay_style != "WSD" || t.lr_wsd_decay_iters >= 0,
           "train.lr_decay_style WSD needs train.lr_wsd_decay_iters (--lr-wsd-decay-iters) >= 0");
   require(t.lr_wsd_decay_iters >= -1 && t.lr_wsd_decay_iters <= t.lr_decay_iters,

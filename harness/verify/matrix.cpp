@@ -16,6 +16,7 @@
 
 #include "harness/base/no_follow.h"
 #include "harness/base/phases.h"
+#include "harness/base/suggest.h"
 #include "harness/base/text.h"
 #include "harness/verify/baseline.h"
 #include "harness/verify/external_check.h"
@@ -293,10 +294,23 @@ void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scena
   for (const auto& s : scenarios) refuse_symlinks_below(golden_dir, safe_name(s.name) + ".csv");
 }
 
+std::vector<std::string> list_matrix(const MatrixOptions& o) {
+  auto sel = select_scenarios(load_scenarios(o.file), o.filter);
+  std::vector<std::string> out;
+  const ShardPlan sp = plan_shards(sel, o.shard.active() ? o.shard.count : 1);
+  for (size_t i = 0; i < sel.size(); ++i)
+    if (!o.shard.active() || sp.shard_of[i] == o.shard.index) out.push_back(sel[i].name);
+  return out;
+}
+
 MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   auto all = load_scenarios(o.file);
   auto sel = select_scenarios(all, o.filter);
-  if (sel.empty()) throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'");
+  if (sel.empty()) {
+    std::vector<std::string> names;
+    for (const auto& s : all) names.push_back(s.name);
+    throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'" + did_you_mean(o.filter, names));
+  }
   RunSummary summary;
   summary.file = o.file;
   summary.filter = o.filter;
@@ -330,6 +344,7 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   const auto w0 = Clock::now();
   write_summary(summary, run.scenarios(), out.results);
   write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
+  if (!o.junit_path.empty()) write_junit(o.junit_path, fs::path(o.file).stem().string(), out.results);
   // phases.json: worker seconds by task kind and idle, the summaries' writing, the wall time
   // (bench/bench_matrix.cpp reads it with each process's and each cell's phases.json).
   write_text((run_dir / "phases.json").string(),

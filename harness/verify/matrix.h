@@ -24,7 +24,12 @@ struct MatrixOptions {
   std::string tool;              // executable for the child processes
   bool progress_tty = false;     // redraw one status line (else plain lines)
   ShardSpec shard;               // --shard I/N: only this part of the selection (shard.h)
+  std::string junit_path;        // --junit PATH: junit.xml written here too
 };
+
+// The names a run with these options would check (filter and shard applied), in order, without
+// running anything (check/matrix --list).
+std::vector<std::string> list_matrix(const MatrixOptions& opts);
 
 struct MatrixResult {
   std::vector<CheckResult> results;   // in scenario order
