@@ -20,6 +20,7 @@
 #include "harness/checkpoint/manifest_reader.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace rh::ckpt::detail {
 
@@ -81,6 +82,9 @@ struct Want {
   bool compressed = false;             // "compress": "zstd": decoded after every check
   uint64_t header_bytes = 0;
   std::string header_hash;             // compressed files: damage is located to a block
+  // Compressed files: the manifest's tensors of this file, which the file's table must match
+  // before anything is decoded (so a load decodes at most what the manifest lists).
+  std::map<std::string, TensorInfo> listed;
 };
 
 // The manifest's files: plain names only, so nothing outside the directory can be read through a
@@ -160,7 +164,45 @@ SafetensorsFile open_verified(const Want& w) {
   if (sf.compressed() != w.compressed)
     fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
                                  : "the manifest says compressed, but the file names no codec (rh_codec)");
-  return w.compressed ? sf.decoded() : sf;   // every block checked and decoded on all cores
+  if (!w.compressed) return sf;
+  for (const TensorInfo& t : sf.compressed_table()) {
+    auto it = w.listed.find(t.key);
+    if (it == w.listed.end())
+      fail(w.path, "tensor '" + quote_text(t.key) + "' is not in the manifest (refused before decoding)", t.key);
+    const TensorInfo& want = it->second;
+    if (t.dtype != want.dtype || t.shape != want.shape || t.end != want.end)
+      fail(w.path, "tensor '" + quote_text(t.key) + "' is " + st_name(t.dtype) + " " + nlohmann::json(t.shape).dump() + " (" +
+                       std::to_string(t.end) + " bytes) in rh_tensors, manifest says " + st_name(want.dtype) + " " +
+                       nlohmann::json(want.shape).dump() + " (" + std::to_string(want.end) + " bytes); refused before decoding",
+           t.key);
+  }
+  return sf.decoded();   // every block checked and decoded on all cores
+}
+
+// The manifest's tensors of each compressed file (what its table must match), and the total a load
+// may decode: what the manifest says those tensors hold, refused once for the whole checkpoint when
+// it exceeds this machine's memory (not per file: two 3 GiB tables each fit, together they do not).
+void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants) {
+  std::map<std::string, Want*> by_name;
+  for (Want& w : wants)
+    if (w.compressed) by_name[w.name] = &w;
+  uint64_t total = 0;
+  mf["tensors"].each([&](const JsonField& t) {
+    auto it = by_name.find(t["file"].str());
+    if (it == by_name.end()) return;
+    TensorInfo ti;
+    ti.key = t["key"].str();
+    const std::string dt = t["dtype"].str();
+    if (!st_parse(dt, &ti.dtype)) t["dtype"].fail("unknown dtype " + quote_text(dt));
+    t["shape"].each([&](const JsonField& d) { ti.shape.push_back(d.i64()); });
+    ti.end = t["bytes"].u64();
+    if (__builtin_add_overflow(total, ti.end, &total)) t["bytes"].fail("the tensors' bytes overflow");
+    it->second->listed[ti.key] = ti;
+  });
+  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (total > phys)
+    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
+                    std::to_string(phys) + ")");
 }
 
 // Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
@@ -224,7 +266,9 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   // bounded depth, and the schema of every field read below.
   v.manifest = read_checked_manifest(dir);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
-  open_all(listed_files(mf, dir, mpath), v);
+  std::vector<Want> wants = listed_files(mf, dir, mpath);
+  expect_tables(mf, mpath, wants);
+  open_all(wants, v);
   match_tensors(mf, v);
   return v;
 }

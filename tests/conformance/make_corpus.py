@@ -4,16 +4,17 @@ must get from BOTH readers, `resume-harness inspect` (tests/test_checkpoint_conf
 `python3 -m rhckpt` (tests/test_rhckpt_conformance.py), so that the two can never drift apart.
 The rules the cases exercise are listed in docs/checkpoint-format.md; each case names its rule.
 
-    make_corpus.py OUT            writes OUT/<case>/ for every case and OUT/expected.tsv
-                                  (name, exit code, a substring both readers' message must hold)
-    make_corpus.py --list         prints the table
+    make_corpus.py OUT [CASE...]  writes OUT/<case>/ for every case (or those named) and
+                                  OUT/expected.tsv: name, exit code, rule, a substring both
+                                  readers' message must hold (tab-separated)
+    make_corpus.py --list         prints that table for every case
 
 Every case starts from one of two tiny checkpoints the tool wrote (base/plain_dp2, base/zstd_dp2:
-two data-parallel ranks, 1,060 parameters; regenerate them with scripts/conformance_bases.sh after
-a format change), applies one change and, unless the case is about a checksum, RESEALS what it
+two data-parallel ranks, a 1-layer model of width 8; regenerate them as base/README.md says after a
+format change), applies one change and, unless the case is about a checksum, RESEALS what it
 changed (file sizes, whole-file, block and header XXH3-64 in the manifest, the manifest's sidecar),
 so that the rule under test, not a checksum, is what must refuse it. Deterministic: the same
-bytes every run. Needs numpy-free Python with Debian's python3-xxhash and python3-zstandard.
+bytes every run. Needs no numpy: Python with Debian's python3-xxhash and python3-zstandard.
 """
 import json
 import os
@@ -510,18 +511,24 @@ def build(out, name, base, mutate, reseal):
 
 def main(argv):
     if argv == ["--list"]:
-        for name, base, _, _, code, reason, rule in CASES:
-            print("%-40s %-10s %d %-5s %s" % (name, base, code, rule, reason))
+        for name, _, _, _, code, reason, rule in CASES:
+            print("%s\t%d\t%s\t%s" % (name, code, rule, reason))
         return 0
-    if len(argv) != 1:
+    if not argv or argv[0].startswith("-"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    out = argv[0]
-    os.makedirs(out, exist_ok=True)
+    out, only = argv[0], set(argv[1:])
     names = [c[0] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
+    unknown = only - set(names)
+    if unknown:
+        print("make_corpus.py: no case named %s" % ", ".join(sorted(unknown)), file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "expected.tsv"), "w") as f:
         for name, base, mutate, reseal, code, reason, rule in CASES:
+            if only and name not in only:
+                continue
             build(out, name, base, mutate, reseal)
             f.write("%s\t%d\t%s\t%s\n" % (name, code, rule, reason))
     return 0
