@@ -117,6 +117,45 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
   return wants;
 }
 
+// A compressed file's table (rh_tensors) against the manifest's tensors of that file, before
+// SafetensorsFile::decoded() allocates or decodes anything: each entry the table lists must be a
+// tensor the manifest lists there, with its dtype, shape and raw bytes, so a load decodes at most
+// what the manifest says (issue 32: two 3 GiB zero tables of 6.4 MB were decoded before the
+// refusal). Entries decoded() would refuse as malformed are left to its messages.
+void match_table(const Want& w, const SafetensorsFile& sf) {
+  auto tt = sf.metadata().find("rh_tensors");
+  if (tt == sf.metadata().end()) return;
+  nlohmann::json j;
+  try {
+    j = parse_json_bounded(tt->second, w.path);
+  } catch (const std::invalid_argument&) {
+    return;
+  }
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const nlohmann::json& e = it.value();
+    StDtype dt;
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !st_parse(e["dtype"].get<std::string>(), &dt) ||
+        !e.contains("shape") || !e["shape"].is_array() || !e.contains("raw_bytes") || !e["raw_bytes"].is_number_unsigned())
+      return;
+    std::vector<int64_t> shape;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer()) return;
+      shape.push_back(d.get<int64_t>());
+    }
+    const uint64_t raw = e["raw_bytes"].get<uint64_t>();
+    auto want = w.listed.find(it.key());
+    if (want == w.listed.end())
+      fail(w.path, "tensor '" + quote_text(it.key()) + "' is not in the manifest (refused before decoding)", it.key());
+    const TensorInfo& m = want->second;
+    if (dt != m.dtype || shape != m.shape || raw != m.end)
+      fail(w.path, "tensor '" + quote_text(it.key()) + "' is " + st_name(dt) + " " + nlohmann::json(shape).dump() + " (" +
+                       std::to_string(raw) + " bytes) in rh_tensors, manifest says " + st_name(m.dtype) + " " +
+                       nlohmann::json(m.shape).dump() + " (" + std::to_string(m.end) + " bytes); refused before decoding",
+           it.key());
+  }
+}
+
 // One file: size and checksum before the structure, so damage is reported as damage.
 SafetensorsFile open_verified(const Want& w) {
   // A compressed file whose header is intact names the damaged block (tensor, block index).
@@ -165,17 +204,7 @@ SafetensorsFile open_verified(const Want& w) {
     fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
                                  : "the manifest says compressed, but the file names no codec (rh_codec)");
   if (!w.compressed) return sf;
-  for (const TensorInfo& t : sf.compressed_table()) {
-    auto it = w.listed.find(t.key);
-    if (it == w.listed.end())
-      fail(w.path, "tensor '" + quote_text(t.key) + "' is not in the manifest (refused before decoding)", t.key);
-    const TensorInfo& want = it->second;
-    if (t.dtype != want.dtype || t.shape != want.shape || t.end != want.end)
-      fail(w.path, "tensor '" + quote_text(t.key) + "' is " + st_name(t.dtype) + " " + nlohmann::json(t.shape).dump() + " (" +
-                       std::to_string(t.end) + " bytes) in rh_tensors, manifest says " + st_name(want.dtype) + " " +
-                       nlohmann::json(want.shape).dump() + " (" + std::to_string(want.end) + " bytes); refused before decoding",
-           t.key);
-  }
+  match_table(w, sf);
   return sf.decoded();   // every block checked and decoded on all cores
 }
 

@@ -616,13 +616,6 @@ std::string block_name(const std::string& key, size_t i, size_t n) {
 
 }  // namespace
 
-std::vector<TensorInfo> SafetensorsFile::compressed_table() const {
-  std::vector<TensorInfo> out;
-  if (!compressed()) return out;
-  for (TableEntry& te : read_table(path_, tensors_, metadata_, map_->bytes() + data_offset_)) out.push_back(te.logical);
-  return out;
-}
-
 SafetensorsFile SafetensorsFile::decoded() const {
   if (!compressed()) return *this;
   const uint8_t* data = map_->bytes() + data_offset_;

@@ -105,11 +105,6 @@ class SafetensorsFile {
   // covered exactly, decoded size below physical memory). Throws CheckpointError naming file,
   // tensor and block.
   SafetensorsFile decoded() const;
-  // The logical tensors a compressed file's table (rh_tensors) describes (key, dtype, shape; end =
-  // raw bytes), every field of the table checked as decoded() checks it, nothing decoded: a reader
-  // matches them to the manifest first, so a table can never make it decode more than the manifest
-  // lists (issue 32). Throws CheckpointError naming the file.
-  std::vector<TensorInfo> compressed_table() const;
   // Bytes a tensor takes in the file: its compressed blob's size in a decoded view, else its size.
   uint64_t stored_bytes(const std::string& key) const;
   // For a compressed file whose stored bytes fail a file-level checksum: the first block whose
