@@ -65,7 +65,9 @@ TEST_P(Conformance, ToolReaderGivesTheCorpusVerdict) {
   fs::remove_all(out);
   EXPECT_EQ(code, c.code) << c.name << " (" << c.rule << "): " << msg.str();
   EXPECT_NE(msg.str().find(c.reason), std::string::npos) << c.name << ": expected '" << c.reason << "' in: " << msg.str();
-  if (c.code != 0) EXPECT_NE(msg.str().find((out / c.name).string()), std::string::npos) << "names no file: " << msg.str();
+  if (c.code != 0) {
+    EXPECT_NE(msg.str().find((out / c.name).string()), std::string::npos) << "names no file: " << msg.str();
+  }
 }
 
 // The corpus is all of issue 32's reader-disagreement inputs and more: a smaller table means a

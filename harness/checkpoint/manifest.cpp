@@ -121,7 +121,8 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
 // SafetensorsFile::decoded() allocates or decodes anything: each entry the table lists must be a
 // tensor the manifest lists there, with its dtype, shape and raw bytes, so a load decodes at most
 // what the manifest says (issue 32: two 3 GiB zero tables of 6.4 MB were decoded before the
-// refusal). Entries decoded() would refuse as malformed are left to its messages.
+// refusal). An entry decoded() refuses as malformed (raw_bytes not numel x itemsize, ...) is left
+// to its message, which it gives before allocating anything.
 void match_table(const Want& w, const SafetensorsFile& sf) {
   auto tt = sf.metadata().find("rh_tensors");
   if (tt == sf.metadata().end()) return;
@@ -139,11 +140,15 @@ void match_table(const Want& w, const SafetensorsFile& sf) {
         !e.contains("shape") || !e["shape"].is_array() || !e.contains("raw_bytes") || !e["raw_bytes"].is_number_unsigned())
       return;
     std::vector<int64_t> shape;
+    uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_integer()) return;
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40)) return;
       shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel)) return;
     }
     const uint64_t raw = e["raw_bytes"].get<uint64_t>();
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(st_itemsize(dt)), &need) || need != raw) return;
     auto want = w.listed.find(it.key());
     if (want == w.listed.end())
       fail(w.path, "tensor '" + quote_text(it.key()) + "' is not in the manifest (refused before decoding)", it.key());
