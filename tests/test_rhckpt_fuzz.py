@@ -12,6 +12,9 @@ checksum:
 CI runs a bounded number (RH_FUZZ_ITERATIONS, default 500: about 10 s); any count and seed run by hand:
 
     tests/test_rhckpt_fuzz.py --iterations 20000 --seed 7     prints tried / accepted / refused / crashes
+    tests/test_rhckpt_fuzz.py --iterations 500 --tool build/resume-harness
+                              also runs `resume-harness inspect` on every input and counts the
+                              inputs where the two readers' exit codes differ (differential)
 """
 import argparse
 import contextlib
@@ -22,6 +25,7 @@ import os
 import random
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,7 +83,9 @@ def mutate_json(rng, root):
 
 
 class Fuzzer:
-    def __init__(self, seed, work):
+    def __init__(self, seed, work, tool=None):
+        self.tool = tool
+        self.disagreements = []
         self.rng = random.Random(seed)
         self.work = work
         self.stats = {"tried": 0, "accepted": 0, "refused": 0, "crashes": 0}
@@ -139,6 +145,12 @@ class Fuzzer:
         self.seconds += time.monotonic() - t0
         self.stats["tried"] += 1
         lines = err.getvalue().strip().splitlines()
+        if self.tool:
+            p = subprocess.run([self.tool, "inspect", d], capture_output=True, text=True, errors="replace", timeout=120)
+            if p.returncode != rc:
+                last = (p.stdout.strip().splitlines() or [""])[-1]
+                self.disagreements.append("%s: rhckpt %s (%s), tool %d (%s)" % (desc, rc, " | ".join(lines)[:200], p.returncode,
+                                                                           last[:200]))
         if rc == 0:
             self.stats["accepted"] += 1
         elif rc in (1, 2) and len(lines) == 1 and d in lines[0] and "Traceback" not in lines[0]:
@@ -148,10 +160,10 @@ class Fuzzer:
             self.crashes.append("%s -> %s %s" % (desc, rc, " | ".join(lines)[:300]))
 
 
-def fuzz(iterations, seed):
+def fuzz(iterations, seed, tool=None):
     work = tempfile.mkdtemp(prefix="rh_rhckpt_fuzz_")
     try:
-        f = Fuzzer(seed, work)
+        f = Fuzzer(seed, work, tool)
         for _ in range(iterations):
             f.one()
         return f
@@ -175,12 +187,16 @@ if __name__ == "__main__":
         ap = argparse.ArgumentParser()
         ap.add_argument("--iterations", type=int, default=20000)
         ap.add_argument("--seed", type=int, default=7)
+        ap.add_argument("--tool", help="resume-harness binary: compare its inspect verdict on every input")
         a = ap.parse_args()
         t0 = time.monotonic()
-        f = fuzz(a.iterations, a.seed)
-        print("rhckpt fuzz (seed %d): %d inputs, %d accepted, %d refused, %d crashes, %.0f s"
-              % (a.seed, f.stats["tried"], f.stats["accepted"], f.stats["refused"], f.stats["crashes"], time.monotonic() - t0))
+        f = fuzz(a.iterations, a.seed, a.tool)
+        print("rhckpt fuzz (seed %d): %d inputs, %d accepted, %d refused, %d crashes, %.0f s%s"
+              % (a.seed, f.stats["tried"], f.stats["accepted"], f.stats["refused"], f.stats["crashes"], time.monotonic() - t0,
+                 ", %d verdicts differ from the tool's" % len(f.disagreements) if a.tool else ""))
         for c in f.crashes[:50]:
             print("CRASH", c)
-        sys.exit(1 if f.crashes else 0)
+        for c in f.disagreements[:50]:
+            print("DIFFERS", c)
+        sys.exit(1 if f.crashes or f.disagreements else 0)
     unittest.main(argv=sys.argv[:1])

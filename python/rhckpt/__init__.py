@@ -113,7 +113,7 @@ def _read_checked_manifest(d):
         raise Damaged("checkpoint file " + mpath, "XXH3-64 checksum %s != %s %s (the manifest is corrupted)"
                       % (want, spath, side[:16].decode()))
     where = "checkpoint file " + mpath
-    m = parse_json_bounded(text, where)
+    m = parse_json_bounded(text, where, unique_keys=True)
     rules.check_schema(m, where)
     return m
 

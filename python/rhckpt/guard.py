@@ -43,8 +43,9 @@ def depth_violation(text, max_depth=MAX_JSON_DEPTH):
     return -1
 
 
-def parse_json_bounded(data, path, what=""):
-    """One JSON value from bytes or str: no NUL, nesting bounded, strict (NaN refused)."""
+def parse_json_bounded(data, path, what="", unique_keys=False):
+    """One JSON value from bytes or str: no NUL, nesting bounded, strict (NaN refused); with
+    unique_keys, a key named twice in one object is refused (the manifest, as the tool does)."""
     where = path + (" " + what if what else "")
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
@@ -59,10 +60,22 @@ def parse_json_bounded(data, path, what=""):
 
     def no_constants(name):
         raise ValueError("%s is not JSON" % name)
+    dup = []
+
+    def unique(pairs):   # a key named twice is refused (json keeps the last silently)
+        seen = set()
+        for k, _ in pairs:
+            if k in seen and not dup:
+                dup.append(k)
+            seen.add(k)
+        return dict(pairs)
     try:
-        return json.loads(data, parse_constant=no_constants)
+        value = json.loads(data, parse_constant=no_constants, object_pairs_hook=unique)
     except (ValueError, RecursionError) as e:
         raise Damaged(where, "not valid JSON: %s" % quote(str(e))) from None
+    if dup and unique_keys:
+        raise Damaged(where, "duplicate key '%s' in one object (each key may appear once)" % quote(dup[0]))
+    return value
 
 
 def _kind(mode):

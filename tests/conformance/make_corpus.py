@@ -392,6 +392,15 @@ def manifest_text(text):
     return mutate
 
 
+def duplicate_key(c):
+    """group 0's step named twice, the second 1 (the last wins in a lenient parser), resealed."""
+    text = json.dumps(c.m, indent=1)
+    at = text.index('"step": ') + len('"step": ')
+    end = text.index("\n", at)
+    text = text[:end] + ',\n    "step": 1' + text[end:]
+    manifest_text(text.encode() + b"\n")(c)
+
+
 def pointer(text):
     """The case is a checkpoint ROOT: its pointer file holds text, the iteration dir is iter_0000002."""
     def mutate(c):
@@ -434,6 +443,7 @@ CASES = [
     ("manifest_200mb", P, manifest_200mb, False, 1, "more than the 67108864-byte limit", "R4"),
     ("manifest_symlink_outside", P, link_outside("manifest.json"), False, 1, "symbolic link", "R5"),
     ("manifest_not_json", P, manifest_text(b"{\"format\": "), False, 1, "manifest.json", "R4"),
+    ("manifest_duplicate_key", P, duplicate_key, False, 1, "duplicate key 'step' in one object", "R4"),
     ("manifest_nested_100000", P, manifest_text(b"[" * 100000 + b"]" * 100000), False, 1, "nest", "R4"),
     # the schema
     ("schema_format_version_2", P, set_field(("format_version",), 2), True, 1, "field /format_version", "R6"),
