@@ -15,6 +15,11 @@ CI runs a bounded number (RH_FUZZ_ITERATIONS, default 500: about 10 s); any coun
     tests/test_rhckpt_fuzz.py --iterations 500 --tool build/resume-harness
                               also runs `resume-harness inspect` on every input and counts the
                               inputs where the two readers' exit codes differ (differential)
+    tests/test_rhckpt_fuzz.py --iterations 500 --export DIR
+                              keeps every input as DIR/fNNNNN with rhckpt's exit code in
+                              DIR/expected.tsv, the conformance corpus's form: then
+                              RH_CONFORMANCE_CORPUS=DIR build/tests/test_checkpoint_conformance
+                              holds the tool's reader to rhckpt's verdicts (differential)
 """
 import argparse
 import contextlib
@@ -83,8 +88,9 @@ def mutate_json(rng, root):
 
 
 class Fuzzer:
-    def __init__(self, seed, work, tool=None):
+    def __init__(self, seed, work, tool=None, export=None):
         self.tool = tool
+        self.export = export
         self.disagreements = []
         self.rng = random.Random(seed)
         self.work = work
@@ -151,6 +157,11 @@ class Fuzzer:
                 last = (p.stdout.strip().splitlines() or [""])[-1]
                 self.disagreements.append("%s: rhckpt %s (%s), tool %d (%s)" % (desc, rc, " | ".join(lines)[:200], p.returncode,
                                                                            last[:200]))
+        if self.export and rc in (0, 1, 2):
+            name = "f%05d" % self.stats["tried"]
+            shutil.copytree(d, os.path.join(self.export, name), symlinks=True)
+            with open(os.path.join(self.export, "expected.tsv"), "a") as f:
+                f.write("%s\t%d\tfuzz\t\n" % (name, rc))
         if rc == 0:
             self.stats["accepted"] += 1
         elif rc in (1, 2) and len(lines) == 1 and d in lines[0] and "Traceback" not in lines[0]:
@@ -160,10 +171,10 @@ class Fuzzer:
             self.crashes.append("%s -> %s %s" % (desc, rc, " | ".join(lines)[:300]))
 
 
-def fuzz(iterations, seed, tool=None):
+def fuzz(iterations, seed, tool=None, export=None):
     work = tempfile.mkdtemp(prefix="rh_rhckpt_fuzz_")
     try:
-        f = Fuzzer(seed, work, tool)
+        f = Fuzzer(seed, work, tool, export)
         for _ in range(iterations):
             f.one()
         return f
@@ -188,9 +199,12 @@ if __name__ == "__main__":
         ap.add_argument("--iterations", type=int, default=20000)
         ap.add_argument("--seed", type=int, default=7)
         ap.add_argument("--tool", help="resume-harness binary: compare its inspect verdict on every input")
+        ap.add_argument("--export", help="keep every input and rhckpt's verdict here (conformance corpus form)")
         a = ap.parse_args()
+        if a.export:
+            os.makedirs(a.export)
         t0 = time.monotonic()
-        f = fuzz(a.iterations, a.seed, a.tool)
+        f = fuzz(a.iterations, a.seed, a.tool, a.export)
         print("rhckpt fuzz (seed %d): %d inputs, %d accepted, %d refused, %d crashes, %.0f s%s"
               % (a.seed, f.stats["tried"], f.stats["accepted"], f.stats["refused"], f.stats["crashes"], time.monotonic() - t0,
                  ", %d verdicts differ from the tool's" % len(f.disagreements) if a.tool else ""))

@@ -241,7 +241,8 @@ class Checkpoint:
             raise Damaged(self._mpath, "lists no model.safetensors")
         shapes = {k: list(a.shape) for (f, k), (_, a) in self._pieces.items() if f == "model.safetensors"}
         rules.shard_index(self.manifest, self._mpath, shapes, {e["name"] for e in self.manifest["files"]})
-        rules.check_shard_files(self.manifest, self._mpath, lambda f, k: int(self._pieces[(f, k)][1].size))
+        rules.check_shard_files(self.manifest, self._mpath, lambda f, k: int(self._pieces[(f, k)][1].size),
+                                {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()})
 
     def _shard_ranges(self):
         """{(file, param): (begin, end)} flat element range of each optimizer piece

@@ -243,11 +243,18 @@ def shard_index(j, path, model_shapes, file_names):
     return pieces
 
 
-def check_shard_files(j, path, numel_of):
+def check_shard_files(j, path, numel_of, model_numel):
     """Each shard file named once, the file of its dp_rank, one shard per rank below dp_size; every
-    state tensor in a range of its shard with the range's length (check_shard_files in load.cpp).
-    numel_of(file, key) gives a stored tensor's element count."""
+    state tensor in a range of its shard with the range's length, every flat_begin the range's offset
+    in the optimizer's flat buffer (check_shard_files in load.cpp). numel_of(file, key) gives a
+    stored tensor's element count, model_numel {param: numel} model.safetensors' sizes."""
     m = Field(j, path)
+    flat_offset, at = {}, 0   # a range's flat_begin: the params before it (model sizes) + begin
+    for p in m["optimizer"]["params"].each():
+        name = p["name"].str()
+        if name in model_numel:
+            flat_offset.setdefault(name, at)
+            at += model_numel[name]
     files, ranks, range_len = set(), set(), {}
     for sh in m["shards"].each():
         file = sh["file"].str()
@@ -266,6 +273,12 @@ def check_shard_files(j, path, numel_of):
             if (file, p) in range_len:
                 r["param"].fail("shard %s holds two ranges of '%s'" % (file, quote(p)))
             range_len[(file, p)] = r["end"].v - r["begin"].v
+            if r.has("flat_begin") and p in flat_offset:
+                fb = r["flat_begin"].i64(0, 1 << 50)
+                if fb != flat_offset[p] + r["begin"].v:
+                    r["flat_begin"].fail("%d, but '%s' starts at flat offset %d of the optimizer's params and the range at "
+                                         "its element %d: expected %d" % (fb, quote(p), flat_offset[p], r["begin"].v,
+                                                                         flat_offset[p] + r["begin"].v))
     if m.has("dp_size"):
         n = m["dp_size"].v
         if len(ranks) != n or (ranks and max(ranks) != n - 1):

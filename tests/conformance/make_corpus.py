@@ -131,8 +131,10 @@ def shard_removed(c):
 
 
 def shard_boundary_moved(c):
+    """Both ranges still tile the param (and flat_begin follows), but the tensors keep their sizes."""
     c.split_range(0)["end"] += 1
     c.split_range(1)["begin"] += 1
+    c.split_range(1)["flat_begin"] += 1
 
 
 def shard_files_swapped(c):
@@ -489,6 +491,8 @@ CASES = [
     ("shards_name_one_file", P, shards_one_file, True, 1, "is named by two shards", "R13"),
     ("shard_unknown_param", P, shard_unknown_param, True, 1, "which the model does not have", "R12"),
     ("shard_two_ranges_of_a_param", P, shard_two_ranges_of_param, True, 1, "exactly once", "R12"),
+    ("shard_flat_begin_off_by_one", P, lambda c: c.split_range(1).update(flat_begin=c.split_range(1)["flat_begin"] + 1),
+     True, 1, "field /shards/1/param_ranges/0/flat_begin", "R13"),
     ("shard_dp_size_three", P, dp_size_three, True, 1, "dp_size is 3", "R13"),
     # compression
     ("zstd_listed_compressed_but_plain", P, listed_compressed_but_plain, True, 1, "the manifest says compressed", "R14"),
