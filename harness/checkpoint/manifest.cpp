@@ -102,7 +102,7 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
     if (::lstat(path.c_str(), &st) != 0) fail(path, "missing (listed in " + mpath + ")");
     if (S_ISLNK(st.st_mode))
       fail(path, "is a symbolic link; refused (checkpoint files must be regular files inside " + dir + ")");
-    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}, false, 0, {}};
+    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}, false, 0, {}, {}};
     if (f.has("block_xxh3")) {   // the schema check bounded block_bytes and matched the count
       w.block_bytes = f["block_bytes"].u64();
       f["block_xxh3"].each([&](const JsonField& h) { w.block_hash.push_back(h.str()); });

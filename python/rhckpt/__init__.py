@@ -199,7 +199,11 @@ class Checkpoint:
     def _read_file(self, entry):
         name = entry["name"]
         path = os.path.join(self.dir, name)
-        blob = read_regular_file(path, entry["bytes"])   # never more than the manifest lists
+        size = os.lstat(path).st_size
+        if size != entry["bytes"]:   # before reading: never more than the manifest lists
+            raise Damaged("checkpoint file " + path, "size %d bytes, manifest says %d%s"
+                          % (size, entry["bytes"], " (truncated)" if size < entry["bytes"] else ""))
+        blob = read_regular_file(path, entry["bytes"])
         st.file_checksums(path, blob, entry)   # sizes and XXH3-64 before parsing
         meta, _ = st.parse(path, blob)
         compressed = "rh_codec" in meta
