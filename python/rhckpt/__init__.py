@@ -131,6 +131,7 @@ class Checkpoint:
         self.manifest = _read_checked_manifest(self.dir)
         self._mpath = "checkpoint file " + os.path.join(self.dir, "manifest.json")
         self._pieces = {}   # (file, key) -> (dtype, stored array)
+        self._in_file = {}  # (file, key) -> bytes the tensor takes in its file
         self.raw_bytes, self.stored_bytes = {}, {}
         m = Field(self.manifest, self._mpath)
         self._listed = self._index_manifest_tensors(m)
@@ -211,8 +212,10 @@ class Checkpoint:
             raise Damaged("checkpoint file " + path,
                           "is compressed (rh_codec), but the manifest does not say so" if compressed
                           else "the manifest says compressed, but the file names no codec (rh_codec)")
+        _, entries = st.parse(path, blob)
         for key, (dt, shape, raw) in st.tensors(path, blob, self._expect_table(name, path)).items():
             self._pieces[(name, key)] = (dt, st.as_array(dt, shape, raw))
+            self._in_file[(name, key)] = len(entries[key][2])   # a compressed tensor's blob
         self.stored_bytes[name] = len(blob)
         self.raw_bytes[name] = int(entry.get("raw_bytes", len(blob)))
 
@@ -228,6 +231,10 @@ class Checkpoint:
             if got is None:
                 raise Damaged(where, "has no tensor '%s' (listed in the manifest)" % quote(key))
             dt, arr = got
+            stored = t.v.get("stored_bytes", t.v["bytes"])
+            if self._in_file[(file, key)] != stored:
+                raise Damaged(where, "tensor '%s' takes %d bytes in the file, manifest says %d"
+                              % (key, self._in_file[(file, key)], stored))
             if dt != t.v["dtype"] or list(arr.shape) != t.v["shape"] or arr.nbytes != t.v["bytes"]:
                 raise Damaged(where, "tensor '%s' is %s %s, manifest says %s %s"
                               % (key, dt, list(arr.shape), quote(t.v["dtype"]), quote(t.v["shape"])))

@@ -79,14 +79,14 @@ class Ckpt:
         with open(self.path(name), "rb") as f:
             b = f.read()
         e["bytes"], e["xxh3"] = len(b), h64(b)
-        (n,) = struct.unpack("<Q", b[:8])
-        e["header_bytes"] = 8 + n
+        n = struct.unpack("<Q", b[:8])[0] if len(b) >= 8 else 0
+        e["header_bytes"] = min(8 + n, len(b))   # the schema bounds it by bytes
         if "block_bytes" in e:
             bb = e["block_bytes"]
             e["block_xxh3"] = [h64(b[i:i + bb]) for i in range(0, max(len(b), 1), bb)]
         if "compress" in e:
-            e["header_xxh3"] = h64(b[:8 + n])
-            e["stored_bytes"] = len(b) - 8 - n
+            e["header_xxh3"] = h64(b[:e["header_bytes"]])
+            e["stored_bytes"] = len(b) - e["header_bytes"]
 
     def save(self, reseal=True):
         text = json.dumps(self.m, indent=1).encode() + b"\n"
@@ -468,6 +468,8 @@ CASES = [
     ("tensor_not_in_manifest", P, tensor_dropped_from_manifest, True, 1, "is not in the manifest", "R10"),
     ("tensor_extra_in_file", P, extra_tensor_in_file, True, 1, "'zzz.extra' is not in the manifest", "R10"),
     ("tensor_dtype_differs", P, tensor_dtype_in_manifest, True, 1, "manifest says", "R10"),
+    ("tensor_stored_bytes_differs", P, set_field(("tensors", 0, "stored_bytes"), 1 << 40), True, 1,
+     "bytes in the file, manifest says 1099511627776", "R10"),
     # counters and generators
     ("counter_group_step_differs", P, set_field(("optimizer", "groups", 0, "step"), 1), True, 1, "field /optimizer/groups/1/step", "R8"),
     ("counter_group_step_beyond", P, lambda c: [g.update(step=3) for g in c.m["optimizer"]["groups"]], True, 1,
