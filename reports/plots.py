@@ -33,6 +33,10 @@ MAX_HEIGHT_PX = 1800
 MAX_SERIES = 8          # labelled series per axes, the "+N more" entry included
 PANEL_COLS = 3
 ULP_ROWS_PER_BLOCK = 70  # heat map rows per column block; longer matrices get blocks side by side
+# Heat map rows drawn at most (4 blocks): every cell is a text object, and 1,000 rows took 80 s to
+# draw (issue 32: a 100,000-row summary ran past the plot step's limit); past this the map shows
+# the rows that missed their expectation, then the largest differences, and says so.
+MAX_ULP_ROWS = 4 * ULP_ROWS_PER_BLOCK
 REST_COLOR = "0.72"
 # Highlight colours: tab10 without its grey, which is kept for the "+N more" lines.
 SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22"]
@@ -432,6 +436,7 @@ def build_ulp_figure(plt, summary):
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import ListedColormap, Normalize
     kinds = [k for k in ULP_KINDS if any(r.get("max_ulp_" + k, "") != "" for r in summary)] or ULP_KINDS
+    summary, shown_note = ulp_rows_shown(summary, kinds)
     n = len(summary)
     data = np.full((n, len(kinds)), np.nan)
     for i, r in enumerate(summary):
@@ -502,9 +507,27 @@ def build_ulp_figure(plt, summary):
         bar.set_label(label, fontsize=8)
         bar.ax.tick_params(labelsize=7)
     fig.suptitle("Max ULP after load per key kind\nwhite: 0 (bit-exact); blue: a difference the scenario expects "
-                 "(expectation met);\nred: expectation missed (\u2717); grey \u2014: key not in the checkpoint",
-                 fontsize=9)
+                 "(expectation met);\nred: expectation missed (\u2717); grey \u2014: key not in the checkpoint"
+                 + shown_note, fontsize=9)
     return fig
+
+
+def ulp_rows_shown(summary, kinds, limit=None):
+    """(rows to draw, a title line saying what was left out): every row when there are at most
+    MAX_ULP_ROWS, else the rows that missed their expectation, then those with the largest max
+    ULP, drawn in their summary order."""
+    limit = MAX_ULP_ROWS if limit is None else limit
+    if len(summary) <= limit:
+        return summary, ""
+
+    def worst(r):
+        vals = [float(r["max_ulp_" + k]) for k in kinds if r.get("max_ulp_" + k, "") not in ("", "nan")]
+        return max(vals) if vals else -1.0
+    order = sorted(range(len(summary)), key=lambda i: (summary[i].get("passed") == "1", -worst(summary[i]), i))
+    keep = sorted(order[:limit])
+    return ([summary[i] for i in keep],
+            "\n%d of %d scenarios shown: every one that missed its expectation, then the largest differences "
+            "(the report's tables list all)" % (limit, len(summary)))
 
 
 def build_figures(plt, run_dir):

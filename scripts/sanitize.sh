@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CI's sanitizer step: builds the checkpoint room (safetensors and manifest parsers, save, load,
 # publish) and the parser and checkpoint tests (test_safetensors, test_checkpoint_hostile,
-# test_checkpoint_corruption, test_checkpoint_fuzz_corpus, test_checkpoint_compress: every hostile
+# test_checkpoint_corruption, test_checkpoint_fuzz_corpus, test_checkpoint_compress,
+# test_checkpoint_conformance: every hostile
 # input, damaged file, compressed block table and corpus file) with ASan + UBSan (gcc), and runs
 # them through CTest. RH_SANITIZE_ALL=1 takes every
 # checkpoint test (round trips, crash points, data parallel, the Python reader too: about twice
@@ -18,7 +19,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 release=${1:-$here/build}
 build=${2:-$here/build-asan-ci}
 [ -f "$release/librh_core.a" ] || { echo "sanitize: no $release/librh_core.a (run scripts/setup.sh $release first)"; exit 2; }
-tests='test_(safetensors|checkpoint_(hostile|corruption|fuzz_corpus|compress))'
+tests='test_(safetensors|checkpoint_(hostile|corruption|fuzz_corpus|compress|conformance))'
 [ "${RH_SANITIZE_ALL:-0}" = 1 ] && tests='test_(safetensors|checkpoint)[^/]*'
 start=$(date +%s)
 mkdir -p "$build"

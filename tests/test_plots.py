@@ -328,6 +328,39 @@ class PlotsTest(unittest.TestCase):
         self.assertEqual(plots.size_change_text({"is_reference": "0", "reduction_pct": ""}), "no fp32 reference")
 
 
+class UlpCapTest(unittest.TestCase):
+    """A summary longer than MAX_ULP_ROWS draws MAX_ULP_ROWS rows (issue 32: 1,000 rows took 80 s,
+    100,000 ran past the plot step's limit): the failed rows and the largest differences, in
+    summary order, and the title says how many of how many."""
+
+    def test_long_summary_draws_the_worst_rows_and_says_so(self):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plots = load_plots_module()
+        n = 3 * plots.MAX_ULP_ROWS
+        rows = [{"scenario": "g/s%05d" % i, "expectation": "exact", "passed": "1", "max_ulp_model": "0",
+                 "max_ulp_exp_avg": str(i % 7)} for i in range(n)]
+        rows[5]["passed"] = "0"            # a miss is always shown, whatever its ULP
+        rows[n - 1]["max_ulp_exp_avg"] = "1000"
+        fig = plots.build_ulp_figure(plt, rows)
+        try:
+            names = [t.get_text() for ax in fig.axes if ax.get_yticklabels() for t in ax.get_yticklabels()]
+            names = [x for x in names if x.startswith("g/")]
+            self.assertEqual(len(names), plots.MAX_ULP_ROWS)
+            self.assertEqual(names, sorted(names))
+            self.assertIn("g/s00005", names)
+            self.assertIn("g/s%05d" % (n - 1), names)
+            self.assertIn("%d of %d scenarios shown" % (plots.MAX_ULP_ROWS, n), fig._suptitle.get_text())
+        finally:
+            plt.close(fig)
+
+    def test_short_summary_is_drawn_whole(self):
+        plots = load_plots_module()
+        rows = [{"scenario": "s%d" % i, "passed": "1", "max_ulp_model": "0"} for i in range(10)]
+        self.assertEqual(plots.ulp_rows_shown(rows, ["model"]), (rows, ""))
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: test_plots.py PATH_TO_resume-harness")

@@ -155,6 +155,20 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
 // first gather).
 void check_shard_files(const Verified& v, const std::string& mpath) {
   const JsonField m(v.manifest, "checkpoint file " + mpath);
+  // A range's flat_begin is its offset in the optimizer's flat buffer: the sizes of the params
+  // before it in /optimizer/params (from model.safetensors), plus begin (save.cpp writes it so).
+  std::map<std::string, int64_t> flat_offset;
+  {
+    const SafetensorsFile& mf = v.files.at(kModelFile);   // shard_index refused a manifest without it
+    int64_t at = 0;
+    m["optimizer"]["params"].each([&](const JsonField& p) {
+      const std::string name = p["name"].str();
+      const TensorInfo* ti = mf.find(name);
+      if (!ti) return;   // load's check_optimizer names the missing param
+      flat_offset.emplace(name, at);
+      at += static_cast<int64_t>(ti->numel());
+    });
+  }
   std::set<std::string> files;
   std::set<int64_t> ranks;
   std::map<std::pair<std::string, std::string>, int64_t> range_len;   // (file, param) -> end - begin
@@ -170,6 +184,11 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
       const std::string p = r["param"].str();
       if (!range_len.emplace(std::make_pair(file, p), r["end"].i64() - r["begin"].i64()).second)
         r["param"].fail("shard " + file + " holds two ranges of '" + quote_text(p) + "'");
+      auto off = flat_offset.find(p);
+      if (r.has("flat_begin") && off != flat_offset.end() && r["flat_begin"].i64(0, int64_t(1) << 50) != off->second + r["begin"].i64())
+        r["flat_begin"].fail(std::to_string(r["flat_begin"].i64()) + ", but '" + quote_text(p) + "' starts at flat offset " +
+                             std::to_string(off->second) + " of the optimizer's params and the range at its element " +
+                             std::to_string(r["begin"].i64()) + ": expected " + std::to_string(off->second + r["begin"].i64()));
     });
   });
   if (m.has("dp_size")) {

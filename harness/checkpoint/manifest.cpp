@@ -20,6 +20,7 @@
 #include "harness/checkpoint/manifest_reader.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace rh::ckpt::detail {
 
@@ -81,6 +82,9 @@ struct Want {
   bool compressed = false;             // "compress": "zstd": decoded after every check
   uint64_t header_bytes = 0;
   std::string header_hash;             // compressed files: damage is located to a block
+  // Compressed files: the manifest's tensors of this file, which the file's table must match
+  // before anything is decoded (so a load decodes at most what the manifest lists).
+  std::map<std::string, TensorInfo> listed;
 };
 
 // The manifest's files: plain names only, so nothing outside the directory can be read through a
@@ -98,7 +102,7 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
     if (::lstat(path.c_str(), &st) != 0) fail(path, "missing (listed in " + mpath + ")");
     if (S_ISLNK(st.st_mode))
       fail(path, "is a symbolic link; refused (checkpoint files must be regular files inside " + dir + ")");
-    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}, false, 0, {}};
+    Want w{name, path, f["xxh3"].str(), f["bytes"].u64(), 0, {}, false, 0, {}, {}};
     if (f.has("block_xxh3")) {   // the schema check bounded block_bytes and matched the count
       w.block_bytes = f["block_bytes"].u64();
       f["block_xxh3"].each([&](const JsonField& h) { w.block_hash.push_back(h.str()); });
@@ -111,6 +115,50 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
     wants.push_back(std::move(w));
   });
   return wants;
+}
+
+// A compressed file's table (rh_tensors) against the manifest's tensors of that file, before
+// SafetensorsFile::decoded() allocates or decodes anything: each entry the table lists must be a
+// tensor the manifest lists there, with its dtype, shape and raw bytes, so a load decodes at most
+// what the manifest says (issue 32: two 3 GiB zero tables of 6.4 MB were decoded before the
+// refusal). An entry decoded() refuses as malformed (raw_bytes not numel x itemsize, ...) is left
+// to its message, which it gives before allocating anything.
+void match_table(const Want& w, const SafetensorsFile& sf) {
+  auto tt = sf.metadata().find("rh_tensors");
+  if (tt == sf.metadata().end()) return;
+  nlohmann::json j;
+  try {
+    j = parse_json_bounded(tt->second, w.path);
+  } catch (const std::invalid_argument&) {
+    return;
+  }
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const nlohmann::json& e = it.value();
+    StDtype dt;
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !st_parse(e["dtype"].get<std::string>(), &dt) ||
+        !e.contains("shape") || !e["shape"].is_array() || !e.contains("raw_bytes") || !e["raw_bytes"].is_number_unsigned())
+      return;
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40)) return;
+      shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel)) return;
+    }
+    const uint64_t raw = e["raw_bytes"].get<uint64_t>();
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(st_itemsize(dt)), &need) || need != raw) return;
+    auto want = w.listed.find(it.key());
+    if (want == w.listed.end())
+      fail(w.path, "tensor '" + quote_text(it.key()) + "' is not in the manifest (refused before decoding)", it.key());
+    const TensorInfo& m = want->second;
+    if (dt != m.dtype || shape != m.shape || raw != m.end)
+      fail(w.path, "tensor '" + quote_text(it.key()) + "' is " + st_name(dt) + " " + nlohmann::json(shape).dump() + " (" +
+                       std::to_string(raw) + " bytes) in rh_tensors, manifest says " + st_name(m.dtype) + " " +
+                       nlohmann::json(m.shape).dump() + " (" + std::to_string(m.end) + " bytes); refused before decoding",
+           it.key());
+  }
 }
 
 // One file: size and checksum before the structure, so damage is reported as damage.
@@ -160,7 +208,35 @@ SafetensorsFile open_verified(const Want& w) {
   if (sf.compressed() != w.compressed)
     fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
                                  : "the manifest says compressed, but the file names no codec (rh_codec)");
-  return w.compressed ? sf.decoded() : sf;   // every block checked and decoded on all cores
+  if (!w.compressed) return sf;
+  match_table(w, sf);
+  return sf.decoded();   // every block checked and decoded on all cores
+}
+
+// The manifest's tensors of each compressed file (what its table must match), and the total a load
+// may decode: what the manifest says those tensors hold, refused once for the whole checkpoint when
+// it exceeds this machine's memory (not per file: two 3 GiB tables each fit, together they do not).
+void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants) {
+  std::map<std::string, Want*> by_name;
+  for (Want& w : wants)
+    if (w.compressed) by_name[w.name] = &w;
+  uint64_t total = 0;
+  mf["tensors"].each([&](const JsonField& t) {
+    auto it = by_name.find(t["file"].str());
+    if (it == by_name.end()) return;
+    TensorInfo ti;
+    ti.key = t["key"].str();
+    const std::string dt = t["dtype"].str();
+    if (!st_parse(dt, &ti.dtype)) t["dtype"].fail("unknown dtype " + quote_text(dt));
+    t["shape"].each([&](const JsonField& d) { ti.shape.push_back(d.i64()); });
+    ti.end = t["bytes"].u64();
+    if (__builtin_add_overflow(total, ti.end, &total)) t["bytes"].fail("the tensors' bytes overflow");
+    it->second->listed[ti.key] = ti;
+  });
+  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (total > phys)
+    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
+                    std::to_string(phys) + ")");
 }
 
 // Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
@@ -224,7 +300,9 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   // bounded depth, and the schema of every field read below.
   v.manifest = read_checked_manifest(dir);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
-  open_all(listed_files(mf, dir, mpath), v);
+  std::vector<Want> wants = listed_files(mf, dir, mpath);
+  expect_tables(mf, mpath, wants);
+  open_all(wants, v);
   match_tensors(mf, v);
   return v;
 }

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
+#include <vector>
 #include <stdexcept>
 
 #include "harness/checkpoint/errors.h"
@@ -61,12 +63,27 @@ int64_t read_pointer_file(const std::string& path) {
 }
 
 nlohmann::json parse_manifest_text(const std::string& text, const std::string& path) {
+  // A key named twice in one object is refused (nlohmann keeps the last silently, Python's json
+  // too: an edit appended after the original would win in both readers unseen).
+  std::vector<std::set<std::string>> keys;
+  std::string dup, dup_at;
+  nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) keys.emplace_back();
+    if (ev == E::object_end && !keys.empty()) keys.pop_back();
+    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && dup.empty())
+      dup = parsed.get<std::string>();
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = parse_json_bounded(text, "checkpoint file " + path);
+    j = parse_json_bounded(text.data(), text.size(), "checkpoint file " + path, cb);
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(e.what());
   }
+  if (!dup.empty())
+    throw CheckpointError("checkpoint file " + path + ": duplicate key '" + quote_text(dup) +
+                          "' in one object (each key may appear once)", path);
   const JsonField m(j, "checkpoint file " + path);
   if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
       j["format"].get<std::string>() != "resume-harness-checkpoint")

@@ -18,8 +18,10 @@ import os
 
 import numpy as np
 
+from . import rules
 from . import safetensors as st
 from .errors import BadInput, Damaged
+from .guard import Field, parse_json_bounded, quote, read_regular_file
 
 __all__ = ["open", "Checkpoint", "BadInput", "Damaged", "decode"]
 
@@ -52,97 +54,212 @@ def decode(dtype, stored):
     return stored.astype(np.int64)
 
 
+POINTER_FILE = "latest_checkpointed_iteration.txt"
+MAX_POINTER_BYTES = 32                 # kMaxPointerBytes: "<iteration>\n"
+MAX_MANIFEST_BYTES = 64 << 20          # kMaxManifestBytes
+MAX_SIDECAR_BYTES = 64
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def _parse_pointer(raw, path):
+    """The iteration a pointer names: decimal digits (then "\n" or spaces), at most kMaxCounter."""
+    text = raw.decode("latin-1").rstrip("\n ")
+    if not text or len(text) > 13 or not all("0" <= c <= "9" for c in text) or int(text) > rules.MAX_COUNTER:
+        raise Damaged(path, "expected an iteration number in [0, %d], got '%s'" % (rules.MAX_COUNTER, quote(raw.decode("latin-1"))))
+    return int(text)
+
+
 def _iteration_dir(path):
-    """A root names its newest checkpoint in latest_checkpointed_iteration.txt (written last)."""
-    if os.path.isfile(os.path.join(path, "manifest.json")):
+    """A checkpoint directory (has manifest.json) or a root whose pointer names one
+    (resolve_checkpoint_dir in harness/checkpoint/manifest.cpp)."""
+    if os.path.lexists(os.path.join(path, "manifest.json")):
         return path
-    pointer = os.path.join(path, "latest_checkpointed_iteration.txt")
-    if not os.path.isfile(pointer):
-        raise BadInput("%s: not a checkpoint (no manifest.json, no latest_checkpointed_iteration.txt)" % path)
-    with builtins.open(pointer) as f:
-        text = f.read(64).strip()
-    if not text.isdigit():
-        raise Damaged(pointer, "expected an iteration number, got %r" % text[:32])
-    d = os.path.join(path, "iter_%07d" % int(text))
-    if not os.path.isfile(os.path.join(d, "manifest.json")):
-        raise Damaged(pointer, "names iteration %s, but %s has no manifest.json" % (text, d))
+    pointer = os.path.join(path, POINTER_FILE)
+    if not os.path.lexists(pointer):
+        if os.path.basename(os.path.normpath(path)).startswith("iter_"):
+            raise Damaged("checkpoint " + path, "no manifest.json (an incomplete save; not a checkpoint)")
+        raise BadInput("%s: neither a checkpoint directory (no manifest.json) nor a checkpoint root (no %s)"
+                       % (path, POINTER_FILE))
+    it = _parse_pointer(read_regular_file(pointer, MAX_POINTER_BYTES, no_follow=False), pointer)
+    d = os.path.join(path, "iter_%07d" % it)
+    if not os.path.lexists(os.path.join(d, "manifest.json")):
+        raise Damaged(pointer, "names iteration %d but %s has no manifest.json" % (it, d))
     return d
 
 
-def _check_manifest_checksum(d, mpath, text):
-    """manifest.json.xxh3 holds the manifest's XXH3-64 ("<16 hex>\\n"), checked before parsing
-    (manifest_reader.h, read_checked_manifest); a checkpoint without it is refused, as the tool does."""
+def _read_checked_manifest(d):
+    """manifest.json and its sidecar manifest.json.xxh3 ("<16 hex>\n", the manifest's XXH3-64),
+    both regular files read without following a link; the checksum before parsing, then the schema
+    (read_checked_manifest in harness/checkpoint/manifest_reader.cpp)."""
     import xxhash
+    mpath = os.path.join(d, "manifest.json")
     spath = os.path.join(d, "manifest.json.xxh3")
-    if os.path.islink(spath) or not os.path.isfile(spath):
-        raise Damaged(spath, "missing or not a regular file: the manifest's checksum (checkpoints written before it "
-                             "existed have none)")
-    with builtins.open(spath, "rb") as f:
-        side = f.read(64)
+    text = read_regular_file(mpath, MAX_MANIFEST_BYTES)
+    if not os.path.lexists(spath):
+        raise Damaged("checkpoint file " + spath, "missing: the manifest's checksum (checkpoints written before it "
+                                                  "existed have none; they cannot be verified)")
+    side = read_regular_file(spath, MAX_SIDECAR_BYTES)
     want = xxhash.xxh3_64_hexdigest(text)
     if len(side) != 17 or side[16:] != b"\n" or not all(c in b"0123456789abcdef" for c in side[:16]):
-        raise Damaged(spath, "expected 16 lower-case hex digits and a newline, got %r" % side[:32])
+        raise Damaged("checkpoint file " + spath, "expected 16 lower-case hex digits and a newline (the XXH3-64 of %s), "
+                                                  "got '%s'" % (mpath, quote(side.decode("latin-1"))))
     if side[:16].decode() != want:
-        raise Damaged(mpath, "XXH3-64 checksum %s != %s %s (the manifest is corrupted)" % (want, spath, side[:16].decode()))
+        raise Damaged("checkpoint file " + mpath, "XXH3-64 checksum %s != %s %s (the manifest is corrupted)"
+                      % (want, spath, side[:16].decode()))
+    where = "checkpoint file " + mpath
+    m = parse_json_bounded(text, where, unique_keys=True)
+    rules.check_schema(m, where)
+    return m
+
+
+def _is_plain_file_name(name):
+    return name not in ("", ".", "..") and not name.startswith(".") and not any(c in name for c in "/\\\0")
 
 
 class Checkpoint:
-    """One verified checkpoint directory; every file is read and checked when it is opened."""
+    """One verified checkpoint directory; every file is read and checked when it is opened, in the
+    order and by the rules of the tool's own reader (docs/checkpoint-format.md)."""
 
     def __init__(self, path):
         self.dir = _iteration_dir(path)
-        mpath = os.path.join(self.dir, "manifest.json")
-        with builtins.open(mpath, "rb") as f:
-            text = f.read()
-        _check_manifest_checksum(self.dir, mpath, text)
-        try:
-            self.manifest = json.loads(text)
-        except ValueError as e:
-            raise Damaged(mpath, "not valid JSON: %s" % e) from None
+        self.manifest = _read_checked_manifest(self.dir)
+        self._mpath = "checkpoint file " + os.path.join(self.dir, "manifest.json")
         self._pieces = {}   # (file, key) -> (dtype, stored array)
+        self._in_file = {}  # (file, key) -> bytes the tensor takes in its file
         self.raw_bytes, self.stored_bytes = {}, {}
-        for entry in self.manifest["files"]:
+        m = Field(self.manifest, self._mpath)
+        self._listed = self._index_manifest_tensors(m)
+        entries = self._listed_files(m)
+        self._check_decode_budget(entries)
+        for entry in entries:
             self._read_file(entry)
-        self._check_tensors()
+        self._check_tensors(m)
+        self._check_consistency()
         self._ranges = self._shard_ranges()
+
+    def _index_manifest_tensors(self, m):
+        """{(file, key): manifest tensor entry}; a tensor listed twice is refused."""
+        out = {}
+        for t in m["tensors"].each():
+            k = (t["file"].v, t["key"].v)
+            if k in out:
+                t["key"].fail("tensor '%s' of %s listed twice" % (quote(k[1]), k[0]))
+            out[k] = t.v
+        return out
+
+    def _listed_files(self, m):
+        """The manifest's files: plain names inside the directory, each once, present, not a link."""
+        names, out = set(), []
+        for f in m["files"].each():
+            name = f["name"].str()
+            if not _is_plain_file_name(name):
+                f["name"].fail("'%s' is not a plain file name inside the checkpoint directory" % quote(name))
+            if name in names:
+                f["name"].fail("file '%s' listed twice" % name)
+            names.add(name)
+            path = os.path.join(self.dir, name)
+            if not os.path.lexists(path):
+                raise Damaged("checkpoint file " + path, "missing (listed in %s)" % os.path.join(self.dir, "manifest.json"))
+            if os.path.islink(path):
+                raise Damaged("checkpoint file " + path, "is a symbolic link; refused (checkpoint files must be regular "
+                                                         "files inside %s)" % self.dir)
+            out.append(f.v)
+        return out
+
+    def _check_decode_budget(self, entries):
+        """A load decodes at most what the manifest says the compressed files' tensors hold (every
+        table is matched to the manifest before decoding), and that must fit this machine."""
+        compressed = {e["name"] for e in entries if "compress" in e}
+        need = sum(t["bytes"] for (f, _), t in self._listed.items() if f in compressed)
+        phys = _physical_memory()
+        if need > phys:
+            raise Damaged(self._mpath, "the compressed files' tensors need %d bytes decoded, more than this machine's "
+                                       "memory (%d)" % (need, phys))
+
+    def _expect_table(self, name, path):
+        """A compressed file's table against the manifest, before anything is decoded."""
+        def check(table):
+            for key, t in sorted(table.items()):
+                want = self._listed.get((name, key))
+                if want is None:
+                    raise Damaged("checkpoint file " + path, "tensor '%s' is not in the manifest (refused before "
+                                                             "decoding)" % quote(key))
+                if t["dtype"] != want["dtype"] or t["shape"] != want["shape"] or t["raw_bytes"] != want["bytes"]:
+                    raise Damaged("checkpoint file " + path, "tensor '%s' is %s %s (%d bytes) in rh_tensors, manifest "
+                                  "says %s %s (%d bytes); refused before decoding"
+                                  % (quote(key), t["dtype"], quote(t["shape"]), t["raw_bytes"], quote(want["dtype"]),
+                                     quote(want["shape"]), want["bytes"]))
+        return check
 
     def _read_file(self, entry):
         name = entry["name"]
-        if "/" in name or name.startswith(".") or name == "":
-            raise Damaged(os.path.join(self.dir, "manifest.json"), "file name %r leaves the directory" % name)
         path = os.path.join(self.dir, name)
-        if not os.path.isfile(path):
-            raise Damaged(path, "listed in the manifest but missing")
-        with builtins.open(path, "rb") as f:
-            blob = f.read()
-        st.file_checksums(path, blob, entry)   # load_checkpoint: sizes and XXH3-64 before parsing
-        for key, (dt, shape, raw) in st.tensors(path, blob).items():
+        size = os.lstat(path).st_size
+        if size != entry["bytes"]:   # before reading: never more than the manifest lists
+            raise Damaged("checkpoint file " + path, "size %d bytes, manifest says %d%s"
+                          % (size, entry["bytes"], " (truncated)" if size < entry["bytes"] else ""))
+        blob = read_regular_file(path, entry["bytes"])
+        st.file_checksums(path, blob, entry)   # sizes and XXH3-64 before parsing
+        meta, _ = st.parse(path, blob)
+        compressed = "rh_codec" in meta
+        if compressed != ("compress" in entry):
+            raise Damaged("checkpoint file " + path,
+                          "is compressed (rh_codec), but the manifest does not say so" if compressed
+                          else "the manifest says compressed, but the file names no codec (rh_codec)")
+        _, entries = st.parse(path, blob)
+        for key, (dt, shape, raw) in st.tensors(path, blob, self._expect_table(name, path)).items():
             self._pieces[(name, key)] = (dt, st.as_array(dt, shape, raw))
+            self._in_file[(name, key)] = len(entries[key][2])   # a compressed tensor's blob
         self.stored_bytes[name] = len(blob)
         self.raw_bytes[name] = int(entry.get("raw_bytes", len(blob)))
 
-    def _check_tensors(self):
-        listed = set()
-        for t in self.manifest["tensors"]:
-            where = os.path.join(self.dir, t["file"])
-            got = self._pieces.get((t["file"], t["key"]))
+    def _check_tensors(self, m):
+        """Manifest tensors <-> file tensors: the same set, dtype, shape and bytes (match_tensors)."""
+        files = {e["name"] for e in self.manifest["files"]}
+        for t in m["tensors"].each():
+            file, key = t["file"].v, t["key"].v
+            if file not in files:
+                t["file"].fail("tensor '%s' refers to unlisted file '%s'" % (quote(key), quote(file)))
+            where = "checkpoint file " + os.path.join(self.dir, file)
+            got = self._pieces.get((file, key))
             if got is None:
-                raise Damaged(where, "tensor '%s' is in the manifest but not in the file" % t["key"])
+                raise Damaged(where, "has no tensor '%s' (listed in the manifest)" % quote(key))
             dt, arr = got
-            if dt != t["dtype"] or list(arr.shape) != t["shape"] or arr.nbytes != t["bytes"]:
-                raise Damaged(where, "tensor '%s': %s %s differs from the manifest's %s %s"
-                              % (t["key"], dt, list(arr.shape), t["dtype"], t["shape"]))
-            listed.add((t["file"], t["key"]))
-        extra = set(self._pieces) - listed
+            stored = t.v.get("stored_bytes", t.v["bytes"])
+            if self._in_file[(file, key)] != stored:
+                raise Damaged(where, "tensor '%s' takes %d bytes in the file, manifest says %d"
+                              % (key, self._in_file[(file, key)], stored))
+            if dt != t.v["dtype"] or list(arr.shape) != t.v["shape"] or arr.nbytes != t.v["bytes"]:
+                raise Damaged(where, "tensor '%s' is %s %s, manifest says %s %s"
+                              % (key, dt, list(arr.shape), quote(t.v["dtype"]), quote(t.v["shape"])))
+        extra = set(self._pieces) - set(self._listed)
         if extra:
             f, k = sorted(extra)[0]
-            raise Damaged(os.path.join(self.dir, f), "tensor '%s' is not in the manifest" % k)
+            raise Damaged("checkpoint file " + os.path.join(self.dir, f), "tensor '%s' is not in the manifest" % k)
+
+    def _check_consistency(self):
+        """What the tool checks after the files (check_consistency in harness/checkpoint/load.cpp):
+        counters, generator states, shard coverage, shard files."""
+        rules.check_counters(self.manifest, self._mpath)
+        rules.check_generators(self.manifest, self._mpath)
+        if not any(e["name"] == "model.safetensors" for e in self.manifest["files"]):
+            raise Damaged(self._mpath, "lists no model.safetensors")
+        shapes = {k: list(a.shape) for (f, k), (_, a) in self._pieces.items() if f == "model.safetensors"}
+        rules.shard_index(self.manifest, self._mpath, shapes, {e["name"] for e in self.manifest["files"]})
+        rules.check_shard_files(self.manifest, self._mpath, lambda f, k: int(self._pieces[(f, k)][1].size),
+                                {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()})
 
     def _shard_ranges(self):
         """{(file, param): (begin, end)} flat element range of each optimizer piece
         (manifest "shards", written by the sharded save in harness/checkpoint/save.cpp)."""
         out = {}
-        for s in self.manifest.get("shards", []):
+        for s in self.manifest["shards"]:
             for r in s["param_ranges"]:
                 out[(s["file"], r["param"])] = (int(r["begin"]), int(r["end"]))
         return out
@@ -228,6 +345,8 @@ class Checkpoint:
 
 def open(path):   # noqa: A001 (the package's entry point, like builtins.open for files)
     """Opens and verifies a checkpoint root or iter_ directory; see Checkpoint."""
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise BadInput("%s: no such file or directory" % path)
+    if not os.path.isdir(path):
+        raise BadInput("%s: not a directory" % path)
     return Checkpoint(path)

@@ -5,6 +5,9 @@
                                           (tests/test_checkpoint_python.cpp writes FILE.json)
 
 Exit status as `resume-harness inspect`: 0 intact (and matching), 1 damaged or different, 2 bad input.
+Every refusal is one line on stderr naming the file and the field or tensor, never a traceback; an
+error this reader did not foresee is reported in one line as an internal error, exit 3 (a bug:
+tests/test_rhckpt_fuzz.py fails on it).
 """
 import json
 import sys
@@ -76,6 +79,8 @@ def main(argv):
         if len(argv) == 2 and argv[0] == "--expect":
             with open(argv[1]) as f:
                 spec = json.load(f)
+            if not isinstance(spec, dict) or not isinstance(spec.get("checkpoints"), list):
+                raise BadInput("%s: expected an object with a 'checkpoints' list" % argv[1])
             print("rhckpt: %d tensors match the tool" % check_expected(spec))
             return 0
         if not argv or argv[0].startswith("-"):
@@ -88,11 +93,20 @@ def main(argv):
         print("rhckpt: error: %s" % e, file=sys.stderr)
         return 2
     except (Damaged, KeyError, ValueError) as e:
-        print("rhckpt: error: %s" % e, file=sys.stderr)
+        print("rhckpt: error: %s" % one_line(e), file=sys.stderr)
         return 1
     except OSError as e:
-        print("rhckpt: error: %s" % e, file=sys.stderr)
+        print("rhckpt: error: %s" % one_line(e), file=sys.stderr)
         return 2
+    except Exception as e:   # noqa: BLE001 (one line instead of a traceback; exit 3 marks a reader bug)
+        print("rhckpt: internal error: %s: %s" % (type(e).__name__, one_line(e)), file=sys.stderr)
+        return 3
 
 
-sys.exit(main(sys.argv[1:]))
+def one_line(e):
+    """The message of e on one line (a hostile value may hold newlines)."""
+    return str(e).replace("\r", "\\r").replace("\n", "\\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
