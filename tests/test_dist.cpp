@@ -238,12 +238,14 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
   std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(c.world));
   for (int r = 0; r < c.world; ++r) torch::load(got[static_cast<size_t>(r)], out + "." + std::to_string(r));
   const size_t np = kShapes.size();
+  const bool like_single = c.shared || !scaled(c.moments);
   for (int r = 0; r < c.world; ++r) {
     const auto& g = got[static_cast<size_t>(r)];
     ASSERT_EQ(g.size(), want.size());
     EXPECT_TRUE(same_bits(g[0], want[0])) << "grad norms of rank " << r;
-    if (c.shared || !scaled(c.moments))   // per-shard scaled states: params checked against the pieces below
+    if (like_single) {   // per-shard scaled states: params checked against the pieces below
       for (size_t i = 0; i < np; ++i) EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
+    }
   }
   // Joined in rank order, the owned parts are the single process's state (fp32/bf16, or shared
   // scales). (States are written in optimizer order: group, then param.)
@@ -261,15 +263,18 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
         const auto& g = got[static_cast<size_t>(r)];
         if (g[idx].numel() > 0) {
           parts.push_back(g[idx]);
-          if (c.shared) EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+          if (like_single) {
+            EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+          }
         }
         const auto pc = layout.piece(i, r);
         EXPECT_EQ(g[idx].numel(), pc.second - pc.first) << "p" << i << " on rank " << r;
       }
-      if (c.shared || !scaled(c.moments))
+      if (like_single) {
         EXPECT_TRUE(same_bits(torch::cat(parts), want[idx])) << "state of p" << i << " key " << k;
+      }
     }
-  if (!c.shared && scaled(c.moments)) {
+  if (!like_single) {
     // Per shard: rank r's state of param i (and its scale) is what one process holding only the
     // pieces as params has for piece (i, r); the model params are those pieces joined.
     const OptRun pieces = run_steps(c, nullptr, /*pieces=*/true);
