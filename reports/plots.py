@@ -26,7 +26,7 @@ ULP_KINDS = ["model", "master_param", "remainder", "exp_avg", "exp_avg_sq", "sca
 DISK_KINDS = ULP_KINDS + ["metadata"]
 KIND_COLORS = {"model": "#4c72b0", "master_param": "#dd8452", "remainder": "#c44e52", "exp_avg": "#55a868",
                "exp_avg_sq": "#8172b3", "scale": "#937860", "metadata": "#8c8c8c"}
-POLICY_ORDER = ["fp32", "native", "per_key"]
+POLICY_ORDER = ["dp_reshardable", "fp32", "fully_reshardable", "dp_zero", "native", "per_key"]
 DPI = 100
 MAX_WIDTH_PX = 1400
 MAX_HEIGHT_PX = 1800

@@ -101,7 +101,9 @@ std::vector<int> fp32_references(const RunData& run) {
     int best = -1, best_score = -1;
     for (size_t j = 0; j < n; ++j) {
       const auto& c = run.scenarios[j];
-      if (key[j] != key[i] || c.row.save_policy != "fp32" || c.row.checkpoint_bytes.value <= 0) continue;
+      // Megatron's dp_reshardable, "fp32" in runs written before it took that name.
+      const bool fp32_states = c.row.save_policy == "dp_reshardable" || c.row.save_policy == "fp32";
+      if (key[j] != key[i] || !fp32_states || c.row.checkpoint_bytes.value <= 0) continue;
       const int score = (c.has_disk && optimizer_all_f32(c) ? 2 : 0) + (c.row.fault == "none" ? 1 : 0);
       if (score > best_score) best = static_cast<int>(j), best_score = score;
     }

@@ -137,12 +137,13 @@ TEST(DataParallelSave, PublishesOneShardPerRankWithRanges) {
   EXPECT_EQ(v.manifest["rank_states"].size(), 2u);
   EXPECT_TRUE(v.files.count("optim_rank_00000.safetensors"));
   EXPECT_TRUE(v.files.count("optim_rank_00001.safetensors"));
-  // 231 + 5 elements over 2 ranks: shard 118; "w" is split, "b" is rank 1's.
+  // Megatron's buffer (reverse order, starts padded to 64, end to lcm(2, 128)): "b" at [0, 5),
+  // "w" at [64, 295), 384 elements, 192 a rank: "w" is split at its element 128, "b" is rank 0's.
   const auto ix = ck::detail::shard_index(v);
   ASSERT_EQ(ix.pieces.at("w").size(), 2u);
-  EXPECT_EQ(ix.pieces.at("w")[0].end, 118);
+  EXPECT_EQ(ix.pieces.at("w")[0].end, 128);
   EXPECT_EQ(ix.pieces.at("b").size(), 1u);
-  EXPECT_EQ(ix.pieces.at("b")[0].file, "optim_rank_00001.safetensors");
+  EXPECT_EQ(ix.pieces.at("b")[0].file, "optim_rank_00000.safetensors");
   EXPECT_FALSE(has_temp_dirs(root));
   fs::remove_all(root);
 }
@@ -237,10 +238,10 @@ nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param)
 }
 
 const std::vector<Damage> kDamages = {
-    // "w" (231 elements) is split at 118 between the ranks: move the boundary to 119.
+    // "w" (231 elements) is split at 128 between the ranks: move the boundary to 129.
     {"ShardBoundaryMovedByOne", [](nlohmann::json& m) {
-       range_of(m, 0, "w")["end"] = 119;
-       range_of(m, 1, "w")["begin"] = 119;
+       range_of(m, 0, "w")["end"] = 129;
+       range_of(m, 1, "w")["begin"] = 129;
      }, "elements, but its shard's range of 'w' has"},
     {"ShardFilesSwapped", [](nlohmann::json& m) { std::swap(m["shards"][0]["file"], m["shards"][1]["file"]); },
      "(shard files swapped or renamed)"},

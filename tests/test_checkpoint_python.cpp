@@ -71,7 +71,7 @@ TEST(PythonReader, DecodesEveryTensorLikeTheHarness) {
       {7, {SavePolicyKind::native, {}}},    // F16 master, F8 and F16 moments
       {6, {SavePolicyKind::per_key, {}}},   // U8 by value copy, F32 remainder container
       {5, {SavePolicyKind::per_key, {}}},   // F16 unscaled
-      {0, {SavePolicyKind::fp32, {{"exp_avg", Dtype::bf16}}}},   // F32 params, BF16 override
+      {0, {SavePolicyKind::dp_reshardable, {{"exp_avg", Dtype::bf16}}}},   // F32 params, BF16 override
   };
   nlohmann::json spec = {{"checkpoints", nlohmann::json::array()}};
   for (size_t i = 0; i < fixtures.size(); ++i) {

@@ -99,6 +99,26 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
     return;
   }
 
+  // Megatron's fp32 world-buffer formats widen the int16 remainder to fp32; TE's set_scaled_state
+  // asserts int16 there, so upstream fails the load: refused, saying so, target untouched.
+  // exact_master_conversion narrows the container back (exact), as for dp_reshardable below.
+  const bool widened = pol == SavePolicyKind::dp_zero || pol == SavePolicyKind::fully_reshardable;
+  LoadOptions opts;
+  if (widened && has_rem) {
+    LoadOptions lossy;
+    lossy.allow_lossy = true;
+    try {
+      load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
+      ADD_FAILURE() << "a widened fp32 remainder into a remainder optimizer must be refused";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == torch.int16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("PR 4222"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("/remainder'"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+    opts.exact_master_conversion = true;
+  }
+
   // Predict each restored state independently; a scratch optimizer re-applies storage.
   Rig scratch = make_rig(mode, 3);
   std::map<std::string, StoredState> expect;
@@ -127,11 +147,11 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   }
   // fp16 through fp32 is exact for every amax (bench_scale_roundtrip); fp8 is not in general.
   if (pol == SavePolicyKind::native || !low_moments ||
-      (pol == SavePolicyKind::fp32 && mode.cfg.exp_avg_dtype != Dtype::fp8 && mode.cfg.exp_avg_sq_dtype != Dtype::fp8)) {
+      ((pol == SavePolicyKind::dp_reshardable || widened) && mode.cfg.exp_avg_dtype != Dtype::fp8 &&
+       mode.cfg.exp_avg_sq_dtype != Dtype::fp8)) {
     EXPECT_FALSE(lossy);
   }
 
-  LoadOptions opts;
   if (lossy) {
     EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts), CheckpointError);
     EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
@@ -175,7 +195,9 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
 std::vector<Case> all_cases() {
   std::vector<Case> v;
   for (const Mode& m : all_modes())
-    for (SavePolicyKind p : {SavePolicyKind::native, SavePolicyKind::fp32, SavePolicyKind::per_key}) v.push_back({m, p});
+    for (SavePolicyKind p : {SavePolicyKind::native, SavePolicyKind::dp_reshardable, SavePolicyKind::per_key,
+                             SavePolicyKind::fully_reshardable, SavePolicyKind::dp_zero})
+      v.push_back({m, p});
   return v;
 }
 
@@ -188,15 +210,49 @@ Mode mode_named(const std::string& n) {
   throw std::logic_error(n);
 }
 
-TEST(Checkpoint, MasterModeConversionsAreExactAndReported) {
+// Upstream: a master-mode change on load hands set_scaled_state a master_param of the other
+// dtype and TE's assertion fails. Refused by default, saying so, for every policy but per_key
+// (whose PR rules decide), with the target untouched.
+TEST(Checkpoint, MasterModeConversionsAreRefusedAsUpstream) {
   torch::set_num_threads(1);
   TmpDir dir;
+  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(a, 3);
+  Rig f = make_rig(mode_named("fp32master_bf16moments"), 1);
+  train(f, 3);
+  LoadOptions lossy;
+  lossy.allow_lossy = true;
+  for (SavePolicyKind pol : {SavePolicyKind::native, SavePolicyKind::dp_reshardable, SavePolicyKind::dp_zero}) {
+    const std::string d = dir.str() + "/" + to_string(pol);
+    save_checkpoint(d + "/rem", save_input(a, {pol, {}}));
+    save_checkpoint(d + "/fp32", save_input(f, {pol, {}}));
+    struct Try { std::string ckpt, target, want; };
+    for (const Try& t : {Try{d + "/rem", "fp32master_bf16moments", "torch.float32"},
+                         Try{d + "/fp32", "remainders_bf16moments", "torch.int16"}}) {
+      Rig c = make_rig(mode_named(t.target), 2), c0 = make_rig(mode_named(t.target), 2);
+      try {
+        load_checkpoint(t.ckpt, *c.model, *c.opt, c.state, {}, lossy);
+        ADD_FAILURE() << t.ckpt << " into " << t.target << " must be refused";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == " + t.want), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("exact_master_conversion"), std::string::npos) << e.what();
+      }
+      EXPECT_TRUE(same_state(c, c0)) << "a refused load must not touch the target";
+    }
+  }
+}
+
+TEST(Checkpoint, MasterModeConversionsAreExactAndReportedWhenAsked) {
+  torch::set_num_threads(1);
+  TmpDir dir;
+  LoadOptions exact;
+  exact.exact_master_conversion = true;
   // remainders -> fp32 master: join the bf16 weight with the remainder.
   Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
   train(a, 3);
   save_checkpoint(dir.str() + "/rem", save_input(a));
   Rig c = make_rig(mode_named("fp32master_bf16moments"), 2);
-  LoadReport rep = load_checkpoint(dir.str() + "/rem", *c.model, *c.opt, c.state, {}, {});
+  LoadReport rep = load_checkpoint(dir.str() + "/rem", *c.model, *c.opt, c.state, {}, exact);
   EXPECT_FALSE(rep.conversions.empty());
   for (const auto& p : a.opt->param_names())
     EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*c.opt, p, StateKey::master_param),
@@ -204,14 +260,14 @@ TEST(Checkpoint, MasterModeConversionsAreExactAndReported) {
   // and back: the fp32 master splits into weight + remainder with the same joined value.
   save_checkpoint(dir.str() + "/fp32", save_input(c));
   Rig d = make_rig(mode_named("remainders_bf16moments"), 3);
-  rep = load_checkpoint(dir.str() + "/fp32", *d.model, *d.opt, d.state, {}, {});
+  rep = load_checkpoint(dir.str() + "/fp32", *d.model, *d.opt, d.state, {}, exact);
   EXPECT_FALSE(rep.conversions.empty());
   for (const auto& p : a.opt->param_names())
     EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*d.opt, p, StateKey::master_param),
                             rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param))) << p;
   // remainder into an fp16 master cannot be exact: refused, target untouched.
   Rig e = make_rig(mode_named("fp16master_fp8_fp16"), 4), e0 = make_rig(mode_named("fp16master_fp8_fp16"), 4);
-  EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *e.model, *e.opt, e.state, {}, {}), CheckpointError);
+  EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *e.model, *e.opt, e.state, {}, exact), CheckpointError);
   EXPECT_TRUE(same_state(e, e0));
 }
 

@@ -46,21 +46,45 @@ struct Sizes {
 
 class Reshard : public ::testing::TestWithParam<Sizes> {};
 
+// fp8 exp_avg with --shared-dp-scale (one all-reduced scale per tensor, not upstream): the
+// layout-independent state, which any rank count loads bit for bit. Per-shard scales (upstream,
+// the default) cannot reshard exactly: PerShardScales below.
 TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
   const auto [from, to] = GetParam();
   const fs::path d = fresh_dir("reshard_" + std::to_string(from) + "_" + std::to_string(to));
-  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, from, "a.log");
+  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states",
+                     "--shared-dp-scale"}, from, "a.log");
   ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
   // One optimizer shard file per saving rank, each listed with its ranges.
   const auto v = rh::ckpt::detail::verify_checkpoint_dir(rh::ckpt::detail::resolve_checkpoint_dir((d / "ck").string()));
   EXPECT_EQ(v.manifest["dp_size"].get<int>(), from);
   EXPECT_EQ(v.manifest["shards"].size(), static_cast<size_t>(from));
   EXPECT_EQ(v.files.size(), static_cast<size_t>(from) + 1);   // + model.safetensors
-  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string(), "--dump-states"}, to, "b.log");
+  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string(), "--dump-states", "--shared-dp-scale"}, to,
+                 "b.log");
   ASSERT_EQ(b.exit_code, 0) << rh::tail_of_file((d / "b.log").string());
   const auto diffs = rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "b" / "state_after_load").string());
   ASSERT_FALSE(diffs.empty());
   for (const auto& t : diffs) EXPECT_TRUE(t.identical()) << t.key << " differs after " << from << " -> " << to;
+  fs::remove_all(d);
+}
+
+// Upstream's per-shard fp8 scales (the default): a split param's pieces re-scaled for another
+// layout change codes, so the resharded load is refused as lossy (exit 2), naming the tensor; the
+// same-size load restores every shard's scale bit for bit.
+TEST(PerShardScales, ReshardIsRefusedAsLossySameSizeIsExact) {
+  const fs::path d = fresh_dir("pershard");
+  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, 2, "a.log");
+  ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
+  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string()}, 1, "b.log");
+  EXPECT_EQ(b.exit_code, 2) << rh::tail_of_file((d / "b.log").string());
+  EXPECT_NE(rh::tail_of_file((d / "b.log").string()).find("values change when the optimizer re-applies fp8 storage"),
+            std::string::npos) << rh::tail_of_file((d / "b.log").string());
+  auto c = train(d, {"--out", (d / "c").string(), "--load", (d / "ck").string(), "--dump-states"}, 2, "c.log");
+  ASSERT_EQ(c.exit_code, 0) << rh::tail_of_file((d / "c.log").string());
+  const auto diffs = rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "c" / "state_after_load").string());
+  ASSERT_FALSE(diffs.empty());
+  for (const auto& t : diffs) EXPECT_TRUE(t.identical()) << t.key << " differs after a same-size load";
   fs::remove_all(d);
 }
 

@@ -5,10 +5,14 @@
 // state, and the test joins the parts and compares them with one process, bit for bit.
 //
 // Where bit-equality holds and where it does not: given the same gradients, everything here is
-// elementwise or order-fixed (grad norm block sums, shared fp16/fp8 scales from an all-reduced
-// amax), so it is exact. The trainer's gradients themselves are summed in another order at a
-// different group size (rank-local sums, then the all-reduce); that is not covered by this test
-// and is why resharded resumes in the scenarios carry a tolerance.
+// elementwise or order-fixed (grad norm block sums), so fp32/bf16 states equal one process bit for
+// bit. fp16/fp8 states are scaled per shard (upstream: each rank's TE FusedAdam holds only its
+// shard), so the independent expectation for them is one process whose params are the shards
+// themselves, each its own tensor (what upstream's per-rank FusedAdam sees); with shared_dp_scale
+// (all-reduced amax) they equal the unsharded single process instead. The trainer's gradients
+// themselves are summed in another order at a different group size (rank-local sums, then the
+// all-reduce); that is not covered by this test and is why resharded resumes in the scenarios
+// carry a tolerance.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -39,19 +43,26 @@ struct Case {
   Dtype moments;
   bool remainders;
   int world;
+  bool shared = false;       // OptimizerConfig::shared_dp_scale
+  int64_t bucket = 0;        // OptimizerConfig::ddp_bucket_size
 };
 
 std::string case_text(const Case& c) {
-  return rh::optim::to_string(c.moments) + (c.remainders ? "_remainders" : "_fp32master") + "_dp" + std::to_string(c.world);
+  return rh::optim::to_string(c.moments) + (c.remainders ? "_remainders" : "_fp32master") + (c.shared ? "_shared" : "_pershard") +
+         "_bucket" + std::to_string(c.bucket) + "_dp" + std::to_string(c.world);
 }
 
 Case parse_case(const std::string& s) {
   Case c{};
   c.moments = rh::optim::parse_dtype(s.substr(0, s.find('_')), "case");
   c.remainders = s.find("_remainders") != std::string::npos;
+  c.shared = s.find("_shared") != std::string::npos;
+  c.bucket = std::stoll(s.substr(s.find("_bucket") + 7));
   c.world = std::stoi(s.substr(s.rfind("_dp") + 3));
   return c;
 }
+
+bool scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
 
 // Sizes chosen so that params cross rank boundaries at 2 and 4 ranks, including one of more than
 // one 4096-element norm block.
@@ -63,28 +74,72 @@ struct OptRun {
   std::vector<double> norms;
 };
 
-// Three steps of the same deterministic gradients; rank > 0 contributes zeros.
-OptRun run_steps(const Case& c, rh::optim::Collectives* comm) {
-  torch::NoGradGuard guard;
-  OptRun r;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}, {"no_decay", {}, 0.0}};
-  for (size_t i = 0; i < kShapes.size(); ++i) {
-    auto p = torch::randn(kShapes[i], gen).to(torch::kBFloat16);
-    p.set_requires_grad(true);
-    r.params.push_back(p);
-    groups[kShapes[i].size() >= 2 ? 0 : 1].params.emplace_back("p" + std::to_string(i), p);
-  }
+rh::optim::OptimizerConfig config_of(const Case& c) {
   rh::optim::OptimizerConfig cfg;
   cfg.use_precision_aware_optimizer = true;
   cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = c.moments;
   cfg.store_param_remainders = c.remainders;
-  r.opt = std::make_unique<PrecisionAdam>(groups, cfg, comm);
+  cfg.shared_dp_scale = c.shared;
+  cfg.ddp_bucket_size = c.bucket;
+  return cfg;
+}
+
+// The data-parallel layout of the test's params (optimizer order: decay group, then no_decay).
+rh::optim::ShardLayout layout_of(const Case& c, const std::vector<int64_t>& numels_in_opt_order) {
+  return rh::optim::ShardLayout::make(numels_in_opt_order, 0, c.world, {c.bucket, false});
+}
+
+// Three steps of the same deterministic gradients; rank > 0 contributes zeros. With `pieces`
+// (a single process only), every param is replaced by its pieces of the data-parallel layout,
+// each its own 1-D param "p<i>.r<rank>" in the same group, with the same slices of the grads.
+OptRun run_steps(const Case& c, rh::optim::Collectives* comm, bool pieces = false) {
+  torch::NoGradGuard guard;
+  OptRun r;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}, {"no_decay", {}, 0.0}};
+  std::vector<torch::Tensor> full;
+  for (size_t i = 0; i < kShapes.size(); ++i) full.push_back(torch::randn(kShapes[i], gen).to(torch::kBFloat16));
+  // Optimizer order, as PrecisionAdam's param_names: decay params, then no_decay.
+  std::vector<size_t> opt_order;
+  for (int gi = 0; gi < 2; ++gi)
+    for (size_t i = 0; i < kShapes.size(); ++i)
+      if ((kShapes[i].size() >= 2) == (gi == 0)) opt_order.push_back(i);
+  std::vector<int64_t> numels;
+  for (size_t i : opt_order) numels.push_back(full[i].numel());
+  const auto layout = layout_of(c, numels);
+  std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> slice_of;   // param -> (orig, [b, e))
+  for (size_t k = 0; k < opt_order.size(); ++k) {
+    const size_t i = opt_order[k];
+    const size_t gi = kShapes[i].size() >= 2 ? 0 : 1;
+    if (!pieces) {
+      auto p = full[i];
+      p.set_requires_grad(true);
+      r.params.push_back(p);
+      slice_of.push_back({i, {0, p.numel()}});
+      groups[gi].params.emplace_back("p" + std::to_string(i), p);
+      continue;
+    }
+    for (int rk = 0; rk < c.world; ++rk) {
+      const auto [b, e] = layout.piece(k, rk);
+      if (b == e) continue;
+      auto p = full[i].reshape({-1}).narrow(0, b, e - b).clone();
+      p.set_requires_grad(true);
+      r.params.push_back(p);
+      slice_of.push_back({i, {b, e}});
+      groups[gi].params.emplace_back("p" + std::to_string(i) + ".r" + std::to_string(rk), p);
+    }
+  }
+  r.opt = std::make_unique<PrecisionAdam>(groups, config_of(c), comm);
   const int rank = comm ? comm->rank() : 0;
   for (int t = 1; t <= 3; ++t) {
     auto ggen = at::make_generator<at::CPUGeneratorImpl>(100 + t);
-    for (auto& p : r.params) {
-      auto g = (torch::randn(p.sizes(), ggen) * 0.01).to(torch::kBFloat16);
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < kShapes.size(); ++i)
+      grads.push_back((torch::randn(kShapes[i], ggen) * 0.01).to(torch::kBFloat16));
+    for (size_t j = 0; j < r.params.size(); ++j) {
+      auto& p = r.params[j];
+      const auto& [i, be] = slice_of[j];
+      auto g = grads[i].reshape({-1}).narrow(0, be.first, be.second - be.first).reshape(p.sizes()).clone();
       p.mutable_grad() = rank == 0 ? g : torch::zeros_like(g);
     }
     r.opt->accumulate_grads();
@@ -183,19 +238,23 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
   std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(c.world));
   for (int r = 0; r < c.world; ++r) torch::load(got[static_cast<size_t>(r)], out + "." + std::to_string(r));
   const size_t np = kShapes.size();
+  const bool like_single = c.shared || !scaled(c.moments);
   for (int r = 0; r < c.world; ++r) {
     const auto& g = got[static_cast<size_t>(r)];
     ASSERT_EQ(g.size(), want.size());
     EXPECT_TRUE(same_bits(g[0], want[0])) << "grad norms of rank " << r;
-    for (size_t i = 0; i < np; ++i) EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param p" << i << " on rank " << r;
+    if (like_single) {   // per-shard scaled states: params checked against the pieces below
+      for (size_t i = 0; i < np; ++i) EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
+    }
   }
-  // Joined in rank order, the owned parts are the single process's state; shared scales agree.
-  // (States are written in optimizer order: group, then param.)
-  auto layout = rh::optim::ShardLayout::make([&] {
+  // Joined in rank order, the owned parts are the single process's state (fp32/bf16, or shared
+  // scales). (States are written in optimizer order: group, then param.)
+  auto layout = [&] {
     std::vector<int64_t> n;
     for (const auto& name : single.opt->param_names()) n.push_back(single.opt->param(name).numel());   // optimizer order
-    return n;
-  }(), 0, c.world);
+    return layout_of(c, n);
+  }();
+  EXPECT_FALSE(layout.split_params().empty()) << "the case must split a param across ranks";
   for (size_t i = 0; i < np; ++i)
     for (size_t k = 0; k < 3; ++k) {
       const size_t idx = 1 + np + 2 * (3 * i + k);
@@ -204,13 +263,48 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
         const auto& g = got[static_cast<size_t>(r)];
         if (g[idx].numel() > 0) {
           parts.push_back(g[idx]);
-          EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+          if (like_single) {
+            EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+          }
         }
         const auto pc = layout.piece(i, r);
         EXPECT_EQ(g[idx].numel(), pc.second - pc.first) << "p" << i << " on rank " << r;
       }
-      EXPECT_TRUE(same_bits(torch::cat(parts), want[idx])) << "state of p" << i << " key " << k;
+      if (like_single) {
+        EXPECT_TRUE(same_bits(torch::cat(parts), want[idx])) << "state of p" << i << " key " << k;
+      }
     }
+  if (!like_single) {
+    // Per shard: rank r's state of param i (and its scale) is what one process holding only the
+    // pieces as params has for piece (i, r); the model params are those pieces joined.
+    const OptRun pieces = run_steps(c, nullptr, /*pieces=*/true);
+    const auto names = single.opt->param_names();
+    bool some_scale_differs = false;
+    for (size_t i = 0; i < np; ++i) {
+      for (int r = 0; r < c.world; ++r) {
+        const auto& g = got[static_cast<size_t>(r)];
+        if (layout.piece(i, r).first == layout.piece(i, r).second) continue;
+        const std::string piece = names[i] + ".r" + std::to_string(r);
+        for (size_t k = 0; k < 3; ++k) {
+          const size_t idx = 1 + np + 2 * (3 * i + k);
+          const auto& st = pieces.opt->stored(piece, static_cast<StateKey>(k));
+          EXPECT_TRUE(same_bits(g[idx], st.data.reshape({-1}))) << "state of " << piece << " key " << k;
+          EXPECT_TRUE(same_bits(g[idx + 1], torch::tensor({st.scale.value_or(-1.0f)}, torch::kFloat)))
+              << "scale of " << piece << " key " << k;
+          some_scale_differs = some_scale_differs || !same_bits(g[idx + 1], want[idx + 1]);
+        }
+      }
+    }
+    EXPECT_TRUE(some_scale_differs) << "per-shard scales all equal the whole tensors': the case shows nothing";
+    for (size_t i = 0; i < np; ++i) {
+      std::vector<torch::Tensor> parts;
+      for (int r = 0; r < c.world; ++r)
+        if (layout.piece(i, r).first != layout.piece(i, r).second)
+          parts.push_back(pieces.opt->param(names[i] + ".r" + std::to_string(r)).detach().reshape({-1}));
+      // flatten() writes the params in optimizer order, as names.
+      EXPECT_TRUE(same_bits(got[0][1 + i].reshape({-1}), torch::cat(parts))) << "param " << names[i];
+    }
+  }
   fs::remove_all(dir);
 }
 
@@ -218,7 +312,8 @@ INSTANTIATE_TEST_SUITE_P(
     MomentsMastersSizes, DistributedUpdate,
     ::testing::Values(Case{Dtype::fp32, false, 2}, Case{Dtype::bf16, true, 2}, Case{Dtype::fp16, false, 2},
                       Case{Dtype::fp8, true, 2}, Case{Dtype::bf16, false, 4}, Case{Dtype::fp16, true, 4},
-                      Case{Dtype::fp8, false, 4}),
+                      Case{Dtype::fp8, false, 4}, Case{Dtype::fp16, false, 2, true}, Case{Dtype::fp8, true, 4, true},
+                      Case{Dtype::fp8, false, 2, false, 2000}, Case{Dtype::bf16, true, 4, false, 3000}),
     [](const auto& info) { return case_text(info.param); });
 
 TEST(Placement, ReadsTorchrunAndSlurmVariables) {

@@ -43,8 +43,13 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 9; 2 named.
   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
   // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault),
-  // compressed (2 sizes x 2 moments), token-drop (2 drop policies)
-  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u);
+  // compressed (2 sizes x 2 moments), token-drop (2 drop policies), formats (2 policies x 2 masters)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u + 4u);
+  // Megatron's widened remainder (dp_zero) into a remainder optimizer: upstream TE refuses it.
+  EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=remainders").expect.kind, rh::Expectation::Kind::refused);
+  EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=fp32").expect.kind, rh::Expectation::Kind::exact);
+  EXPECT_EQ(by_name(all, "formats/policy=dp_reshardable,master=remainders").policy.kind,
+            rh::ckpt::SavePolicyKind::dp_reshardable);
   for (const char* policy : {"probs", "position"}) {
     const auto& td = by_name(all, std::string("token-drop/drop=") + policy);
     EXPECT_EQ(td.cfg.model.capacity_factor, 0.5);
@@ -93,7 +98,9 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
     policies.insert(rh::ckpt::to_string(s.policy.kind));
   }
   EXPECT_EQ(faults.size(), rh::fault_names().size());
-  EXPECT_EQ(policies.size(), 3u);
+  EXPECT_EQ(policies.size(), 5u);   // native, per_key and Megatron's three formats
+  // formats: 3 policies x 2 masters x 3 moments x 3 sizes
+  EXPECT_EQ(rh::select_scenarios(all, "formats/").size(), 54u);
   EXPECT_EQ(rh::select_scenarios(all, "states/").size(), 24u);
   // compressed: every master mode (fp32, remainders, fp16) x every moment dtype, all exact.
   const auto z = rh::select_scenarios(all, "compressed/");
@@ -122,6 +129,26 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
     EXPECT_TRUE(s.cfg.model.enable_expert_bias) << s.name;
     EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact) << s.name;
   }
+}
+
+// Megatron's format names and the earlier "fp32" alias; the refused expectation and the
+// exact_master_conversion key; a refused cell needs its reason.
+TEST(Scenarios, FormatsRefusedExpectationAndMasterConversionKey) {
+  const auto s = rh::load_scenarios_text(
+      "[[scenario]]\nname = \"a\"\nsave_policy = \"fp32\"\n"
+      "[[scenario]]\nname = \"b\"\nsave_policy = \"fully_reshardable\"\nexpect = \"refused\"\nreason = \"TE asserts\"\n"
+      "exact_master_conversion = true\n",
+      "formats.toml");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].policy.kind, rh::ckpt::SavePolicyKind::dp_reshardable);
+  EXPECT_FALSE(s[0].exact_master_conversion);
+  EXPECT_EQ(s[1].policy.kind, rh::ckpt::SavePolicyKind::fully_reshardable);
+  EXPECT_EQ(s[1].expect.kind, rh::Expectation::Kind::refused);
+  EXPECT_TRUE(s[1].exact_master_conversion);
+  EXPECT_EQ(rh::ckpt::to_string(s[0].policy.kind), "dp_reshardable");
+  EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"c\"\nexpect = \"refused\"\n", "x.toml"), rh::ScenarioError);
+  EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"d\"\nexact_master_conversion = 1\n", "x.toml"),
+               rh::ScenarioError);
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {

@@ -27,7 +27,17 @@ constexpr int kFormatVersion = 3;   // 2: data-parallel shards (param_ranges wit
 
 // CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
 
-enum class SavePolicyKind { native, fp32, per_key };
+// native: every state bit for bit as held (ours). per_key: Megatron PR 2790's text (open, not on
+// main). The others are Megatron's own distributed-optimizer formats (--dist-ckpt-optim-fully-
+// reshardable etc.; megatron/core/optimizer/distrib_optimizer.py @d98e8a6):
+//  dp_reshardable     get_parameter_state_dp_reshardable: the dtypes get_unscaled_state returns,
+//                     fp32 values and the int16 remainder as it is ("fp32" is accepted as an alias:
+//                     the harness's earlier name)
+//  fully_reshardable  sharded_param_state_fully_reshardable over get_parameter_state_dp_zero
+//  dp_zero            get_parameter_state_dp_zero (also what the legacy torch format's
+//                     save_parameter_state writes): world buffers of torch.float32 for every key,
+//                     the int16 remainder copied into fp32 (widened) too
+enum class SavePolicyKind { native, dp_reshardable, per_key, fully_reshardable, dp_zero };
 std::string to_string(SavePolicyKind k);
 SavePolicyKind parse_save_policy(const std::string& s);   // throws std::invalid_argument
 
@@ -67,6 +77,13 @@ SaveResult save_checkpoint(const std::string& root, const SaveInput& in);
 
 struct LoadOptions {
   bool allow_lossy = false;          // accept conversions that are not exact (scenario says so)
+  // Not upstream. Off (upstream): a load that would hand TransformerEngine's set_scaled_state a
+  // master_param of the wrong dtype is refused, as TE's assertion fails upstream (fused_adam.py
+  // FusedAdam.set_scaled_state @d0067d0: int16 for a remainder optimizer, fp32 otherwise): an int16
+  // remainder into an fp32/fp16 master, an fp32/fp16 master into a remainder optimizer, a widened
+  // fp32 remainder (dp_zero, fully_reshardable) into a remainder optimizer. On: those are converted
+  // exactly (remainder + bf16 weight joined, a master split, the container narrowed to int16).
+  bool exact_master_conversion = false;
   std::set<std::string> skip_keys;   // state keys not restored (faults: "exp_avg", "remainder")
 };
 

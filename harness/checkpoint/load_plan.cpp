@@ -2,10 +2,20 @@
 // checkpoint holds, what the optimizer holds, and the conversion between them. Reads the optimizer
 // and changes nothing; every refusal that does not need the optimizer's re-storage is made here.
 //
-// Conversion rules (Megatron PR 2790, plus exact master-mode conversions):
-//  - stored states whose dtype the optimizer still holds: set_stored, bit for bit, with scales;
+// Conversion rules (upstream Megatron + TransformerEngine, Megatron PR 2790 for per_key):
+//  - stored states whose dtype the optimizer still holds: set_stored, bit for bit, with scales,
+//    when the saved shard's piece is exactly the range this rank owns. A stored fp16/fp8 state
+//    laid out otherwise (resharded, another bucket size) is decoded piece by piece, each with its
+//    own shard's scale, and re-stored by set_scaled_state (this rank's scale; exactness checked);
 //  - remainders into a remainder optimizer: set_stored (per_key's fp32 container back to int16);
-//  - remainder + bf16 weight into an fp32/fp16 master: joined, set_scaled_state (exactness checked);
+//  - master-mode changes (int16 remainder <-> fp32/fp16 master) and a widened fp32 remainder
+//    (dp_zero, fully_reshardable) into a remainder optimizer: upstream hands the tensor to
+//    set_scaled_state, whose dtype assertion fails (TransformerEngine fused_adam.py
+//    FusedAdam.set_scaled_state @d0067d0da6cb01811b8072a7d304f0e00344ce2b: `assert
+//    unscaled_state.dtype == torch.int16` under remainders, `torch.float32` otherwise; Megatron-LM
+//    distrib_optimizer.py _set_main_param_and_optimizer_states @d98e8a64ddf34856e74b24714e3bedb2f5a39553
+//    passes every tensor straight to it). Refused, saying so, unless
+//    LoadOptions::exact_master_conversion: then joined/split/narrowed exactly;
 //  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
 //  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
 //    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron-LM
@@ -15,6 +25,7 @@
 //    refuses, or with allow_lossy reproduces the misfire as upstream would. With an fp16 master
 //    the PR hands an int16 tensor to set_scaled_state, whose `assert unscaled_state.dtype ==
 //    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -86,11 +97,13 @@ torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
   return f.to(torch::kShort);
 }
 
-// One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv"), if present.
-std::optional<float> read_scalar(const Verified& v, const ShardIndex& ix, const std::string& param,
-                                 const std::string& key, const std::string& file) {
-  torch::Tensor st = gather_scale(v, ix, param, key);
-  if (!st.defined()) return std::nullopt;
+// One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv") in shard `file`, if
+// present.
+std::optional<float> read_scalar(const Verified& v, const ShardIndex&, const std::string&, const std::string& key,
+                                 const std::string& file) {
+  const SafetensorsFile& f = v.files.at(file);
+  if (!f.find(key)) return std::nullopt;
+  torch::Tensor st = f.tensor(key);
   if (st.scalar_type() != torch::kFloat || st.numel() != 1)
     throw CheckpointError(where(v, file, key) + ": expected a single F32 value");
   return st.reshape({}).item<float>();
@@ -107,6 +120,9 @@ struct Source {
   torch::Tensor data;                  // the owned part, as stored
   // A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
   std::optional<float> scale, scale_inv, decode_mult;
+  // A stored fp16/fp8 state whose saved pieces are not exactly this rank's range: its value is
+  // decoded piece by piece, each piece with its own shard's scale.
+  bool repieced = false;
 };
 
 // Plan, third: one Action per state, by the rules at the top of this file.
@@ -142,11 +158,15 @@ class StatePlanner {
   bool plan_saved_remainder(const Source& s, Action& a);
   void plan_conversion(const Source& s, Action& a);
 
-  // The whole param's state (conversions re-store a value as a whole, so scales come from the
-  // whole tensor as in one process), and this rank's part of such a tensor.
+  // The whole param's state as stored (set_scaled_state takes the whole value and keeps this
+  // rank's part), and this rank's part of such a tensor.
   torch::Tensor full(const Source& s) const {
     return gather_state(vl_.v, vl_.ix, s.param, s.skey, 0, opt_.param(s.param).numel()).reshape(opt_.param(s.param).sizes());
   }
+  // The whole param's fp32 value: a stored fp16/fp8 state decoded piece by piece with each
+  // shard's own scale, anything else by its conversion.
+  torch::Tensor full_value(const Source& s) const;
+  std::string master_conversion_refusal(const Source& s, const std::string& what, const std::string& option_does) const;
   torch::Tensor owned(const Source& s, const torch::Tensor& t) const {
     return t.reshape({-1}).narrow(0, s.ob, s.oe - s.ob).reshape(s.owned_shape);
   }
@@ -199,9 +219,23 @@ std::optional<Source> StatePlanner::locate(const std::string& p, StateKey k) {
   return s;
 }
 
-// A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
+// A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`. Scales are
+// per shard (TE holds one per rank's piece), so only a piece that is exactly this rank's range
+// is restored with its scale; otherwise the state is repieced (full_value).
 void StatePlanner::read_scales(Source& s) const {
   if (s.conv != "stored" || (s.dt != StDtype::F16 && s.dt != StDtype::F8_E4M3)) return;
+  const Piece* mine = nullptr;
+  int covering = 0;
+  for (const Piece& pc : vl_.ix.pieces.at(s.param))
+    if (pc.begin < s.oe && pc.end > s.ob) {
+      ++covering;
+      if (pc.begin == s.ob && pc.end == s.oe) mine = &pc;
+    }
+  if (covering != 1 || !mine) {
+    s.repieced = true;
+    return;
+  }
+  s.file = mine->file;
   s.scale = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale", s.file);
   if (!s.scale)
     throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale") + ": missing (a stored " + st_name(s.dt) + " state needs its scale)");
@@ -211,6 +245,34 @@ void StatePlanner::read_scales(Source& s) const {
       throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale_inv") + ": missing (an fp8 state decodes with its scale_inv)");
   }
   s.decode_mult = s.dt == StDtype::F8_E4M3 ? s.scale_inv : s.scale;
+}
+
+torch::Tensor StatePlanner::full_value(const Source& s) const {
+  if (!(s.conv == "stored" && (s.dt == StDtype::F16 || s.dt == StDtype::F8_E4M3)))
+    return decode_value(full(s), s.dt, s.conv, s.decode_mult);
+  const bool fp8 = s.dt == StDtype::F8_E4M3;
+  std::vector<torch::Tensor> parts;
+  for (const Piece& pc : vl_.ix.pieces.at(s.param)) {
+    const std::string key = s.skey + (fp8 ? ".scale_inv" : ".scale");
+    const std::optional<float> mult = read_scalar(vl_.v, vl_.ix, s.param, key, pc.file);
+    if (!mult)
+      throw CheckpointError(where(vl_.v, pc.file, key) + ": missing (a stored " + st_name(s.dt) + " state decodes with it)");
+    if (std::signbit(*mult) && !std::isnan(*mult))
+      throw CheckpointError(where(vl_.v, pc.file, key) + ": " + std::to_string(*mult) + " is negative (a scale is amax / range)");
+    torch::Tensor data = gather_state(vl_.v, vl_.ix, s.param, s.skey, pc.begin, pc.end);
+    parts.push_back(decode_value(data.contiguous(), s.dt, s.conv, *mult).reshape({-1}));
+  }
+  return torch::cat(parts).reshape(opt_.param(s.param).sizes());
+}
+
+// The refusal for a master_param upstream's set_scaled_state asserts on.
+std::string StatePlanner::master_conversion_refusal(const Source& s, const std::string& what,
+                                                    const std::string& option_does) const {
+  return s.w + ": " + what +
+         "; upstream Megatron hands it to TransformerEngine's FusedAdam.set_scaled_state as master_param, which asserts "
+         "unscaled_state.dtype == " + (tgt_rem_ ? "torch.int16" : "torch.float32") +
+         " and fails (fused_adam.py @d0067d0; a fix is proposed in TransformerEngine PR 4222, open): refusing "
+         "(exact_master_conversion " + option_does + ")";
 }
 
 // master_param under per_key, where the PR's int16 decision (pr_int16_) disagrees with the
@@ -247,10 +309,19 @@ bool StatePlanner::plan_saved_remainder(const Source& s, Action& a) {
     if (rem.scalar_type() != torch::kShort) throw CheckpointError(s.w + ": remainder is " + st_name(s.dt) + ", expected I16");
     return rem;
   };
+  const bool upstream_refuses = s.policy != "per_key" && !opts_.exact_master_conversion;
   if (tgt_rem_) {
+    if (s.conv == "remainder_widened_f32" && upstream_refuses)
+      throw CheckpointError(master_conversion_refusal(
+          s, "the int16 remainder was saved widened to fp32 (policy " + s.policy + ")", "narrows it back to int16 exactly"));
     a.stored = {as_int16(s.data), optim::Dtype::int16, std::nullopt, std::nullopt};
     return true;
   }
+  if (upstream_refuses)
+    throw CheckpointError(master_conversion_refusal(
+        s, std::string("the checkpoint holds an int16 remainder") + (s.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
+               ", this optimizer an " + optim::to_string(opt_.master_mode()) + " master",
+        "joins it with the bf16 weight exactly"));
   const torch::Tensor rem = as_int16(full(s));
   const TensorInfo& wi = mf_.info(s.param);
   if (wi.dtype != StDtype::BF16)
@@ -266,7 +337,11 @@ bool StatePlanner::plan_saved_remainder(const Source& s, Action& a) {
 void StatePlanner::plan_conversion(const Source& s, Action& a) {
   const optim::StoredState& cur = opt_.stored(s.param, s.key);
   const bool split = s.key == StateKey::master_param && tgt_rem_;
-  if (s.conv == "stored" && s.dt == st_of(cur.dtype) && !split) {
+  if (split && !opts_.exact_master_conversion)
+    throw CheckpointError(master_conversion_refusal(
+        s, "the checkpoint holds an " + st_name(s.dt) + " master, this optimizer keeps bf16 weight + int16 remainder",
+        "splits it into weight and remainder exactly"));
+  if (s.conv == "stored" && s.dt == st_of(cur.dtype) && !split && !s.repieced) {
     a.stored = {s.data, cur.dtype, s.scale, s.scale_inv};
     try {
       opt_.check_stored(s.param, s.key, a.stored);
@@ -278,14 +353,15 @@ void StatePlanner::plan_conversion(const Source& s, Action& a) {
     // the int16 remainder there, so the split (exact for every bit pattern) happens here and
     // the bf16 weight that belongs to the remainder replaces the saved model weight.
     torch::Tensor w16, rem;
-    optim::codec::remainder_split(decode_value(full(s), s.dt, s.conv, s.decode_mult).contiguous(), w16, rem);
+    optim::codec::remainder_split(full_value(s).contiguous(), w16, rem);
     a.stored = {owned(s, rem).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
     a.weight = w16;
     notes_.push_back(s.skey + ": " + st_name(s.dt) + " master -> bf16 weight + int16 remainder");
   } else {
     std::string note;
     if (s.dt != st_of(cur.dtype)) note = st_name(s.dt) + " (" + s.conv + ") -> " + optim::to_string(cur.dtype) + " storage";
-    set_value(s, a, decode_value(full(s), s.dt, s.conv, s.decode_mult), note);
+    else if (s.repieced) note = "saved per-shard " + st_name(s.dt) + " scales re-applied to this rank's range";
+    set_value(s, a, full_value(s), note);
   }
 }
 

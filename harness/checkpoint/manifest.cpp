@@ -373,22 +373,33 @@ torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::s
   return parts.size() == 1 ? parts[0] : torch::cat(parts);
 }
 
-torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key) {
-  torch::Tensor first;
-  std::string first_file;
+std::vector<std::pair<Piece, torch::Tensor>> piece_scales(const Verified& v, const ShardIndex& ix,
+                                                          const std::string& param, const std::string& key) {
+  std::vector<std::pair<Piece, torch::Tensor>> out;
   for (const auto& pc : ix.pieces.at(param)) {
     const SafetensorsFile& f = v.files.at(pc.file);
-    if (!f.find(key)) continue;
-    torch::Tensor t = f.tensor(key);
-    if (!first.defined()) {
-      first = t;
-      first_file = f.path();
-    } else if (t.numel() != first.numel() || std::memcmp(t.data_ptr(), first.data_ptr(), t.numel() * t.element_size()) != 0) {
-      fail(f.path(), "tensor '" + key + "' differs from the one in " + first_file +
-                         " (the shards of one moment must share its scale)");
-    }
+    out.emplace_back(pc, f.find(key) ? f.tensor(key) : torch::Tensor());
   }
-  return first;
+  return out;
+}
+
+torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key) {
+  std::vector<torch::Tensor> found;
+  bool same = true;
+  for (const auto& [pc, t] : piece_scales(v, ix, param, key)) {
+    if (!t.defined()) continue;
+    if (t.numel() != 1)
+      fail(v.files.at(pc.file).path(), "tensor '" + key + "' has " + std::to_string(t.numel()) + " elements, a scale has 1");
+    if (!found.empty())
+      same = same && std::memcmp(t.data_ptr(), found[0].data_ptr(), static_cast<size_t>(t.element_size())) == 0 &&
+             t.scalar_type() == found[0].scalar_type();
+    found.push_back(t);
+  }
+  if (found.empty()) return torch::Tensor();
+  if (same) return found[0];
+  std::vector<torch::Tensor> flat;
+  for (const auto& t : found) flat.push_back(t.reshape({1}));
+  return torch::cat(flat);
 }
 
 nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,

@@ -83,11 +83,16 @@ void check_generator_state(const std::vector<uint8_t>& bytes, const std::string&
 // from the shards that hold them: a 1-D tensor aliasing the mapping when one shard holds them all.
 torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param,
                            const std::string& key, int64_t begin, int64_t end);
-// The per-tensor scale `key` ("<param>/exp_avg.scale") of a moment split across shards: every
-// shard holding a part must store the same value (bit for bit), else CheckpointError. Null
-// tensor when no shard has the key.
+// The scale `key` ("<param>/exp_avg.scale") of a state split across shards, for reading without
+// an optimizer: each shard's piece has its own (TE scales per shard upstream): the one value
+// when every shard holding a part stores the same bits, else a 1-D tensor of the shards' values
+// in the order of their pieces. Null tensor when no shard has the key.
 torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param,
                            const std::string& key);
+// The scale `key` of each piece of `param`, in piece order (a null tensor for a piece whose shard
+// lacks the key).
+std::vector<std::pair<Piece, torch::Tensor>> piece_scales(const Verified& v, const ShardIndex& ix,
+                                                          const std::string& param, const std::string& key);
 
 // The manifest's "tensors" entry for one written tensor. kind: model | master_param | remainder
 // | exp_avg | exp_avg_sq | scale. policy: native | fp32 | per_key | override. conversion: how

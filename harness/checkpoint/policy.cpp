@@ -1,5 +1,6 @@
-// Save policies: native / fp32 / per_key (Megatron PR 2790, weak spots included) plus per-key
-// dtype overrides, and the inverse value decoding used on load (see policy.h).
+// Save policies: native, Megatron's dp_reshardable / fully_reshardable / dp_zero, per_key
+// (Megatron PR 2790, weak spots included) plus per-key dtype overrides, and the inverse value
+// decoding used on load (see policy.h and checkpoint.h).
 #include "harness/checkpoint/policy.h"
 
 #include "harness/optim/storage_codecs.h"
@@ -9,17 +10,22 @@ namespace rh::ckpt {
 std::string to_string(SavePolicyKind k) {
   switch (k) {
     case SavePolicyKind::native: return "native";
-    case SavePolicyKind::fp32: return "fp32";
+    case SavePolicyKind::dp_reshardable: return "dp_reshardable";
     case SavePolicyKind::per_key: return "per_key";
+    case SavePolicyKind::fully_reshardable: return "fully_reshardable";
+    case SavePolicyKind::dp_zero: return "dp_zero";
   }
   return "?";
 }
 
 SavePolicyKind parse_save_policy(const std::string& s) {
   if (s == "native") return SavePolicyKind::native;
-  if (s == "fp32") return SavePolicyKind::fp32;
+  if (s == "dp_reshardable" || s == "fp32") return SavePolicyKind::dp_reshardable;
   if (s == "per_key") return SavePolicyKind::per_key;
-  throw std::invalid_argument("save_policy: unknown policy '" + s + "' (expected native, fp32 or per_key)");
+  if (s == "fully_reshardable") return SavePolicyKind::fully_reshardable;
+  if (s == "dp_zero") return SavePolicyKind::dp_zero;
+  throw std::invalid_argument("save_policy: unknown policy '" + s +
+                              "' (expected native, dp_reshardable (alias fp32), fully_reshardable, dp_zero or per_key)");
 }
 
 bool is_scale_key(const std::string& key) {
@@ -132,7 +138,7 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
     return {e};
   }
 
-  if (policy.kind == SavePolicyKind::native || (remainder && policy.kind == SavePolicyKind::fp32)) {
+  if (policy.kind == SavePolicyKind::native || (remainder && policy.kind == SavePolicyKind::dp_reshardable)) {
     std::vector<EncodedTensor> out;
     EncodedTensor e{param + "/" + field, field, s.data, st_of(s.dtype), to_string(policy.kind), "stored", true};
     out.push_back(e);
@@ -142,9 +148,19 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
                                     StDtype::F32, to_string(policy.kind), "stored", true});
     return out;
   }
-  if (policy.kind == SavePolicyKind::fp32) {
+  if (policy.kind == SavePolicyKind::dp_reshardable) {
     return {EncodedTensor{param + "/" + field, field, unscaled(opt, param, key), StDtype::F32,
-                          "fp32", "unscaled_fp32", true}};
+                          to_string(policy.kind), "unscaled_fp32", true}};
+  }
+  if (policy.kind == SavePolicyKind::fully_reshardable || policy.kind == SavePolicyKind::dp_zero) {
+    // get_parameter_state_dp_zero: `local_shards[key][...].data.copy_(tensors[key])` into
+    // torch.float32 buffers for every key: get_unscaled_state's fp32 values, and the int16
+    // remainder's values widened (exact: every int16 is an fp32).
+    if (remainder)
+      return {EncodedTensor{param + "/remainder", "remainder", s.data.to(torch::kFloat), StDtype::F32,
+                            to_string(policy.kind), "remainder_widened_f32", true}};
+    return {EncodedTensor{param + "/" + field, field, opt.get_unscaled_state(param, key), StDtype::F32,
+                          to_string(policy.kind), "unscaled_fp32", true}};
   }
   // per_key: the PR. param -> fp32 container; moments -> their configured dtype, from the
   // unscaled fp32 value (no scale is written: fp16 unscaled, fp8 by value copy into uint8).

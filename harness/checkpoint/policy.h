@@ -11,7 +11,8 @@
 //                          toward zero, keep the low 8 bits (per_key fp8; non-finite -> 0, where
 //                          upstream is undefined)
 //   cast_f8_e4m3           the fp32 value encoded as E4M3 without a scale (override fp8)
-//   remainder_widened_f32  the int16 remainder's values in an fp32 container (per_key param)
+//   remainder_widened_f32  the int16 remainder's values in an fp32 container (per_key param, and
+//                          dp_zero / fully_reshardable: Megatron's fp32 world buffers)
 #pragma once
 #include <torch/torch.h>
 
@@ -29,7 +30,7 @@ struct EncodedTensor {
   std::string kind;         // master_param | remainder | exp_avg | exp_avg_sq | scale
   torch::Tensor data;
   StDtype dtype;
-  std::string policy;       // native | fp32 | per_key | override
+  std::string policy;       // native | dp_reshardable | fully_reshardable | dp_zero | per_key | override
   std::string conversion;   // see above
   bool exact = true;        // decodes back to the in-memory value bit for bit
 };

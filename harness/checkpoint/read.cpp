@@ -15,8 +15,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One optimizer-state tensor of a shard file as the whole param's tensor: a scale is the same in
-// every shard holding part of the state (checked), a state is joined over the shards.
+// One optimizer-state tensor of a shard file as the whole param's tensor: a state is joined over
+// the shards; a scale is one value when every shard holding part of the state has the same
+// (shared_dp_scale, or one shard), else the shards' values in piece order (per-shard scaling).
 torch::Tensor joined_state(const detail::Verified& v, const detail::ShardIndex& ix, const SafetensorsFile& f,
                            const TensorInfo& t) {
   const auto slash = t.key.rfind('/');

@@ -65,6 +65,10 @@ void register_train(CLI::App& app, CommandState& st) {
       ->check(CLI::IsMember(fault_names()))
       ->default_str("none");
   train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
+  train->add_flag("--exact-master-conversion", job.exact_master_conversion,
+                  "not upstream: convert a checkpoint's master mode on load exactly (int16 remainder + bf16 "
+                  "weight <-> fp32/fp16 master, a widened fp32 remainder back to int16) where upstream "
+                  "TransformerEngine fails its set_scaled_state dtype assertion");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
   train->add_flag("--quiet", job.quiet, "print nothing but errors");
   train->add_option("--nproc", st.nproc,
@@ -77,8 +81,9 @@ void register_train(CLI::App& app, CommandState& st) {
   train->add_option("--save-compress", st.compress, "none | zstd: byte planes + zstd blocks, lossless")
       ->check(CLI::IsMember({"none", "zstd"}));
   train->add_option("--save", st.save_root, "checkpoint root to save into when stopping");
-  train->add_option("--save-policy", st.policy, "native | fp32 | per_key")
-      ->check(CLI::IsMember({"native", "fp32", "per_key"}));
+  train->add_option("--save-policy", st.policy,
+                    "native | dp_reshardable (alias fp32) | fully_reshardable | dp_zero | per_key")
+      ->check(CLI::IsMember({"native", "dp_reshardable", "fp32", "fully_reshardable", "dp_zero", "per_key"}));
   train->add_option("--save-override", st.overrides,
                     "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
   train->add_option("--save-plan", st.save_plan,

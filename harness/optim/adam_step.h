@@ -54,9 +54,11 @@ struct Workspace {
   void ensure(int64_t chunk_elems, int64_t full_elems);
 };
 
-// A split parameter's fp16/fp8 moments cannot be stored until the amax over every rank's piece is
-// known: adam_update leaves the new fp32 moments here with this piece's amax, and store_scaled
-// encodes them once the group has agreed on the amax (all-reduce max).
+// Only with OptimizerConfig::shared_dp_scale (not upstream): a split parameter's fp16/fp8 states
+// cannot be stored until the amax over every rank's piece is known, so adam_update leaves the new
+// fp32 values here with this piece's amax, and store_scaled encodes them once the group has
+// agreed on the amax (all-reduce max). By default (upstream) each piece is scaled by its own amax
+// at once, as TE's FusedAdam holding only that shard does.
 struct Deferred {
   torch::Tensor m_full, v_full, p_full;   // (end - begin,) kFloat, owned by this struct
   float m_amax = 0.0f, v_amax = 0.0f, p_amax = 0.0f;   // p: an fp16 master

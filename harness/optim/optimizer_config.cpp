@@ -88,6 +88,8 @@ void check_allowed(Dtype d, const char* flag, std::initializer_list<Dtype> allow
 void validate(const OptimizerConfig& cfg, torch::ScalarType param_dtype) {
   if (param_dtype != torch::kFloat && param_dtype != torch::kBFloat16)
     refuse(std::string("model params must be fp32 or bf16, got ") + c10::toString(param_dtype));
+  if (cfg.ddp_bucket_size < 0)
+    refuse("--ddp-bucket-size must be >= 0 (0: one bucket), got " + std::to_string(cfg.ddp_bucket_size));
   if (!cfg.use_precision_aware_optimizer) {
     // Megatron: without the precision-aware optimizer every state dtype must be fp32.
     const std::pair<const char*, Dtype> fields[] = {{"--main-grads-dtype", cfg.main_grads_dtype},

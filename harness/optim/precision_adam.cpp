@@ -70,12 +70,14 @@ StoredState zeros_state(const torch::Tensor& like, Dtype d) {
 
 using detail::is_scaled;
 
-// Stores the owned part [begin, end) of the fp32 value `full` (the whole param) with the whole
-// tensor's scaling (TE _apply_scale): detail::store_scaled with the whole tensor's amax.
+// Stores the owned part [begin, end) of the fp32 value `full` (the whole param) with TE's
+// scaling (_apply_scale): the amax of the owned part (per shard, upstream), or of the whole
+// tensor (`shared`).
 void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard,
-                        detail::Workspace& ws) {
+                        bool shared, detail::Workspace& ws) {
   const torch::Tensor x = full.to(torch::kFloat).contiguous().view({-1});
-  detail::store_scaled(st, x.narrow(0, begin, end - begin), codec::abs_max(x), guard, ws);
+  const torch::Tensor part = x.narrow(0, begin, end - begin);
+  detail::store_scaled(st, part, codec::abs_max(shared ? x : part), guard, ws);
 }
 
 std::string where(const std::string& param, StateKey key) {
@@ -101,7 +103,8 @@ torch::Tensor block_square_sums(const torch::Tensor& g) {
 
 }  // namespace
 
-PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm)
+PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm,
+                             const std::vector<std::string>& model_order)
     : impl_(std::make_unique<Impl>()) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
@@ -124,9 +127,28 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
   validate(cfg, I.param_dtype);
   I.mode = effective_master_mode(cfg, I.param_dtype);
   std::vector<int64_t> numels;
+  std::unordered_map<std::string, size_t> position;   // name -> optimizer order
   for (const auto& g : groups)
-    for (const auto& np : g.params) numels.push_back(np.second.numel());
-  I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1);
+    for (const auto& np : g.params) {
+      position.emplace(np.first, numels.size());
+      numels.push_back(np.second.numel());
+    }
+  std::vector<size_t> order;   // optimizer indices in the model's order
+  for (const auto& name : model_order) {
+    auto it = position.find(name);
+    if (it == position.end())
+      throw std::invalid_argument("PrecisionAdam: model_order names '" + name + "', which no group holds");
+    order.push_back(it->second);
+  }
+  if (!model_order.empty() && order.size() != numels.size())
+    throw std::invalid_argument("PrecisionAdam: model_order names " + std::to_string(order.size()) + " params, the groups hold " +
+                                std::to_string(numels.size()));
+  const BufferOptions bo{cfg.ddp_bucket_size, cfg.ddp_pad_buckets_for_high_nccl_busbw};
+  try {
+    I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1, bo, order);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("PrecisionAdam: ") + e.what() + " (model_order repeats a name?)");
+  }
   I.split = I.layout.split_params();
   I.split_slot.assign(numels.size(), -1);
   for (size_t s = 0; s < I.split.size(); ++s) I.split_slot[I.split[s]] = static_cast<int>(s);
@@ -150,10 +172,10 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
       if (I.mode == MasterMode::remainders) {
         ps.master.data = torch::zeros(owned.sizes(), torch::kShort);   // master == bf16 weight
       } else if (I.mode == MasterMode::fp16) {
-        // initialize_state: set_scaled_state(param, "master_param", param.float()), scaled by
-        // the whole param's amax.
+        // initialize_state: set_scaled_state(param, "master_param", param.float()) of the
+        // rank's shard (scaled by its amax; the whole param's with shared_dp_scale).
         ps.master.data = torch::empty(owned.sizes(), torch::kHalf);
-        store_value_scaled(ps.master, p.detach(), ps.begin, ps.end, cfg.scale_zero_guard, I.ws);
+        store_value_scaled(ps.master, p.detach(), ps.begin, ps.end, cfg.scale_zero_guard, cfg.shared_dp_scale, I.ws);
       } else {
         ps.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
       }
@@ -231,7 +253,7 @@ void PrecisionAdam::reduce_grads() {
   if (I.dp_size() == 1) return;
   torch::NoGradGuard no_grad;
   const int64_t total = I.layout.total, np = static_cast<int64_t>(I.params.size());
-  auto buf = torch::empty({total + np}, torch::kFloat);   // grads, then one "has grad" mark each
+  auto buf = torch::zeros({total + np}, torch::kFloat);   // grads (padding 0), then one "has grad" mark each
   float* marks = buf.data_ptr<float>() + total;
   for (size_t i = 0; i < I.params.size(); ++i) {
     const auto& ps = I.params[i];
@@ -306,7 +328,10 @@ void PrecisionAdam::step(double lr) {
   const bool m_scaled = is_scaled(I.cfg.exp_avg_dtype);
   const bool v_scaled = is_scaled(I.cfg.exp_avg_sq_dtype);
   const bool p_scaled = I.mode == MasterMode::fp16;
-  const bool defer_scales = I.dp_size() > 1 && (m_scaled || v_scaled || p_scaled) && !I.split.empty();
+  // Per-shard scaling (upstream) needs nothing from the other ranks; only shared_dp_scale defers
+  // the split params' scaled states until the group agrees on their amax.
+  const bool defer_scales =
+      I.cfg.shared_dp_scale && I.dp_size() > 1 && (m_scaled || v_scaled || p_scaled) && !I.split.empty();
   std::vector<detail::Deferred> deferred(I.split.size());
   std::vector<bool> did(I.split.size(), false);
   for (size_t i = 0; i < I.params.size(); ++i) {
@@ -353,19 +378,21 @@ void PrecisionAdam::step(double lr) {
 }
 
 void PrecisionAdam::sync_params() {
-  // All-gather the params: rank r's bytes are the params' flat range [lo(r), hi(r)).
+  // All-gather the params (Megatron's param all-gather per bucket, all buckets at once here):
+  // rank r sends its range of every bucket, concatenated (ShardLayout::local_index).
   Impl& I = *impl_;
   if (I.dp_size() == 1) return;
   torch::NoGradGuard no_grad;
+  const auto& L = I.layout;
   const int64_t es = I.params.empty() ? 1 : I.params[0].param.element_size();
-  const int64_t shard_bytes = I.layout.shard * es, lo = I.layout.lo(I.layout.rank);
+  const int64_t shard_bytes = L.per_rank() * es;
   auto send = torch::zeros({shard_bytes}, torch::kByte);
   auto recv = torch::empty({shard_bytes * I.dp_size()}, torch::kByte);
   auto* sp = static_cast<char*>(send.data_ptr());
   for (size_t i = 0; i < I.params.size(); ++i) {
     const auto& ps = I.params[i];
     if (ps.begin == ps.end) continue;
-    std::memcpy(sp + (I.layout.offsets[i] + ps.begin - lo) * es,
+    std::memcpy(sp + L.local_index(L.rank, L.offsets[i] + ps.begin) * es,
                 static_cast<const char*>(ps.param.data_ptr()) + ps.begin * es,
                 static_cast<size_t>((ps.end - ps.begin) * es));
   }
@@ -373,7 +400,12 @@ void PrecisionAdam::sync_params() {
   const auto* rp = static_cast<const char*>(recv.data_ptr());
   for (size_t i = 0; i < I.params.size(); ++i) {
     auto& ps = I.params[i];
-    std::memcpy(ps.param.data_ptr(), rp + I.layout.offsets[i] * es, static_cast<size_t>(ps.param.numel() * es));
+    for (int r = 0; r < I.dp_size(); ++r) {
+      const auto [b, e] = L.piece(i, r);
+      if (b == e) continue;
+      std::memcpy(static_cast<char*>(ps.param.data_ptr()) + b * es,
+                  rp + (r * L.per_rank() + L.local_index(r, L.offsets[i] + b)) * es, static_cast<size_t>((e - b) * es));
+    }
   }
 }
 
@@ -453,10 +485,11 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
   // The owned part, shaped like the state (a no-op unless the param is split).
   auto v = whole ? owned_part(ps, full).reshape(st.data.sizes()) : full;
   if (is_scaled(st.dtype)) {
-    if (!whole && ps.end - ps.begin != ps.param.numel())
-      throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax; "
-                                  "give the whole param's value");
-    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, I.ws);
+    const bool shared = I.cfg.shared_dp_scale;
+    if (shared && !whole && ps.end - ps.begin != ps.param.numel())
+      throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax "
+                                  "(shared_dp_scale); give the whole param's value");
+    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, shared, I.ws);
   } else {
     st.data.copy_(v);            // fp32 copy, bf16 RNE, or the int16 remainder
     if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);

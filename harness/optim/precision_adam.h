@@ -46,6 +46,17 @@ struct OptimizerConfig {
   // Not an upstream option: the guard we would propose to TransformerEngine for fp16/fp8 states
   // whose scale has no finite reciprocal (an all-zero tensor: a dead MoE expert). Off = upstream.
   bool scale_zero_guard = false;
+  // Data parallel only. Megatron's param/grad buffer layout (shard_layout.h): --ddp-bucket-size
+  // (<= 0: one bucket, upstream's default without --overlap-grad-reduce) and
+  // --ddp-pad-buckets-for-high-nccl-busbw. These are DDP options upstream; the harness builds the
+  // layout in the optimizer, as DistributedOptimizer._compute_per_buffer_param_layout does.
+  int64_t ddp_bucket_size = 0;
+  bool ddp_pad_buckets_for_high_nccl_busbw = false;
+  // Not an upstream option. Off (upstream): each rank's fp16/fp8 states (moments, fp16 master)
+  // are scaled from its own shard's amax, as TE's FusedAdam holding only that shard does. On: a
+  // split param's ranks all-reduce the amax and share one scale, so the state is what a single
+  // process holds (dp N equals dp 1 bit for bit, and a native checkpoint reshards losslessly).
+  bool shared_dp_scale = false;
 };
 
 // Refuses the combinations Megatron refuses; throws std::invalid_argument with a clear message.
@@ -84,11 +95,13 @@ class PrecisionAdam {
   //
   // With a data-parallel group `comm` of size > 1 (it must outlive the optimizer) this is
   // Megatron's distributed optimizer (ZeRO stage 1): every rank holds the whole model and whole
-  // main grads; the optimizer state is the rank's contiguous range of the flat concatenation of
-  // all params (ShardLayout), and step() updates only that range, then all-gathers the params.
-  // A split param's fp16/fp8 moments share one scale across ranks (amax all-reduced with max),
-  // so the gathered state is what a single process holds, and any layout can load it.
-  PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm = nullptr);
+  // main grads; the optimizer state is the rank's range of every bucket of Megatron's buffer
+  // layout (ShardLayout), and step() updates only that, then all-gathers the params. A split
+  // param's fp16/fp8 states are scaled per shard (each rank's own amax, as upstream) unless
+  // cfg.shared_dp_scale. `model_order`: the param names in the model's order (Megatron's buffer
+  // holds them reversed); empty = the groups' order.
+  PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm = nullptr,
+                const std::vector<std::string>& model_order = {});
   ~PrecisionAdam();
   PrecisionAdam(PrecisionAdam&&) noexcept;
   PrecisionAdam& operator=(PrecisionAdam&&) noexcept;
@@ -159,8 +172,9 @@ class PrecisionAdam {
   // fp16/fp8 scales recomputed from the value's amax (guarded if scale_zero_guard), bf16 RNE; an
   // fp16 master does not write the model param (upstream's set_scaled_state never does).
   // Values are of the owned part's shape; set_scaled_state also takes the whole param's value
-  // (any rank can read it from a checkpoint), stores the owned part, and then scales by the whole
-  // tensor's amax, as a single process would.
+  // (any rank can read it from a checkpoint) and stores the owned part, scaled by the owned
+  // part's amax (upstream: the rank's FusedAdam holds only its shard), or by the whole tensor's
+  // amax with shared_dp_scale.
   torch::Tensor get_unscaled_state(const std::string& param, StateKey key) const;
   void set_scaled_state(const std::string& param, StateKey key, const torch::Tensor& value);
 

@@ -1,42 +1,112 @@
-// ShardLayout; see shard_layout.h.
+// ShardLayout: Megatron's distributed-optimizer buffer layout; see shard_layout.h for the
+// upstream functions each rule follows.
 #include "harness/optim/shard_layout.h"
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 namespace rh::optim {
 
-ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int size) {
+namespace {
+
+int64_t pad_to(int64_t v, int64_t d) { return (v + d - 1) / d * d; }
+
+}  // namespace
+
+ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int size, const BufferOptions& opt,
+                              std::vector<size_t> model_order) {
   if (size < 1) throw std::invalid_argument("ShardLayout: data-parallel size " + std::to_string(size) + " < 1");
   if (rank < 0 || rank >= size)
     throw std::invalid_argument("ShardLayout: rank " + std::to_string(rank) + " outside [0, " +
                                 std::to_string(size) + ")");
+  for (int64_t n : numels)
+    if (n < 0) throw std::invalid_argument("ShardLayout: negative parameter size");
+  if (model_order.empty())
+    for (size_t i = 0; i < numels.size(); ++i) model_order.push_back(i);
+  std::vector<bool> seen(numels.size(), false);
+  if (model_order.size() != numels.size()) throw std::invalid_argument("ShardLayout: model_order is not a permutation");
+  for (size_t k : model_order) {
+    if (k >= numels.size() || seen[k]) throw std::invalid_argument("ShardLayout: model_order is not a permutation");
+    seen[k] = true;
+  }
   ShardLayout L;
   L.rank = rank;
   L.size = size;
   L.numels = numels;
-  for (int64_t n : numels) {
-    if (n < 0) throw std::invalid_argument("ShardLayout: negative parameter size");
-    L.offsets.push_back(L.total);
-    L.total += n;
+  L.offsets.assign(numels.size(), 0);
+  L.bucket_of.assign(numels.size(), 0);
+  // param_layout.py bucket_end_divisor: lcm(dp, 128), or lcm(dp, 128, 2^16).
+  int64_t divisor = std::lcm(static_cast<int64_t>(size), int64_t{128});
+  if (opt.pad_for_high_nccl_busbw) divisor = std::lcm(divisor, int64_t{1} << 16);
+  const bool bucketed = opt.bucket_size > 0;
+  int64_t param_start = 0, bucket_start = 0, param_end = 0;
+  bool open = false;   // the current bucket holds a param
+  auto finalize = [&](int64_t end) {
+    const int64_t padded = pad_to(end, divisor);
+    L.buckets.emplace_back(bucket_start, padded);
+    return padded;
+  };
+  // _compute_per_buffer_param_layout: `for param in params[::-1]`.
+  for (size_t j = model_order.size(); j-- > 0;) {
+    const size_t k = model_order[j];
+    param_start = pad_to(param_start, 64);   // pad_param_start
+    param_end = param_start + numels[k];
+    L.offsets[k] = param_start;
+    L.bucket_of[k] = static_cast<int>(L.buckets.size());
+    open = true;
+    if (bucketed && param_end - bucket_start >= opt.bucket_size) {
+      bucket_start = finalize(param_end);
+      param_start = bucket_start;
+      open = false;
+    } else {
+      param_start = param_end;
+    }
   }
-  L.shard = (L.total + size - 1) / size;
+  if (open) finalize(param_end);
+  L.total = L.buckets.empty() ? 0 : L.buckets.back().second;
   return L;
 }
 
-int64_t ShardLayout::lo(int r) const { return std::min(total, static_cast<int64_t>(r) * shard); }
-int64_t ShardLayout::hi(int r) const { return std::min(total, static_cast<int64_t>(r + 1) * shard); }
+std::vector<ShardLayout::Range> ShardLayout::ranges(int r) const {
+  std::vector<Range> out;
+  for (const auto& [b, e] : buckets) {
+    const int64_t n = (e - b) / size;   // divisible: the end is padded to a multiple of dp
+    out.emplace_back(b + r * n, b + (r + 1) * n);
+  }
+  return out;
+}
 
-std::pair<int64_t, int64_t> ShardLayout::piece(size_t i, int r) const {
-  const int64_t a = offsets.at(i), b = a + numels.at(i);
-  const int64_t s = std::max(a, lo(r)), e = std::min(b, hi(r));
-  if (s >= e) return {0, 0};
-  return {s - a, e - a};
+ShardLayout::Range ShardLayout::piece(size_t i, int r) const {
+  const int64_t a = offsets.at(i), z = a + numels.at(i);
+  if (a == z) return {0, 0};
+  const auto& [b, e] = buckets.at(static_cast<size_t>(bucket_of.at(i)));
+  const int64_t n = (e - b) / size;
+  const int64_t s = std::max(a, b + r * n), t = std::min(z, b + (r + 1) * n);
+  if (s >= t) return {0, 0};
+  return {s - a, t - a};
 }
 
 int ShardLayout::owner(int64_t flat) const {
-  if (flat < 0 || flat >= total) throw std::out_of_range("ShardLayout::owner: flat index out of range");
-  return static_cast<int>(flat / shard);
+  if (flat < 0 || flat >= total) throw std::out_of_range("ShardLayout::owner: buffer index out of range");
+  auto it = std::upper_bound(buckets.begin(), buckets.end(), flat,
+                             [](int64_t f, const Range& b) { return f < b.second; });
+  const int64_t n = (it->second - it->first) / size;
+  return static_cast<int>((flat - it->first) / n);
+}
+
+int64_t ShardLayout::local_index(int r, int64_t flat) const {
+  int64_t before = 0;
+  for (const auto& [b, e] : buckets) {
+    const int64_t n = (e - b) / size;
+    if (flat < e) {
+      const int64_t lo = b + r * n;
+      if (flat < lo || flat >= lo + n) throw std::out_of_range("ShardLayout::local_index: not rank r's index");
+      return before + flat - lo;
+    }
+    before += n;
+  }
+  throw std::out_of_range("ShardLayout::local_index: buffer index out of range");
 }
 
 bool ShardLayout::is_split(size_t i) const {
@@ -52,8 +122,8 @@ std::vector<size_t> ShardLayout::split_params() const {
 }
 
 std::string ShardLayout::describe() const {
-  return "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": flat [" + std::to_string(lo(rank)) +
-         ", " + std::to_string(hi(rank)) + ") of " + std::to_string(total);
+  return "rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " + std::to_string(buckets.size()) +
+         " bucket(s), " + std::to_string(per_rank()) + " of " + std::to_string(total) + " buffer elements";
 }
 
 }  // namespace rh::optim

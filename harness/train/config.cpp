@@ -81,6 +81,14 @@ std::vector<Field> fields(RunConfig& c) {
       {"optimizer", "scale_zero_guard", "--scale-zero-guard",
        "not upstream: fp16/fp8 states whose scale has no finite reciprocal (all-zero) keep zeros "
        "instead of TE's 0 * inf = NaN fp8 codes", &o.scale_zero_guard},
+      {"optimizer", "ddp_bucket_size", "--ddp-bucket-size",
+       "data parallel: elements per bucket of Megatron's param/grad buffer (0 = one bucket, upstream's "
+       "default without --overlap-grad-reduce)", &o.ddp_bucket_size},
+      {"optimizer", "ddp_pad_buckets_for_high_nccl_busbw", "--ddp-pad-buckets-for-high-nccl-busbw",
+       "data parallel: pad bucket ends to lcm(dp, 128, 2^16) instead of lcm(dp, 128)", &o.ddp_pad_buckets_for_high_nccl_busbw},
+      {"optimizer", "shared_dp_scale", "--shared-dp-scale",
+       "not upstream: ranks holding parts of one fp16/fp8 state share one scale (all-reduced amax) "
+       "instead of TE's per-shard scale", &o.shared_dp_scale},
       {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
       {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
       {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},

@@ -243,6 +243,7 @@ ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
   const TrainJob& job = run.job;
   ckpt::LoadOptions opts;
   opts.allow_lossy = job.allow_lossy;
+  opts.exact_master_conversion = job.exact_master_conversion;
   if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
   if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
   if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");

@@ -72,6 +72,7 @@ struct TrainJob {
   std::string load;               // if set: resume from this checkpoint root or iter_ directory
   Fault fault = Fault::none;
   bool allow_lossy = false;       // accept lossy conversions on load
+  bool exact_master_conversion = false;   // LoadOptions::exact_master_conversion
   bool dump_states = false;       // write state dumps (at save / right after load) for comparison
   bool quiet = false;
   bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect

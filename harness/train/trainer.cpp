@@ -75,8 +75,12 @@ Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
     throw std::invalid_argument("data parallel on --device cuda needs ProcessGroupNCCL, which this build does not have");
   model_ = models::make_moe_transformer(cfg_.model, cfg_.train.seed, device_);
   model_->train();
+  // Megatron's buffers hold the model's params (module.parameters() order) reversed, whatever
+  // the optimizer's grouping: the data-parallel layout follows the model's order.
+  std::vector<std::string> model_order;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) model_order.push_back(item.key());
   optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay),
-                                                      cfg_.optim, group_);
+                                                      cfg_.optim, group_, model_order);
   state_.opt_param_scheduler = scheduler_from_config(cfg_);
   sched_args_ = scheduler_args_from_config(cfg_);
 }

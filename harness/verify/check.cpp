@@ -54,6 +54,7 @@ bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, Chec
                                    "--dump-states", "--quiet", "--load", runs.checkpoint.string(),
                                    "--fault", to_string(s.fault)};
   if (s.allow_lossy) argv.push_back("--allow-lossy");
+  if (s.exact_master_conversion) argv.push_back("--exact-master-conversion");
   if (s.resume_dp() > 1) argv.insert(argv.end(), {"--nproc", std::to_string(s.resume_dp())});
   const auto e = run_process(argv, log.string(), o.timeout_s, /*prestarted=*/true);
   const fs::path result = dir / "resumed" / kLoadResultFile;
@@ -230,6 +231,10 @@ void judge_expectation(const Scenario& s, CheckResult& r) {
     case Expectation::Kind::exact:
       if (identical) return set(true, "bit-exact resume");
       return set(false, "expected bit-exact resume; first divergence: " + found);
+    case Expectation::Kind::refused:
+      if (refused) return set(true, "load refused as expected: " + r.load_error);
+      return set(false, "expected the load to be refused (" + s.expect.reason + ") but it loaded" +
+                            (identical ? " and resumed bit-exact" : "; first divergence: " + found));
     case Expectation::Kind::diverge:
       if (!identical) return set(true, "difference caught as expected: " + found);
       return set(false, "expected a difference (" + s.expect.reason + ") but the resume was bit-exact");

@@ -180,12 +180,16 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
     } else if (key == "allow_lossy") {
       if (!v.is_boolean()) fail(file, v, key, "expected true or false");
       s.allow_lossy = v.as_boolean()->get();
+    } else if (key == "exact_master_conversion") {
+      if (!v.is_boolean()) fail(file, v, key, "expected true or false");
+      s.exact_master_conversion = v.as_boolean()->get();
     } else if (key == "expect") {
       const std::string e = need_string(file, v, key);
       if (e == "exact") s.expect.kind = Expectation::Kind::exact;
       else if (e == "tolerance") s.expect.kind = Expectation::Kind::tolerance;
       else if (e == "diverge") s.expect.kind = Expectation::Kind::diverge;
-      else fail(file, v, key, "expected exact, tolerance or diverge, got '" + e + "'");
+      else if (e == "refused") s.expect.kind = Expectation::Kind::refused;
+      else fail(file, v, key, "expected exact, tolerance, diverge or refused, got '" + e + "'");
     } else if (key == "reason") {
       s.expect.reason = need_string(file, v, key);
     } else if (key == "tolerance") {
@@ -208,7 +212,7 @@ void apply_setting(Scenario& s, const std::string& key, const toml::node& v, con
       }
     } else {
       fail(file, v, key, "unknown key (expected model, optimizer, train, description, save_at, "
-                         "save_policy, compress, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, expect, reason, tolerance, "
+                         "save_policy, compress, save_overrides, fault, dp_size, resume_dp_size, allow_lossy, exact_master_conversion, expect, reason, tolerance, "
                          "trainer, expect_diagnosis, expect_first_divergence)");
     }
   } catch (const ScenarioError&) {
@@ -261,8 +265,8 @@ void check_complete(const Scenario& s, const toml::node& at) {
     } catch (const std::invalid_argument& e) {
       fail(s.file, at, s.name, e.what());
     }
-    if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy)
-      fail(s.file, at, s.name, "fault, dp_size, resume_dp_size and allow_lossy are the built-in trainer's; "
+    if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy || s.exact_master_conversion)
+      fail(s.file, at, s.name, "fault, dp_size, resume_dp_size, allow_lossy and exact_master_conversion are the built-in trainer's; "
                                "an external trainer's own flags go in trainer.args");
   } else if (!s.expect_diagnosis.empty()) {
     fail(s.file, at, s.name, "expect_diagnosis needs an external trainer ([trainer])");
@@ -473,6 +477,7 @@ std::string to_string(Expectation::Kind k) {
     case Expectation::Kind::exact: return "exact";
     case Expectation::Kind::tolerance: return "tolerance";
     case Expectation::Kind::diverge: return "diverge";
+    case Expectation::Kind::refused: return "refused";
   }
   return "?";
 }

@@ -25,7 +25,8 @@ struct Tolerance {
 };
 
 struct Expectation {
-  enum class Kind { exact, tolerance, diverge } kind = Kind::exact;
+  // refused: the resumed run's load must be refused (exit 2, load_result.json says so).
+  enum class Kind { exact, tolerance, diverge, refused } kind = Kind::exact;
   std::map<std::string, Tolerance> tolerances;   // metric name -> tolerance (kind == tolerance)
   std::string reason;                            // required unless exact
 };
@@ -44,6 +45,7 @@ struct Scenario {
   int64_t resume_dp() const { return resume_dp_size > 0 ? resume_dp_size : dp_size; }
   bool resharded() const { return resume_dp() != dp_size; }
   bool allow_lossy = false;  // the load accepts lossy conversions (policies that lose bits)
+  bool exact_master_conversion = false;   // the load converts master modes exactly (not upstream)
   Expectation expect;
   // An external trainer's commands instead of the built-in model (external.h); cfg then only
   // gives N (cfg.train.iterations, set by trainer.iterations).
