@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/python_reference.h"
 #include "tests/model_test_util.h"
 
 namespace rh::models::testing {
@@ -68,14 +69,7 @@ TEST_P(MoELayerTest, RouterTopKAndLossesMatchHandComputedCase) {
 // (a bf16 model with --moe-router-dtype none) give the bf16 result bit for bit; fp32 and fp64
 // logits give theirs within 2 ulps (the order of a float sum over 4-8 values may differ).
 const nlohmann::json& megatron_reference() {
-  static const nlohmann::json j = [] {
-    const std::string out = std::string(RH_BINARY_DIR) + "/megatron_reference_moe.json";
-    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/megatron_reference.py " + out;
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-    std::ifstream f(out);
-    return nlohmann::json::parse(f);
-  }();
-  return j;
+  return rh::testing::python_reference("megatron_reference.py", "megatron_reference_moe.json");
 }
 
 TEST_P(MoELayerTest, ZLossIsComputedInTheRouterLogitsDtype) {

@@ -12,19 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/python_reference.h"
 #include "harness/optim/clip.h"
 
 namespace {
 
 const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    const std::string out = std::string(RH_BINARY_DIR) + "/megatron_reference_clip.json";
-    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/megatron_reference.py " + out;
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-    std::ifstream f(out);
-    return nlohmann::json::parse(f);
-  }();
-  return j;
+  return rh::testing::python_reference("megatron_reference.py", "megatron_reference_clip.json");
 }
 
 uint32_t bits(float f) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/python_reference.h"
 #include "harness/optim/shard_layout.h"
 
 using rh::optim::BufferOptions;
@@ -23,14 +24,7 @@ using rh::optim::ShardLayout;
 namespace {
 
 const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    const std::string out = std::string(RH_BINARY_DIR) + "/megatron_layout_reference.json";
-    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/megatron_layout_reference.py " + out;
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-    std::ifstream f(out);
-    return nlohmann::json::parse(f);
-  }();
-  return j;
+  return rh::testing::python_reference("megatron_layout_reference.py", "megatron_layout_reference.json");
 }
 
 constexpr int kCases = 14;   // tests/megatron_layout_reference.py CASES

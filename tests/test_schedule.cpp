@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/python_reference.h"
 #include "harness/train/env.h"
 #include "harness/train/schedule.h"
 #include "harness/train/trainer.h"
@@ -31,14 +32,7 @@
 namespace {
 
 const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    const std::string out = std::string(RH_BINARY_DIR) + "/sched_reference.json";
-    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/sched_reference.py " + out;
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-    std::ifstream f(out);
-    return nlohmann::json::parse(f);
-  }();
-  return j;
+  return rh::testing::python_reference("sched_reference.py", "sched_reference.json");
 }
 
 uint64_t bits(double d) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/python_reference.h"
 #include "bench/scale_roundtrip.h"
 #include "harness/optim/adam_step.h"
 
@@ -21,14 +22,7 @@ namespace {
 using namespace rh::optim;
 
 const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    const std::string out = std::string(RH_BINARY_DIR) + "/te_reference.json";
-    const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/te_reference.py " + out;
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-    std::ifstream f(out);
-    return nlohmann::json::parse(f);
-  }();
-  return j;
+  return rh::testing::python_reference("te_reference.py", "te_reference.json");
 }
 
 uint32_t bits(float f) {
@@ -70,7 +64,9 @@ TEST_P(TeScaleRoundTrip, StridedAmaxCountsMatchNumpy) {
   EXPECT_EQ(sc, want.at("scale_changed").get<int64_t>()) << "kept scale changes";
   EXPECT_EQ(si, want.at("scale_inv_changed").get<int64_t>()) << "decode scale changes";
   EXPECT_EQ(co, want.at("codes_changed").get<int64_t>()) << "codes change";
-  if (fp8) EXPECT_GT(sc, 0) << "fp8's kept scale = amax/448 is not always recovered from 448 * scale_inv";
+  if (fp8) {
+    EXPECT_GT(sc, 0) << "fp8's kept scale = amax/448 is not always recovered from 448 * scale_inv";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, TeScaleRoundTrip, ::testing::Values(RtCase{false, "fp16"}, RtCase{true, "fp8"}),

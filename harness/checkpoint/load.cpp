@@ -8,11 +8,14 @@
 // apply and its undo in load_apply.cpp.
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/fsutil.h"
@@ -155,20 +158,13 @@ TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) 
 // first gather).
 void check_shard_files(const Verified& v, const std::string& mpath) {
   const JsonField m(v.manifest, "checkpoint file " + mpath);
-  // A range's flat_begin is its offset in the optimizer's flat buffer: the sizes of the params
-  // before it in /optimizer/params (from model.safetensors), plus begin (save.cpp writes it so).
+  // A range's flat_begin is its offset in the optimizer's flat buffer (save.cpp writes the
+  // param's buffer offset + begin). The buffer's layout (Megatron's: reverse model order, padding,
+  // buckets) depends on the run's options, so it is not rebuilt here; what holds for any layout:
+  // every range of one param gives it the same buffer offset (flat_begin - begin), and no two
+  // params' [offset, offset + numel) overlap (numel from model.safetensors).
   std::map<std::string, int64_t> flat_offset;
-  {
-    const SafetensorsFile& mf = v.files.at(kModelFile);   // shard_index refused a manifest without it
-    int64_t at = 0;
-    m["optimizer"]["params"].each([&](const JsonField& p) {
-      const std::string name = p["name"].str();
-      const TensorInfo* ti = mf.find(name);
-      if (!ti) return;   // load's check_optimizer names the missing param
-      flat_offset.emplace(name, at);
-      at += static_cast<int64_t>(ti->numel());
-    });
-  }
+  const SafetensorsFile& mf = v.files.at(kModelFile);   // shard_index refused a manifest without it
   std::set<std::string> files;
   std::set<int64_t> ranks;
   std::map<std::pair<std::string, std::string>, int64_t> range_len;   // (file, param) -> end - begin
@@ -184,13 +180,26 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
       const std::string p = r["param"].str();
       if (!range_len.emplace(std::make_pair(file, p), r["end"].i64() - r["begin"].i64()).second)
         r["param"].fail("shard " + file + " holds two ranges of '" + quote_text(p) + "'");
-      auto off = flat_offset.find(p);
-      if (r.has("flat_begin") && off != flat_offset.end() && r["flat_begin"].i64(0, int64_t(1) << 50) != off->second + r["begin"].i64())
-        r["flat_begin"].fail(std::to_string(r["flat_begin"].i64()) + ", but '" + quote_text(p) + "' starts at flat offset " +
-                             std::to_string(off->second) + " of the optimizer's params and the range at its element " +
+      if (!r.has("flat_begin")) return;
+      const int64_t offset = r["flat_begin"].i64(0, int64_t(1) << 50) - r["begin"].i64();
+      auto [off, first] = flat_offset.emplace(p, offset);
+      if (!first && off->second != offset)
+        r["flat_begin"].fail(std::to_string(r["flat_begin"].i64()) + ", but another range of '" + quote_text(p) +
+                             "' puts the param at flat offset " + std::to_string(off->second) + " and this range starts at its element " +
                              std::to_string(r["begin"].i64()) + ": expected " + std::to_string(off->second + r["begin"].i64()));
     });
   });
+  {
+    std::vector<std::tuple<int64_t, int64_t, std::string>> spans;   // (offset, end, param)
+    for (const auto& [p, off] : flat_offset)
+      if (const TensorInfo* ti = mf.find(p)) spans.emplace_back(off, off + static_cast<int64_t>(ti->numel()), p);
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
+        m["shards"].fail("flat_begin puts '" + quote_text(std::get<2>(spans[i])) + "' at flat offset " +
+                         std::to_string(std::get<0>(spans[i])) + ", inside '" + quote_text(std::get<2>(spans[i - 1])) +
+                         "' [" + std::to_string(std::get<0>(spans[i - 1])) + ", " + std::to_string(std::get<1>(spans[i - 1])) + ")");
+  }
   if (m.has("dp_size")) {
     const int64_t n = m["dp_size"].i64();
     if (static_cast<int64_t>(ranks.size()) != n || (!ranks.empty() && *ranks.rbegin() != n - 1))

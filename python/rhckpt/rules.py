@@ -249,12 +249,10 @@ def check_shard_files(j, path, numel_of, model_numel):
     in the optimizer's flat buffer (check_shard_files in load.cpp). numel_of(file, key) gives a
     stored tensor's element count, model_numel {param: numel} model.safetensors' sizes."""
     m = Field(j, path)
-    flat_offset, at = {}, 0   # a range's flat_begin: the params before it (model sizes) + begin
-    for p in m["optimizer"]["params"].each():
-        name = p["name"].str()
-        if name in model_numel:
-            flat_offset.setdefault(name, at)
-            at += model_numel[name]
+    # A range's flat_begin is the param's buffer offset + begin. The buffer layout depends on the
+    # run's options, so what is checked holds for any layout: every range of a param gives it the
+    # same offset, and no two params' [offset, offset + numel) overlap.
+    flat_offset = {}
     files, ranks, range_len = set(), set(), {}
     for sh in m["shards"].each():
         file = sh["file"].str()
@@ -273,12 +271,20 @@ def check_shard_files(j, path, numel_of, model_numel):
             if (file, p) in range_len:
                 r["param"].fail("shard %s holds two ranges of '%s'" % (file, quote(p)))
             range_len[(file, p)] = r["end"].v - r["begin"].v
-            if r.has("flat_begin") and p in flat_offset:
+            if r.has("flat_begin"):
                 fb = r["flat_begin"].i64(0, 1 << 50)
-                if fb != flat_offset[p] + r["begin"].v:
-                    r["flat_begin"].fail("%d, but '%s' starts at flat offset %d of the optimizer's params and the range at "
-                                         "its element %d: expected %d" % (fb, quote(p), flat_offset[p], r["begin"].v,
-                                                                         flat_offset[p] + r["begin"].v))
+                offset = fb - r["begin"].v
+                if p not in flat_offset:
+                    flat_offset[p] = offset
+                elif flat_offset[p] != offset:
+                    r["flat_begin"].fail("%d, but another range of '%s' puts the param at flat offset %d and this range "
+                                         "starts at its element %d: expected %d" % (fb, quote(p), flat_offset[p], r["begin"].v,
+                                                                                   flat_offset[p] + r["begin"].v))
+    spans = sorted((off, off + model_numel[p], p) for p, off in flat_offset.items() if p in model_numel)
+    for prev, cur in zip(spans, spans[1:]):
+        if cur[0] < prev[1]:
+            m["shards"].fail("flat_begin puts '%s' at flat offset %d, inside '%s' [%d, %d)"
+                             % (quote(cur[2]), cur[0], quote(prev[2]), prev[0], prev[1]))
     if m.has("dp_size"):
         n = m["dp_size"].v
         if len(ranks) != n or (ranks and max(ranks) != n - 1):
