@@ -238,10 +238,12 @@ nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param)
 }
 
 const std::vector<Damage> kDamages = {
-    // "w" (231 elements) is split at 128 between the ranks: move the boundary to 129.
+    // "w" (231 elements) is split at 128 between the ranks: move the boundary to 129 (flat_begin
+    // follows, so the ranges still place "w" at one buffer offset and the lengths are what differ).
     {"ShardBoundaryMovedByOne", [](nlohmann::json& m) {
        range_of(m, 0, "w")["end"] = 129;
        range_of(m, 1, "w")["begin"] = 129;
+       range_of(m, 1, "w")["flat_begin"] = range_of(m, 1, "w")["flat_begin"].get<int64_t>() + 1;
      }, "elements, but its shard's range of 'w' has"},
     {"ShardFilesSwapped", [](nlohmann::json& m) { std::swap(m["shards"][0]["file"], m["shards"][1]["file"]); },
      "(shard files swapped or renamed)"},
