@@ -282,20 +282,42 @@ std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::s
   return dir.string();
 }
 
-void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scenario>& scenarios,
-                                const std::string& golden_dir) {
-  // What a matrix run removes or writes below its run directory, and what `report` writes after
-  // it (reports/report.cpp checks those again: `report` runs on its own too).
+void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<std::string>& cells) {
+  // What a matrix run (or a merge) removes or writes below its run directory, and what `report`
+  // writes after it (reports/report.cpp checks those again: `report` runs on its own too).
   std::vector<std::string> below = {"scenarios", "baselines",   "summary.csv", "summary.json", "junit.xml",
                                     "report.md", "report.html", "projection.csv", "plots", "phases.json"};
-  for (const auto& s : scenarios) below.push_back("scenarios/" + safe_name(s.name));
+  for (const auto& c : cells) below.push_back("scenarios/" + safe_name(c));
   refuse_symlinks_below(run_dir, below);
+}
+
+void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scenario>& scenarios,
+                                const std::string& golden_dir) {
+  std::vector<std::string> cells;
+  for (const auto& s : scenarios) cells.push_back(s.name);
+  refuse_symlinks_in_run_dir(run_dir, cells);
   if (golden_dir.empty()) return;
   for (const auto& s : scenarios) refuse_symlinks_below(golden_dir, safe_name(s.name) + ".csv");
 }
 
+namespace {
+
+// The scenarios of o.file that o.filter selects; none is bad input, with the closest name.
+std::vector<Scenario> select_or_refuse(const MatrixOptions& o) {
+  auto all = load_scenarios(o.file);
+  auto sel = select_scenarios(all, o.filter);
+  if (sel.empty()) {
+    std::vector<std::string> names;
+    for (const auto& s : all) names.push_back(s.name);
+    throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'" + did_you_mean(o.filter, names));
+  }
+  return sel;
+}
+
+}  // namespace
+
 std::vector<std::string> list_matrix(const MatrixOptions& o) {
-  auto sel = select_scenarios(load_scenarios(o.file), o.filter);
+  auto sel = select_or_refuse(o);
   std::vector<std::string> out;
   const ShardPlan sp = plan_shards(sel, o.shard.active() ? o.shard.count : 1);
   for (size_t i = 0; i < sel.size(); ++i)
@@ -304,13 +326,7 @@ std::vector<std::string> list_matrix(const MatrixOptions& o) {
 }
 
 MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
-  auto all = load_scenarios(o.file);
-  auto sel = select_scenarios(all, o.filter);
-  if (sel.empty()) {
-    std::vector<std::string> names;
-    for (const auto& s : all) names.push_back(s.name);
-    throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'" + did_you_mean(o.filter, names));
-  }
+  auto sel = select_or_refuse(o);
   RunSummary summary;
   summary.file = o.file;
   summary.filter = o.filter;

@@ -45,6 +45,8 @@ MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log);
 // before anything is written.
 void refuse_symlinks_in_run_dir(const std::filesystem::path& run_dir, const std::vector<Scenario>& scenarios,
                                 const std::string& golden_dir);
+// The same for a run directory of these cells (by name), without goldens (report --merge).
+void refuse_symlinks_in_run_dir(const std::filesystem::path& run_dir, const std::vector<std::string>& cells);
 
 // run_dir/scenarios/<safe_name(scenario)>: the only directory a matrix run removes and rewrites
 // for a scenario. Throws ScenarioError for a name safe_name refuses.

@@ -9,6 +9,7 @@
 #include "harness/base/no_follow.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/json_guard.h"
+#include "harness/verify/matrix.h"
 #include "harness/verify/scenario_name.h"
 #include "harness/verify/writers.h"
 
@@ -197,10 +198,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
       rows[name] = recs[i];
     }
   }
-  std::vector<std::string> below = {"scenarios", "summary.csv", "summary.json", "junit.xml",
-                                    "report.md", "report.html", "projection.csv", "plots"};
-  for (const auto& c : cells) below.push_back("scenarios/" + safe_name(c));
-  refuse_symlinks_below(out_dir, below);
+  refuse_symlinks_in_run_dir(out_dir, cells);
   fs::create_directories(out_dir / "scenarios");
 
   std::string csv = header;
