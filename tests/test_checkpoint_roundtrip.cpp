@@ -1,12 +1,15 @@
 // Round trip of every storage mode x save policy: train a few steps, save, load into a fresh
-// optimizer, and compare each state bit for bit with an independently predicted result:
-// native restores exactly; fp32 re-stores unscaled values (fp16/fp8 scales recomputed); per_key
-// casts moments to their dtype without a scale (fp16 unscaled, fp8 by truncating value copy).
+// optimizer, and compare each state bit for bit with a result predicted independently of the
+// harness (tests/roundtrip_reference.py, numpy): native restores exactly; the fp32 formats
+// re-store unscaled values (fp16/fp8 scales recomputed); per_key casts moments to their dtype
+// without a scale (fp16 unscaled, fp8 by truncating value copy).
 // Lossy outcomes must be refused without allow_lossy, leave the target untouched, and match the
 // prediction with it. Also: master-mode conversions, overrides, skip_keys, disk accounting.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "checkpoint_fixture.h"
 #include "harness/checkpoint/policy.h"
@@ -16,26 +19,57 @@ using namespace rh::ckpt;
 
 namespace {
 
-// The PR's per-key cast of an unscaled fp32 value and back to fp32, written independently of the
-// harness: fp8 is "float copied into uint8" as x86 does it (truncate to int32, keep the low byte).
-torch::Tensor per_key_cast_roundtrip(const torch::Tensor& v, Dtype d) {
-  switch (d) {
-    case Dtype::fp32: return v.clone();
-    case Dtype::bf16: return v.to(torch::kBFloat16).to(torch::kFloat);
-    case Dtype::fp16: return v.to(torch::kHalf).to(torch::kFloat);
-    case Dtype::fp8: {
-      torch::Tensor out = torch::empty_like(v);
-      auto in = v.contiguous();
-      const float* src = in.data_ptr<float>();
-      float* dst = out.data_ptr<float>();
-      for (int64_t i = 0; i < v.numel(); ++i) {
-        EXPECT_TRUE(std::isfinite(src[i]) && std::fabs(src[i]) < 2e9f);
-        dst[i] = static_cast<float>(static_cast<uint8_t>(static_cast<int32_t>(src[i])));
-      }
-      return out;
-    }
-    default: ADD_FAILURE() << "no per_key cast for int16"; return v;
+// The stored codes as unsigned integers (fp32 / bf16 / fp16 / fp8 bit patterns).
+nlohmann::json code_bits(const torch::Tensor& data) {
+  torch::Tensor t = data.contiguous().view({-1});
+  torch::Tensor u;
+  switch (t.element_size()) {
+    case 4: u = t.view(torch::kInt).to(torch::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFFLL)); break;
+    case 2: u = t.view(torch::kShort).to(torch::kLong).bitwise_and(static_cast<int64_t>(0xFFFF)); break;
+    default: u = t.view(torch::kByte).to(torch::kLong); break;
   }
+  nlohmann::json out = nlohmann::json::array();
+  const int64_t* p = u.data_ptr<int64_t>();
+  for (int64_t i = 0; i < u.numel(); ++i) out.push_back(static_cast<uint64_t>(p[i]));
+  return out;
+}
+
+// The reference's prediction as a StoredState shaped like `like`.
+StoredState from_reference(const nlohmann::json& j, const StoredState& like) {
+  StoredState e = like;
+  const auto& bits = j.at("bits");
+  torch::Tensor u = torch::empty({static_cast<int64_t>(bits.size())}, torch::kLong);
+  for (size_t i = 0; i < bits.size(); ++i) u[static_cast<int64_t>(i)] = bits[i].get<int64_t>();
+  switch (like.data.element_size()) {
+    case 4: u = u.to(torch::kInt); break;
+    case 2: u = u.to(torch::kInt).to(torch::kShort); break;   // wraps 0x8000.. to negative: same bits
+    default: u = u.to(torch::kByte); break;
+  }
+  e.data = u.view(like.data.scalar_type()).view(like.data.sizes()).clone();
+  e.scale = j.at("scale").is_null() ? std::nullopt : std::optional<float>(j.at("scale").get<float>());
+  e.scale_inv = j.at("scale_inv").is_null() ? std::nullopt : std::optional<float>(j.at("scale_inv").get<float>());
+  return e;
+}
+
+// For a failure message: dtype, scales and the first codes.
+std::string describe(const StoredState& s) {
+  std::ostringstream o;
+  o << rh::optim::to_string(s.dtype) << " scale " << (s.scale ? std::to_string(*s.scale) : "-") << " scale_inv "
+    << (s.scale_inv ? std::to_string(*s.scale_inv) : "-") << " codes " << code_bits(s.data.view({-1}).narrow(0, 0, std::min<int64_t>(6, s.data.numel()))).dump();
+  return o.str();
+}
+
+// Runs tests/roundtrip_reference.py on `in`; returns its output.
+// Its files (stem_in.json, stem_out.json) sit beside the test's directory and are removed.
+nlohmann::json run_reference(const std::string& stem, const nlohmann::json& in) {
+  const std::string ip = stem + "_in.json", op = stem + "_out.json";
+  std::ofstream(ip) << in.dump();
+  const std::string cmd = "/usr/bin/python3 " RH_TESTS_DIR "/roundtrip_reference.py " + ip + " " + op;
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+  nlohmann::json out = nlohmann::json::parse(std::ifstream(op));
+  fs::remove(ip);
+  fs::remove(op);
+  return out;
 }
 
 struct Case {
@@ -119,27 +153,34 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
     opts.exact_master_conversion = true;
   }
 
-  // Predict each restored state independently; a scratch optimizer re-applies storage.
-  Rig scratch = make_rig(mode, 3);
+  // Predict each restored state independently: tests/roundtrip_reference.py (numpy, TE's
+  // get_unscaled_state / _apply_scale rules written out) re-encodes every state a policy widens.
+  nlohmann::json in = {{"states", nlohmann::json::array()}};
   std::map<std::string, StoredState> expect;
-  bool lossy = false;
   for (const auto& p : a.opt->param_names())
     for (StateKey k : kKeys) {
       const StoredState& orig = a.opt->stored(p, k);
-      StoredState e = orig;
+      const std::string key = p + "/" + rh::optim::key_name(k);
+      expect[key] = orig;
       const bool moment = k != StateKey::master_param;
       const bool scaled_master = !moment && orig.dtype == Dtype::fp16;   // re-scaled on load
       if ((moment || scaled_master) && pol != SavePolicyKind::native) {
-        torch::Tensor v = a.opt->get_unscaled_state(p, k);
-        if (pol == SavePolicyKind::per_key)
-          v = per_key_cast_roundtrip(v, k == StateKey::exp_avg ? mode.cfg.exp_avg_dtype : mode.cfg.exp_avg_sq_dtype);
-        scratch.opt->set_scaled_state(p, k, v);
-        e = scratch.opt->stored(p, k);
-        e.data = e.data.clone();
+        const Dtype cast_to = k == StateKey::exp_avg ? mode.cfg.exp_avg_dtype : mode.cfg.exp_avg_sq_dtype;
+        in["states"].push_back({{"key", key}, {"dtype", rh::optim::to_string(orig.dtype)}, {"bits", code_bits(orig.data)},
+                                {"scale", orig.scale ? nlohmann::json(*orig.scale) : nlohmann::json()},
+                                {"scale_inv", orig.scale_inv ? nlohmann::json(*orig.scale_inv) : nlohmann::json()},
+                                {"cast", pol == SavePolicyKind::per_key && moment ? nlohmann::json(rh::optim::to_string(cast_to))
+                                                                                  : nlohmann::json()},
+                                {"guard", mode.cfg.scale_zero_guard}});
       }
-      lossy |= !decodes_equal(e, orig);
-      expect[p + "/" + rh::optim::key_name(k)] = e;
     }
+  const nlohmann::json predicted = run_reference(dir.p.string() + "_reference", in);
+  bool lossy = false;
+  for (auto& [key, e] : expect) {
+    const StoredState orig = e;
+    if (predicted.contains(key)) e = from_reference(predicted.at(key), orig);
+    lossy |= !decodes_equal(e, orig);
+  }
   // The weak spots must actually lose information in these runs.
   const bool low_moments = mode.cfg.exp_avg_dtype == Dtype::fp16 || mode.cfg.exp_avg_dtype == Dtype::fp8;
   if (pol == SavePolicyKind::per_key && low_moments) {
@@ -165,7 +206,8 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   for (const auto& p : a.opt->param_names())
     for (StateKey k : kKeys)
       EXPECT_TRUE(stored_equal(c.opt->stored(p, k), expect[p + "/" + rh::optim::key_name(k)]))
-          << p << "/" << rh::optim::key_name(k);
+          << p << "/" << rh::optim::key_name(k) << ": restored " << describe(c.opt->stored(p, k)) << ", predicted "
+          << describe(expect[p + "/" + rh::optim::key_name(k)]);
   auto pa = a.model->named_parameters(true), pc = c.model->named_parameters(true);
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bytes_equal(pa[i].value(), pc[i].value())) << pa[i].key();
   for (size_t g = 0; g < a.opt->num_groups(); ++g) EXPECT_EQ(c.opt->step_count(g), a.opt->step_count(g));
