@@ -222,3 +222,43 @@ TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {
 }
 
 }  // namespace
+
+// train --load without the flags the run was saved with resumes with the saved configuration
+// (Megatron's --use-checkpoint-args), bit for bit as when every flag is given; a model flag that
+// contradicts the checkpoint is refused naming both values; another given difference is listed.
+TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
+  const fs::path d = fresh_dir("load_saved_config");
+  const std::vector<std::string> flags = {"--train-iters", "4", "--micro-batch-size", "4", "--hidden-size", "48",
+                                          "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                                          "--exp-avg-sq-dtype", "fp8", "--lr-decay-style", "cosine", "--quiet"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), flags.begin(), flags.end());
+    return a;
+  };
+  ASSERT_EQ(tool(d, with({"train", "--out", (d / "saved").string(), "--save", (d / "ck").string(), "--stop-at", "2"})).code, 0);
+  const ToolRun full = tool(d, with({"train", "--out", (d / "full").string(), "--load", (d / "ck").string()}));
+  ASSERT_EQ(full.code, 0) << full.log;
+  const ToolRun bare = tool(d, {"train", "--out", (d / "bare").string(), "--load", (d / "ck").string()});
+  ASSERT_EQ(bare.code, 0) << bare.log;
+  EXPECT_EQ(bare.log.find("differ"), std::string::npos) << bare.log;
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_EQ(slurp(d / "bare" / "config.json"), slurp(d / "full" / "config.json"));
+  EXPECT_NE(slurp(d / "bare" / "config.json").find("\"exp_avg_sq_dtype\": \"fp8\""), std::string::npos)
+      << slurp(d / "bare" / "config.json");
+  EXPECT_EQ(slurp(d / "bare" / "metrics.csv"), slurp(d / "full" / "metrics.csv"));
+  EXPECT_FALSE(slurp(d / "bare" / "metrics.csv").empty());
+
+  const ToolRun contra = tool(d, {"train", "--out", (d / "contra").string(), "--load", (d / "ck").string(),
+                                  "--hidden-size", "32"});
+  expect_bad_input(contra, "config mismatch: ");
+  EXPECT_NE(contra.log.find("was saved with --hidden-size=48, this run has --hidden-size=32"), std::string::npos)
+      << contra.log;
+
+  const ToolRun clip = tool(d, {"train", "--out", (d / "clip").string(), "--load", (d / "ck").string(),
+                                "--clip-grad", "0.5"});
+  EXPECT_EQ(clip.code, 0) << clip.log;
+  EXPECT_NE(clip.log.find("differ from the checkpoint's: --clip-grad=0.5 (saved 1.0)"), std::string::npos) << clip.log;
+}

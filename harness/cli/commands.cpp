@@ -9,8 +9,11 @@
 #include <thread>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 
+#include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/dist/group.h"
 #include "harness/dist/launcher.h"
 #include "harness/dist/prestart.h"
@@ -35,6 +38,7 @@ struct CommandState {
   TrainJob job;
   std::string policy = "native", fault = "none", compress = "none", save_root, save_plan;
   std::vector<std::string> overrides;
+  std::set<std::string> config_keys;   // "section.key" set by --config
   int nproc = 1;
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
@@ -54,13 +58,14 @@ void register_train(CLI::App& app, CommandState& st) {
                                           "fingerprints.csv")->default_val("reports/train");
   train->add_option_function<std::string>(
            "--config",
-           [&job](const std::string& file) { job.cfg = load_run_config_file(file); },
+           [&st](const std::string& file) { st.job.cfg = load_run_config_file(file, &st.config_keys); },
            "run config JSON (as written to config.json / manifests); later flags override it")
       ->trigger_on_parse();
   train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
   train->add_option("--stop-at", job.stop_at, "stop after this iteration (default: --train-iters)");
   train->add_option("--load", job.load, "resume from this checkpoint root or iter_ directory "
-                                        "(writes load_result.json into --out)");
+                                        "(writes load_result.json into --out); model, optimizer and "
+                                        "training settings not given as flags are the checkpoint's");
   train->add_option("--fault", st.fault, "deliberate fault on load (for the resume check; needs --load)")
       ->check(CLI::IsMember(fault_names()))
       ->default_str("none");
@@ -124,8 +129,45 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>", st.list);
 }
 
+// train --load: every run-config flag not given (nor set by --config) takes the checkpoint's
+// saved value, as Megatron's --use-checkpoint-args; a given model flag that contradicts the saved
+// model is refused naming both values. Other given differences (a new schedule, other state
+// dtypes, a master-mode conversion) are the loader's to accept or refuse, and are listed.
+void adopt_checkpoint_config(CommandState& st) {
+  TrainJob& job = st.job;
+  std::string mpath;
+  nlohmann::json manifest;
+  try {
+    mpath = (std::filesystem::path(ckpt::detail::resolve_checkpoint_dir(job.load)) / ckpt::detail::kManifestFile).string();
+    manifest = ckpt::detail::read_manifest_file(mpath);   // verified by the load itself
+  } catch (const ckpt::CheckpointError&) {
+    return;   // the load itself reports what is missing or damaged, with its exit code
+  }
+  if (!manifest.is_object() || !manifest.contains("run_config")) return;
+  auto given = [&st](const std::string& section, const std::string& key, const std::string& flag) {
+    auto count = [&](const std::string& f) {
+      const CLI::Option* o = st.train_cmd->get_option_no_throw(f);
+      return o != nullptr && o->count() > 0;
+    };
+    return st.config_keys.count(section + "." + key) > 0 || count(flag) || count("--no-" + flag.substr(2));
+  };
+  const auto changes = adopt_saved_config(job.cfg, manifest["run_config"], given, mpath + ": run_config");
+  std::string listed;
+  for (const auto& c : changes) {
+    if (c.section == "model")
+      throw ckpt::CheckpointError("config mismatch: " + mpath + " was saved with " + c.flag + "=" + c.saved +
+                                  ", this run has " + c.flag + "=" + c.now +
+                                  " (leave the flag out to resume with the saved value)");
+    listed += " " + c.flag + "=" + c.now + " (saved " + c.saved + ")";
+  }
+  const char* rank = std::getenv("RANK");   // one line per run: rank 0's, not the launcher's
+  if (!listed.empty() && !job.quiet && st.nproc <= 1 && (rank == nullptr || std::string(rank) == "0"))
+    std::cout << "train: resuming with settings that differ from the checkpoint's:" << listed << "\n";
+}
+
 int run_train_command(CommandState& st, int argc, char** argv) {
   TrainJob& job = st.job;
+  if (!job.load.empty()) adopt_checkpoint_config(st);
   job.fault = parse_fault(st.fault);
   job.remainders_flag_given = st.train_cmd->get_option("--store-param-remainders")->count() > 0;
   if (!st.save_root.empty()) {

@@ -302,7 +302,7 @@ RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where
   return cfg;
 }
 
-RunConfig load_run_config_file(const std::string& path) {
+RunConfig load_run_config_file(const std::string& path, std::set<std::string>* keys_given) {
   std::string text;
   try {
     text = ckpt::read_regular_file(path, kMaxConfigBytes);   // no FIFO, no /dev/zero
@@ -310,7 +310,34 @@ RunConfig load_run_config_file(const std::string& path) {
     throw std::invalid_argument("run config " + std::string(e.what()));
   }
   // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
-  return run_config_from_json(ckpt::parse_json_bounded(text, path), path);
+  const nlohmann::json j = ckpt::parse_json_bounded(text, path);
+  RunConfig cfg = run_config_from_json(j, path);   // validates the shape before keys are listed
+  if (keys_given)
+    for (const auto& [section, body] : j.items())
+      for (const auto& [key, value] : body.items()) keys_given->insert(section + "." + key);
+  return cfg;
+}
+
+std::vector<ConfigChange> adopt_saved_config(
+    RunConfig& cfg, const nlohmann::json& saved,
+    const std::function<bool(const std::string&, const std::string&, const std::string&)>& given,
+    const std::string& where) {
+  std::vector<ConfigChange> changes;
+  if (!saved.is_object()) return changes;
+  for (const auto& f : fields(cfg)) {
+    if (!saved.contains(f.section) || !saved[f.section].is_object() || !saved[f.section].contains(f.key)) continue;
+    const nlohmann::json& was = saved[f.section][f.key];
+    if (!given(f.section, f.key, f.flag)) {
+      field_from_json(f.ptr, was, where, std::string(f.section) + "." + f.key);
+      continue;
+    }
+    const nlohmann::json now = field_to_json(f.ptr);
+    if (now != was) {
+      auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+      changes.push_back({f.section, f.flag, text(was), text(now)});
+    }
+  }
+  return changes;
 }
 
 namespace {

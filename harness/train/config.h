@@ -3,7 +3,10 @@
 // in config.cpp's field table, which drives the command-line flags, the JSON form (manifests) and
 // the TOML form (scenarios), so the three can never disagree.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include <cstdint>
 #include <string>
@@ -66,14 +69,30 @@ nlohmann::json to_json(const RunConfig& cfg);
 // Strict: unknown sections or keys, and values of the wrong type, throw std::invalid_argument
 // naming `where` (a file name or "manifest") and the key.
 RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where);
-// Reads a run-config JSON file (config.json or the run_config of a manifest).
-RunConfig load_run_config_file(const std::string& path);
+// Reads a run-config JSON file (config.json or the run_config of a manifest). keys_given, if not
+// null, receives "section.key" of every key the file sets.
+RunConfig load_run_config_file(const std::string& path, std::set<std::string>* keys_given = nullptr);
 // Applies the keys present in j (sections model/optimizer/train) on top of cfg.
 void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where);
 
 // Registers one command-line flag per field on `app` (Megatron's names for the optimizer),
 // writing into cfg when parsed.
 void add_run_options(CLI::App& app, RunConfig& cfg);
+
+// A field given for a resumed run whose value differs from the checkpoint's saved one.
+struct ConfigChange {
+  std::string section;   // "model" | "optimizer" | "train"
+  std::string flag;      // e.g. "--hidden-size"
+  std::string saved, now;
+};
+// Resuming without the flags a run was saved with (Megatron's --use-checkpoint-args): every field
+// for which given(section, key, flag) is false takes its value from `saved` (a manifest's
+// run_config; keys it lacks keep cfg's value). Returns the given fields that differ from `saved`.
+// A saved value of the wrong type throws std::invalid_argument naming `where` and the key.
+std::vector<ConfigChange> adopt_saved_config(
+    RunConfig& cfg, const nlohmann::json& saved,
+    const std::function<bool(const std::string& section, const std::string& key, const std::string& flag)>& given,
+    const std::string& where);
 
 // Human-readable multi-line dump, printed at the start of a run.
 std::string describe(const RunConfig& cfg);
