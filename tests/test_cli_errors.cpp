@@ -262,3 +262,52 @@ TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
   EXPECT_EQ(clip.code, 0) << clip.log;
   EXPECT_NE(clip.log.find("differ from the checkpoint's: --clip-grad=0.5 (saved 1.0)"), std::string::npos) << clip.log;
 }
+
+// -q prints only what failed and the closing line, -v adds each scenario's directory; inspect -q
+// prints nothing for a good checkpoint and the one DAMAGED line for a damaged one.
+TEST(CliVerbosity, QuietPrintsOnlyFailuresVerboseTheDirectories) {
+  const fs::path d = fresh_dir("verbosity");
+  std::ofstream(d / "m.toml") << R"([defaults]
+save_at = 2
+model = { vocab_size = 32, seq_len = 16, d_model = 16, n_layers = 1, n_heads = 2, ffn_hidden = 16 }
+train = { iterations = 4, global_batch = 4, micro_batch = 2, lr_decay_iters = 4 }
+[[scenario]]
+name = "good"
+[[scenario]]
+name = "bad"
+fault = "reset_lr_schedule"
+)";
+  const ToolRun q = tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--keep-checkpoints",
+                             "--run-dir", (d / "q").string()});
+  EXPECT_EQ(q.code, 1) << q.log;
+  EXPECT_NE(q.log.find("FAIL bad"), std::string::npos) << q.log;
+  EXPECT_EQ(q.log.find("PASS good"), std::string::npos) << q.log;
+  EXPECT_EQ(q.log.find("ETA"), std::string::npos) << q.log;
+  EXPECT_NE(q.log.find("1 passed, 1 failed"), std::string::npos) << q.log;
+  const ToolRun v = tool(d, {"check", "-f", (d / "m.toml").string(), "good", "-v", "--run-dir", (d / "v").string()});
+  EXPECT_EQ(v.code, 0) << v.log;
+  EXPECT_NE(v.log.find("PASS good"), std::string::npos) << v.log;
+  EXPECT_NE(v.log.find("directory: " + (d / "v" / "scenarios" / "good").string()), std::string::npos) << v.log;
+  EXPECT_EQ(tool(d, {"check", "-f", (d / "m.toml").string(), "good", "-q", "-v"}).code, 2) << "-q and -v exclude each other";
+
+  fs::path ckpt;
+  for (const auto& e : fs::recursive_directory_iterator(d / "q" / "baselines"))
+    if (e.path().filename() == "latest_checkpointed_iteration.txt") ckpt = e.path().parent_path();
+  ASSERT_FALSE(ckpt.empty()) << "--keep-checkpoints keeps the baseline's checkpoint";
+  const ToolRun ok = tool(d, {"inspect", "-q", ckpt.string()});
+  EXPECT_EQ(ok.code, 0) << ok.log;
+  EXPECT_EQ(ok.log, "");
+  fs::path victim;
+  for (const auto& e : fs::recursive_directory_iterator(ckpt))
+    if (e.path().extension() == ".safetensors") victim = e.path();
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  const ToolRun bad = tool(d, {"inspect", "-q", ckpt.string()});
+  EXPECT_EQ(bad.code, 1) << bad.log;
+  EXPECT_EQ(bad.log.rfind("DAMAGED", 0), 0u) << bad.log;
+  EXPECT_EQ(std::count(bad.log.begin(), bad.log.end(), '\n'), 1) << bad.log;
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layers of the code, checked: a room includes only rooms below it (or itself), models/
 includes nothing of harness/, and reports/ (which links no LibTorch) includes only LibTorch-free
-headers. The order is the README's layout table and CMakeLists.txt's room list.
+headers. The order is docs/layout.md's table and CMakeLists.txt's room list.
 
   python3 tests/test_layers.py [TOOL]     (the tool argument CTest passes is ignored)
 

@@ -2,6 +2,8 @@
 // JUnit XML validity (parsed by Python's XML parser), and the golden metrics comparison.
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -179,6 +181,8 @@ TEST_P(ScenarioErrors, NameFileLineAndKey) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(p.string() + ":" + std::to_string(c.line)), std::string::npos) << msg;
     EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+    static const std::regex doubled(R"((\b[A-Za-z_.]+): \1: )");   // "save_policy: save_policy: ..."
+    EXPECT_FALSE(std::regex_search(msg, doubled)) << "a doubled prefix: " << msg;
   }
 }
 
@@ -188,7 +192,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"syntax", "[[scenario]]\nname = \"a\"\nsave_at = = 3\n", "", 3},
         BadFile{"unknown_key", "[[scenario]]\nname = \"a\"\nsave_at = 3\nsav_policy = \"native\"\n", "sav_policy", 4},
         BadFile{"bad_type", "[[scenario]]\nname = \"a\"\n\nsave_at = \"ten\"\n", "save_at", 4},
-        BadFile{"bad_policy", "[[scenario]]\nname = \"a\"\nsave_policy = \"fp64\"\n", "save_policy", 3},
+        BadFile{"bad_policy", "[[scenario]]\nname = \"a\"\nsave_policy = \"fp64\"\n", "save_policy: unknown save policy 'fp64'", 3},
         BadFile{"bad_model_key", "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_modle = 3\n", "model.d_modle", 4},
         BadFile{"bad_dtype", "[[scenario]]\nname = \"a\"\n[scenario.optimizer]\nexp_avg_dtype = \"fp64\"\n",
                 "exp_avg_dtype", 4},

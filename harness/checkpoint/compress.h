@@ -1,5 +1,5 @@
 // Lossless compression of checkpoint tensors: byte planes + zstd in independent fixed-size blocks
-// (format in README.md, "Compressed checkpoints"). LibTorch-free: pure bytes in, bytes out.
+// (format in docs/checkpoints.md, "Compressed checkpoints"). LibTorch-free: pure bytes in, bytes out.
 //
 // A tensor's raw bytes (little-endian, row-major, itemsize k) are cut into blocks of
 // kCompressBlockBytes raw bytes (the last one shorter). Each block is split into k byte planes:

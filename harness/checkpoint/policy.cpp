@@ -24,7 +24,7 @@ SavePolicyKind parse_save_policy(const std::string& s) {
   if (s == "per_key") return SavePolicyKind::per_key;
   if (s == "fully_reshardable") return SavePolicyKind::fully_reshardable;
   if (s == "dp_zero") return SavePolicyKind::dp_zero;
-  throw std::invalid_argument("save_policy: unknown policy '" + s +
+  throw std::invalid_argument("unknown save policy '" + s +
                               "' (expected native, dp_reshardable (alias fp32), fully_reshardable, dp_zero or per_key)");
 }
 

@@ -48,7 +48,7 @@ constexpr uint64_t kHashBlock = 32ull << 20;
 WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
                              const std::map<std::string, std::string>& metadata, bool do_fsync);
 
-// Compressed files (compress.h, README "Compressed checkpoints"): a standard safetensors file in
+// Compressed files (compress.h, docs/checkpoints.md "Compressed checkpoints"): a standard safetensors file in
 // which every tensor is stored as a U8 blob of its compressed blocks under its own key, and
 // __metadata__ holds "rh_codec" (kCodecName), "rh_block_bytes" and "rh_tensors": a JSON object
 // per key {"dtype", "shape", "raw_bytes", "blocks": [[modes, [plane bytes], xxh3 stored, xxh3 raw],

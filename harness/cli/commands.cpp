@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "harness/checkpoint/manifest.h"
@@ -42,6 +43,7 @@ struct CommandState {
   int nproc = 1;
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
+  bool inspect_quiet = false, report_quiet = false;   // -q: the exit code alone
   MatrixOptions check, matrix;
   std::string shard;   // matrix --shard I/N
   bool list = false;   // check/matrix --list
@@ -75,7 +77,7 @@ void register_train(CLI::App& app, CommandState& st) {
                   "weight <-> fp32/fp16 master, a widened fp32 remainder back to int16) where upstream "
                   "TransformerEngine fails its set_scaled_state dtype assertion");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
-  train->add_flag("--quiet", job.quiet, "print nothing but errors");
+  train->add_flag("-q,--quiet", job.quiet, "print nothing but errors");
   train->add_option("--nproc", st.nproc,
                     "data parallel: start N local worker processes (ranks) of this command; under "
                     "torchrun or srun leave it out, the ranks come from the environment")
@@ -93,7 +95,7 @@ void register_train(CLI::App& app, CommandState& st) {
                     "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
   train->add_option("--save-plan", st.save_plan,
                     "JSON file of several checkpoints to write of the same state (root, policy, "
-                    "overrides, compress each; README, 'The resume check')");
+                    "overrides, compress each; docs/running.md, 'Shared baselines')");
   add_run_options(*train, job.cfg);
 }
 
@@ -103,6 +105,10 @@ void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& defaul
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   c.add_flag("--list", list, "print the scenarios this selects (filter and --shard applied), run nothing");
+  auto* quiet = c.add_flag_callback("-q,--quiet", [&o] { o.verbosity = 0; },
+                                    "print only the scenarios that failed and the closing line");
+  c.add_flag_callback("-v,--verbose", [&o] { o.verbosity = 2; }, "also print each scenario's directory")
+      ->excludes(quiet);
   c.add_option("--junit", o.junit_path, "also write junit.xml to PATH (CI test reports)");
   c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
   c.add_flag("--keep-checkpoints", o.keep_checkpoints, "keep each scenario's checkpoint in the run directory");
@@ -214,6 +220,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   auto res = run_matrix(o, std::cout);
   if (cmd == st.check_cmd)
     for (const auto& r : res.results) {
+      if (o.verbosity == 0 && r.passed) continue;
       std::cout << r.name << ": " << r.verdict << "\n";
       if (!r.explanation.empty()) std::cout << "  diagnosis: " << r.diagnosis << ": " << r.explanation << "\n";
       for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
@@ -221,7 +228,8 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   if (cmd == st.matrix_cmd && !st.no_report && !o.shard.active()) {
     const std::string dir =
         o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
-    if (write_report(dir, std::cout) == 2) return 2;
+    std::ostream nowhere(nullptr);
+    if (write_report(dir, o.verbosity == 0 ? nowhere : std::cout) == 2) return 2;
   }
   return res.exit_code;
 }
@@ -254,17 +262,31 @@ void register_commands(CLI::App& app, CommandState& st) {
   register_train(app, st);
   st.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
   st.inspect_cmd->add_option("CKPT_DIR", st.inspect_dir, "checkpoint root or iter_ directory")->required();
+  st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
   register_check_and_matrix(app, st);
   register_report_command(app, st.report);
+  st.report.cmd->add_flag("-q,--quiet", st.report_quiet, "print nothing but errors");
+}
+
+// inspect; with -q only a damaged or bad-input verdict is printed (the exit code says the rest).
+int run_inspect_command(CommandState& st) {
+  if (!st.inspect_quiet) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
+  std::ostringstream listing;
+  const int rc = ckpt::inspect_checkpoint(st.inspect_dir, listing);
+  std::istringstream lines(listing.str());
+  for (std::string line; std::getline(lines, line);)
+    if (rc != 0 && (line.rfind("DAMAGED", 0) == 0 || line.rfind(kErrorPrefix, 0) == 0)) std::cout << line << "\n";
+  return rc;
 }
 
 int run_command(CommandState& st, int argc, char** argv) {
   if (*st.train_cmd) return run_train_command(st, argc, argv);
-  if (*st.inspect_cmd) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
+  std::ostream nowhere(nullptr);   // -q: a stream that drops what is written to it
+  if (*st.inspect_cmd) return run_inspect_command(st);
   if (*st.check_cmd) return run_matrix_command(st, st.check_cmd, st.check);
   if (*st.matrix_cmd) return run_matrix_command(st, st.matrix_cmd, st.matrix);
   if (st.report.active() && !st.report.merge.empty()) return run_merge_command(st.report);
-  if (st.report.active()) return run_report_command(st.report, std::cout);
+  if (st.report.active()) return run_report_command(st.report, st.report_quiet ? nowhere : std::cout);
   return 2;
 }
 

@@ -2,7 +2,7 @@
 // nothing else, forked from the matrix command before any scenario is read or any training state
 // or thread exists. A child marked `prestarted` (process.h) starts as a fork of it, running the
 // tool's entry function with its argv, instead of a fork + exec of the executable: it skips loading
-// and initialising LibTorch again (measured in the README, "The resume check"). The isolation of an
+// and initialising LibTorch again (measured in docs/running.md, "Pre-started worker"). The isolation of an
 // exec'ed child stays: the worker holds no state of the baselines trained after it started, and
 // tests/test_prestart.cpp checks that state set in the parent later does not reach a child.
 // Children are started with a double fork and adopted by this process (PR_SET_CHILD_SUBREAPER), so

@@ -162,6 +162,7 @@ class MatrixRun {
 
   // The progress line (sched_.mu held): one redrawn line on a terminal, else a line per change.
   void status(const std::string& current) {
+    if (o_.verbosity == 0) return;
     const double e = elapsed();
     const size_t d = sched_.cells_done;
     const double eta = d ? e / static_cast<double>(d) * static_cast<double>(sel_.size() - d) : 0;
@@ -223,7 +224,7 @@ class MatrixRun {
     ++sched_.cells_done;
     release(c.baseline);
     if (c.reference != c.baseline) release(c.reference);
-    report(r);
+    report(r, c.scenario);
   }
 
   // An external trainer's cell (external_check.h): no baseline, its own runs.
@@ -243,7 +244,7 @@ class MatrixRun {
     std::lock_guard<std::mutex> lk(sched_.mu);
     results_[i] = r;
     ++sched_.cells_done;
-    report(r);
+    report(r, i);
   }
 
   // The last cell that needed a baseline's checkpoints and dumps is done (sched_.mu held).
@@ -252,12 +253,13 @@ class MatrixRun {
   }
 
   // One line per finished cell; a failure with its verdict and the command that reproduces it.
-  void report(const CheckResult& r) {
+  void report(const CheckResult& r, size_t i) {
+    if (o_.verbosity == 0 && r.passed) return;
     if (o_.progress_tty) log_ << "\r\033[K";
     log_ << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
          << (r.passed ? "" : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o_.file +
                                  " '" + r.name + "'")
-         << "\n";
+         << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[i] : std::string()) << "\n";
   }
 
   const MatrixOptions& o_;

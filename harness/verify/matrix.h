@@ -25,6 +25,8 @@ struct MatrixOptions {
   bool progress_tty = false;     // redraw one status line (else plain lines)
   ShardSpec shard;               // --shard I/N: only this part of the selection (shard.h)
   std::string junit_path;        // --junit PATH: junit.xml written here too
+  int verbosity = 1;             // 0 (-q): failures and the closing line; 1: progress and one
+                                 // line per cell; 2 (-v): also each cell's directory
 };
 
 // The names a run with these options would check (filter and shard applied), in order, without

@@ -6,7 +6,7 @@ tensor's [begin, end) = numel x itemsize, the spans tiling the data buffer with 
 trailing byte. Compressed files (`__metadata__.rh_codec = "byteplane-zstd/1"`, written by
 write_safetensors_compressed in harness/checkpoint/safetensors.cpp) hold each tensor as a U8 blob
 of independent blocks; decode_entry() gets the exact raw bytes back as SafetensorsFile::decoded
-does, checking each block's stored and raw XXH3-64 (README "Compressed checkpoints").
+does, checking each block's stored and raw XXH3-64 (docs/checkpoints.md, "Compressed checkpoints").
 """
 import json
 import re
