@@ -16,6 +16,7 @@ packages=(
   libeigen3-dev libfccp-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev libzstd-dev libre2-dev
   python3-matplotlib python3-numpy python3-xxhash python3-zstandard
+  python3-venv python3-pip python3-setuptools   # tests/test_install.py: pip install ./python into a venv
   python3-torch   # python/rhckpt/torch_bridge.py, examples/tiny_lm, tests/test_{torch_bridge,probe,tiny_lm}.py
   chromium   # tests/test_report_browser.py renders report.html headless
 )

@@ -18,6 +18,37 @@ TOOL = None
 
 
 class Install(unittest.TestCase):
+    def test_pip_installs_rhckpt_into_a_venv(self):
+        """`pip install ./python` (pyproject.toml) into a venv that sees Debian's packages (no package
+        index here: --no-index, and setuptools from the system: --no-build-isolation), from a copy
+        so the source tree gets no build files; then `rhckpt --help` and `python -m rhckpt --help`
+        exit 0 from another directory and import the installed copy."""
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
+        tmp = tempfile.mkdtemp(prefix="rh_pip_")
+        try:
+            copy = os.path.join(tmp, "python")
+            shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+            venv = os.path.join(tmp, "venv")
+            r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
+                               capture_output=True, text=True)
+            if r.returncode != 0 and "ensurepip" in r.stdout + r.stderr:
+                self.skipTest("python3-venv is not installed")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            r = subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--no-build-isolation", "--no-index", copy],
+                               capture_output=True, text=True, cwd=tmp)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            for cmd in ([os.path.join(venv, "bin", "rhckpt"), "--help"],
+                        [os.path.join(venv, "bin", "python"), "-m", "rhckpt", "--help"]):
+                r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn("rhckpt", r.stdout)
+            r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import rhckpt; print(rhckpt.__file__)"],
+                               capture_output=True, text=True, cwd=tmp, env=env)
+            self.assertTrue(r.stdout.startswith(venv), r.stdout + r.stderr)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def test_installed_tool_checks_and_reports_from_another_directory(self):
         build = os.path.dirname(os.path.abspath(TOOL))
         tmp = tempfile.mkdtemp(prefix="rh_install_")

@@ -83,6 +83,9 @@ def main(argv):
                 raise BadInput("%s: expected an object with a 'checkpoints' list" % argv[1])
             print("rhckpt: %d tensors match the tool" % check_expected(spec))
             return 0
+        if argv and argv[0] in ("-h", "--help"):
+            print(__doc__.strip())
+            return 0
         if not argv or argv[0].startswith("-"):
             print(__doc__.strip(), file=sys.stderr)
             return 2
@@ -108,5 +111,10 @@ def one_line(e):
     return str(e).replace("\r", "\\r").replace("\n", "\\n")
 
 
-if __name__ == "__main__":
+def console_main():
+    """Entry point of the `rhckpt` console script (pyproject.toml)."""
     sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    console_main()
