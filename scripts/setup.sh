@@ -24,12 +24,27 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+mkdir -p "$build"
+# Each step's output goes to a log in the build directory; the terminal gets one line per step,
+# and the log's tail when a step fails.
+run_logged() {   # run_logged LOG WHAT COMMAND...
+  local log=$1 what=$2 t0 rc=0
+  shift 2
+  t0=$(date +%s)
+  "$@" > "$log" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "setup: $what FAILED (exit $rc); the last lines of $log:"
+    tail -40 "$log"
+    exit $rc
+  fi
+  echo "setup: $what done in $(( $(date +%s) - t0 )) s (log: $log)"
+}
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
+  echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  run_logged "$build/setup-packages.log" "package installation" \
+    bash -c "$sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends ${missing[*]}"
 fi
 
 # Debian's LibTorch links libblas.so.3; OpenBLAS must be the alternative that provides it, or
@@ -43,5 +58,6 @@ case "$blas" in
      done;;
 esac
 
-cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j "$(nproc)"
+run_logged "$build/setup-configure.log" "configure" \
+  cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
+run_logged "$build/setup-build.log" "build ($build)" cmake --build "$build" -j "$(nproc)"
