@@ -7,14 +7,15 @@
 // about that is in the library, not here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstringop-truncation"
-#include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -36,20 +37,37 @@ struct Row {
 };
 
 // Every row of a CSV (text, read from path) with the named columns (extra columns are ignored, so
-// a harness that adds columns stays readable). fccp errors become "path:line: what".
+// a harness that adds columns stays readable). RFC 4180 (csv_parse): a quoted field may hold a
+// line break, as csv_field writes one (a failure text with a newline once made the matrix's own
+// summary.csv unreadable here). Errors are "path:line: malformed CSV: what".
 template <size_t N>
 std::vector<Row<N>> parse_csv(const std::string& path, const std::string& text, const std::array<const char*, N>& cols) {
-  std::vector<Row<N>> out;
+  std::vector<CsvRecord> recs;
   try {
-    io::CSVReader<N, io::trim_chars<' '>, io::double_quote_escape<',', '"'>> in(path, text.data(),
-                                                                              text.data() + text.size());
-    std::apply([&](auto... c) { in.read_header(io::ignore_extra_column, std::string(c)...); }, cols);
-    Fields<N> f;
-    while (std::apply([&](auto&... x) { return in.read_row(x...); }, f)) out.push_back({in.get_file_line(), f});
-  } catch (const io::error::base& e) {
-    unsigned line = 1;   // header errors carry no line: the header is line 1
-    if (auto* wl = dynamic_cast<const io::error::with_file_line*>(&e)) line = static_cast<unsigned>(wl->file_line);
-    throw ReportError(path + ":" + std::to_string(line) + ": malformed CSV: " + e.what());
+    recs = csv_parse(text);
+  } catch (const std::invalid_argument& e) {
+    throw ReportError(path + ":" + e.what() + " (malformed CSV)");
+  }
+  auto bad = [&](unsigned line, const std::string& what) {
+    throw ReportError(path + ":" + std::to_string(line) + ": malformed CSV: " + what);
+  };
+  if (recs.empty()) bad(1, "no header line");
+  std::array<size_t, N> at{};
+  for (size_t c = 0; c < N; ++c) {
+    const auto& h = recs[0].fields;
+    const auto it = std::find(h.begin(), h.end(), std::string(cols[c]));
+    if (it == h.end()) bad(recs[0].line, std::string("Missing column '") + cols[c] + "' in the header");
+    at[c] = static_cast<size_t>(it - h.begin());
+  }
+  const size_t width = recs[0].fields.size();
+  std::vector<Row<N>> out;
+  for (size_t r = 1; r < recs.size(); ++r) {
+    const auto& f = recs[r].fields;
+    if (f.size() != width)
+      bad(recs[r].line, std::to_string(f.size()) + " columns, the header has " + std::to_string(width));
+    Row<N> row{recs[r].line, {}};
+    for (size_t c = 0; c < N; ++c) row.f[c] = f[at[c]];
+    out.push_back(std::move(row));
   }
   return out;
 }
@@ -88,11 +106,42 @@ nlohmann::json read_json_file(const fs::path& p) {
   if (const size_t at = ckpt::json_depth_violation(text.data(), text.size()); at != std::string::npos)
     throw ReportError(p.string() + ":" + std::to_string(line_of(text, at)) + ": nesting deeper than " +
                       std::to_string(ckpt::kMaxJsonDepth) + " levels (refused before parsing)");
+  // A key named twice in one object is refused naming it (nlohmann keeps the last silently).
+  std::vector<std::set<std::string>> keys;
+  nlohmann::json::parser_callback_t unique = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) keys.emplace_back();
+    if (ev == E::object_end && !keys.empty()) keys.pop_back();
+    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+      throw ReportError(p.string() + ": duplicate key '" + ckpt::quote_text(parsed.get<std::string>()) +
+                        "' in one object (each key may appear once)");
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, unique);
   } catch (const nlohmann::json::parse_error& e) {
     throw ReportError(p.string() + ":" + std::to_string(line_of(text, e.byte)) + ": malformed JSON: " + e.what());
   }
+}
+
+// A scenario's directory as summary.json names it: relative, below the run directory, no "..",
+// "." or empty part, no NUL (summary.json is input: "dir": "/etc" or "../.." once read outside).
+std::string checked_rel_dir(const std::string& dir, const std::string& summary, const std::string& scenario) {
+  auto bad = [&](const std::string& why) {
+    throw ReportError(summary + ": scenario '" + ckpt::quote_text(scenario) + "': dir '" + ckpt::quote_text(dir) +
+                      "' " + why + " (expected a path inside the run directory, such as scenarios/NAME)");
+  };
+  if (dir.empty()) bad("is empty");
+  if (dir.find('\0') != std::string::npos) bad("holds a NUL byte");
+  if (dir[0] == '/') bad("is absolute");
+  size_t pos = 0;
+  while (pos <= dir.size()) {
+    const size_t slash = std::min(dir.find('/', pos), dir.size());
+    const std::string part = dir.substr(pos, slash - pos);
+    if (part.empty() || part == "." || part == "..") bad("has a '" + part + "' part");
+    pos = slash + 1;
+  }
+  return dir;
 }
 
 int64_t json_int(const nlohmann::json& j, const char* key) {
@@ -112,6 +161,8 @@ std::string read_run_file(const std::string& path, uint64_t max_bytes) {
 void write_report_file(const std::string& path, const std::string& text) {
   try {
     write_text(path, text);
+  } catch (const DiskError&) {
+    throw;   // exit 4, naming the path and the disk
   } catch (const WriteError&) {
     throw ReportError(path + ": cannot write");
   }
@@ -278,8 +329,9 @@ RunData load_run(const std::string& dir) {
     s.row = r;
     s.group = r.scenario.substr(0, r.scenario.find('/'));
     const auto e = entries.count(r.scenario) ? entries[r.scenario] : nlohmann::json();
-    s.rel_dir = e.contains("dir") && e["dir"].is_string() ? e["dir"].get<std::string>()
-                                                          : "scenarios/" + safe_name(r.scenario);
+    s.rel_dir = e.contains("dir") && e["dir"].is_string()
+                    ? checked_rel_dir(e["dir"].get<std::string>(), (root / "summary.json").string(), r.scenario)
+                    : "scenarios/" + safe_name(r.scenario);
     const fs::path sd = root / s.rel_dir;
     auto present = [&](const char* name) {
       if (fs::exists(sd / name)) return true;

@@ -378,8 +378,11 @@ TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
   EXPECT_EQ(back[1].policy.compress, rh::ckpt::Compression::zstd);
   EXPECT_EQ(back[1].policy.overrides.at("exp_avg_sq"), rh::optim::Dtype::bf16);
   for (const auto& [text, want] : {std::pair{R"({"schema_version": 2, "saves": []})", "schema_version"},
-                                   std::pair{R"({"schema_version": 1, "saves": [{"policy": "native"}]})", "saves[0]"},
-                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "x", "policy": "fp64"}]})", "saves[0]"}}) {
+                                   std::pair{R"({"schema_version": 1, "saves": [{"policy": "native"}]})", "field /saves/0/root: missing"},
+                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "x", "policy": "fp64"}]})", "field /saves/0"},
+                                   std::pair{R"({"schema_version": "1", "saves": []})", "field /schema_version: expected an integer"},
+                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "a\u0000b"}]})", "field /saves/0/root: NUL byte"},
+                                   std::pair{R"({"schema_version": 1, "schema_version": 1, "saves": []})", "duplicate key 'schema_version'"}}) {
     std::ofstream(d / "bad.json") << text;
     try {
       rh::read_save_plan((d / "bad.json").string());

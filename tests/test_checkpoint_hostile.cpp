@@ -14,7 +14,10 @@
 #include <sstream>
 
 #include "checkpoint_fixture.h"
+#include "harness/base/text.h"
+#include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/load_phases.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/safetensors.h"
@@ -489,3 +492,157 @@ TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
   EXPECT_EQ(rh::ckpt::toml_nesting_position("x = \"" + key + "\"\n[a.b]\ny = [[1.5, 2.5], {c.d = 1}]\n"), "");
   EXPECT_EQ(rh::ckpt::toml_nesting_position("s = \"\"\"\n" + key + "\\\"\"\"\"\n"), "");   // escaped quote inside
 }
+
+// ------------------------------------------------------------------ issue 32, round four
+
+namespace round4 {
+
+// Every JSON file the tool reads back refuses a key named twice in one object (nlohmann keeps
+// the last silently), at any depth, naming the key; distinct keys in sibling objects are fine.
+struct Dup {
+  const char* name;
+  std::string text;
+  std::string key;   // "" = accepted
+};
+class DuplicateKeys : public ::testing::TestWithParam<Dup> {};
+TEST_P(DuplicateKeys, AreRefusedNamingTheKey) {
+  const Dup& p = GetParam();
+  const std::string msg = error_of([&] { parse_json_unique(p.text, "f.json"); });
+  if (p.key.empty()) {
+    EXPECT_EQ(msg, "(no error)");
+  } else {
+    EXPECT_EQ(msg.rfind("f.json: duplicate key '" + p.key + "' in one object", 0), 0u) << msg;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(
+    Round4, DuplicateKeys,
+    ::testing::Values(Dup{"TopLevel", R"({"a": 1, "b": 2, "a": 3})", "a"},
+                      Dup{"Nested", R"({"saves": [{"root": "x", "root": "y"}]})", "root"},
+                      Dup{"AfterADeepSibling", R"({"x": {"k": 1}, "y": {"k": 2}, "x": 0})", "x"},
+                      Dup{"SameKeyInSiblingObjects", R"([{"k": 1}, {"k": 2}, {"a": {"k": 3}, "k": 4}])", ""},
+                      Dup{"ControlCharacterKeyIsQuotedEscaped", "{\"\\u0001\": 1, \"\\u0001\": 2}", "\\x01"}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+// Bytes that are not UTF-8 (a path) come out as \xNN, valid UTF-8 stays, and dump_text never
+// throws where dump() threw nlohmann's type_error 316.
+struct Printable {
+  const char* name;
+  std::string in, out;
+};
+class PrintableText : public ::testing::TestWithParam<Printable> {};
+TEST_P(PrintableText, EscapesWhatIsNotUtf8) {
+  const Printable& p = GetParam();
+  EXPECT_EQ(printable_text(p.in), p.out);
+  const nlohmann::json j = {{"checkpoint", p.in}};
+  std::string dumped;
+  EXPECT_NO_THROW(dumped = dump_text(j));
+  EXPECT_TRUE(nlohmann::json::accept(dumped)) << dumped;
+  EXPECT_TRUE(nlohmann::json::accept(dump_text(nlohmann::json{{"checkpoint", printable_text(p.in)}})));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Round4, PrintableText,
+    ::testing::Values(Printable{"Ascii", "/tmp/run/ckpt", "/tmp/run/ckpt"},
+                      Printable{"ValidTwoAndThreeByte", "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5", "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5"},
+                      Printable{"ValidFourByte", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
+                      Printable{"Latin1Bytes", "ckpt_\xff\xfe", "ckpt_\\xff\\xfe"},
+                      Printable{"TruncatedSequence", "a\xc3", "a\\xc3"},
+                      Printable{"Overlong", "\xc0\xaf", "\\xc0\\xaf"},
+                      Printable{"Surrogate", "\xed\xa0\x80", "\\xed\\xa0\\x80"},
+                      Printable{"AboveU10FFFF", "\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},
+                      Printable{"ControlCharacters", std::string("a\rb\0c\x7f", 6), "a\\x0db\\x00c\\x7f"},
+                      Printable{"NewlineAndTabKept", "a\nb\tc", "a\nb\tc"}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+// RFC 4180 both ways: csv_field's output read back by csv_parse gives every field unchanged, also
+// with commas, quotes, line breaks (CRLF too) and leading spaces (a failure text with a newline
+// made the matrix's own summary.csv unreadable).
+class CsvRoundTrip : public ::testing::TestWithParam<std::vector<std::string>> {};
+TEST_P(CsvRoundTrip, FieldsComeBackUnchanged) {
+  const std::vector<std::string>& row = GetParam();
+  std::string text = "a,b,c\n";
+  for (size_t i = 0; i < row.size(); ++i) text += (i ? "," : "") + rh::csv_field(row[i]);
+  text += "\nlast,1,2\n";
+  const auto recs = rh::csv_parse(text);
+  ASSERT_EQ(recs.size(), 3u) << text;
+  EXPECT_EQ(recs[1].fields, row) << text;
+  EXPECT_EQ(recs[1].line, 2u);
+  EXPECT_EQ(recs[2].fields, (std::vector<std::string>{"last", "1", "2"}));
+  EXPECT_EQ(recs[2].line, 1u + static_cast<unsigned>(std::count(text.begin(), text.begin() + text.rfind("last"), '\n')));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Round4, CsvRoundTrip,
+    ::testing::Values(std::vector<std::string>{"plain", "1", "2"},
+                      std::vector<std::string>{"error: a\nb", "x,y", "say \"hi\""},
+                      std::vector<std::string>{"crlf\r\ninside", "", "\"\""},
+                      std::vector<std::string>{"trailing newline\n", "\n", ","}),
+    [](const auto& i) { return "Case" + std::to_string(i.index); });
+
+TEST(CsvParse, MalformedTextIsRefusedWithItsLine) {
+  EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"open,1\n2,3\n"); }).find("2: a quoted field is not closed"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"x\"y,1\n"); }).find("2: text after a closing quote"), std::string::npos);
+  const auto recs = rh::csv_parse("a, b ,c\r\n\r\n1,2,3");   // spaces trimmed, CRLF, an empty line skipped
+  ASSERT_EQ(recs.size(), 2u);
+  EXPECT_EQ(recs[0].fields, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(recs[1].line, 3u);
+}
+
+// I/O failures of the disk are not bad input (issue 32): ENOSPC (here /dev/full) raises DiskError,
+// whose message names the path and says it is the disk; the tool exits 4 on it
+// (CliErrors' HostileDisk.SaveOnAFullDiskExitsFourNamingThePathAndTheDisk does it with a tmpfs).
+TEST(HostileDisk, NoSpaceIsADiskErrorNamingThePath) {
+  for (const auto& write : std::vector<std::function<void()>>{
+           [] { rh::write_text("/dev/full", "x"); }, [] { write_file_durable("/dev/full", std::string(1 << 16, 'x')); }}) {
+    try {
+      write();
+      ADD_FAILURE() << "no error writing /dev/full";
+    } catch (const rh::DiskError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("/dev/full: No space left on device"), std::string::npos) << msg;
+      EXPECT_TRUE(rh::is_disk_error_message(msg)) << msg;
+      EXPECT_NE(msg.find("free space"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_TRUE(rh::is_disk_errno(EIO) && rh::is_disk_errno(EDQUOT) && rh::is_disk_errno(EROFS));
+  EXPECT_FALSE(rh::is_disk_errno(ENOENT) || rh::is_disk_errno(EACCES));
+  // Not a disk error: a missing directory is the caller's input.
+  EXPECT_FALSE(rh::is_disk_error_message(error_of([] { write_file_durable("/nonexistent-rh/x", "x"); })));
+}
+
+// A load may decode at most what its model and optimizer state can hold (issue 32, item 6): the
+// budget refuses a compressed checkpoint before any block is decoded, and a real checkpoint of the
+// model is always within it.
+TEST(DecodeBudget, CompressedTablesBeyondTheBudgetAreRefusedBeforeDecoding) {
+  TmpDir root;
+  const fs::path dir = root.p / "iter_0000002";
+  fs::copy(fs::path(RH_TESTS_DIR) / "conformance/base/zstd_dp2", dir, fs::copy_options::recursive);
+  EXPECT_NO_THROW(rh::ckpt::detail::verify_checkpoint_dir(dir.string()));
+  EXPECT_NO_THROW(rh::ckpt::detail::verify_checkpoint_dir(dir.string(), 13104));   // the compressed tensors' raw bytes
+  const std::string msg = error_of([&] { rh::ckpt::detail::verify_checkpoint_dir(dir.string(), 13103); });
+  EXPECT_NE(msg.find("need 13104 bytes decoded, more than the 13103 bytes this load's model and optimizer state can hold"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("refused before decoding"), std::string::npos) << msg;
+
+  torch::set_num_threads(1);
+  for (const int64_t width : {16, 64}) {
+    const Mode mode = all_modes()[2];   // fp32 master, bf16 moments: dp_zero loads it exactly
+    Rig a = make_rig(mode, 1, width);
+    train(a, 1);
+    SavePolicy pol;
+    pol.kind = SavePolicyKind::dp_zero;   // fp32 containers for every state: the largest a policy writes
+    pol.compress = Compression::zstd;
+    const fs::path saved = save_checkpoint((root.p / ("w" + std::to_string(width))).string(), save_input(a, pol)).dir;
+    uint64_t raw = 0;
+    const nlohmann::json m = read_manifest(saved);   // kept: a range-for over m's member of a temporary dangles
+    for (const auto& t : m["tensors"]) raw += t["bytes"].get<uint64_t>();
+    ASSERT_GT(raw, 0u);
+    EXPECT_LE(raw, rh::ckpt::detail::decode_budget(*a.model)) << "width " << width;
+    // Beyond the fixed slack (1 MiB, 64 KiB of scales per parameter) the budget grows with the state.
+    const uint64_t slack = (1u << 20) + (64u << 10) * a.model->named_parameters(true).size();
+    EXPECT_GE(8 * raw, rh::ckpt::detail::decode_budget(*a.model) - slack) << "width " << width << ": a loose budget";
+    Rig c = make_rig(mode, 2, width);
+    EXPECT_NO_THROW(load_checkpoint(saved.string(), *c.model, *c.opt, c.state, {}, {}));
+  }
+}
+
+}  // namespace round4

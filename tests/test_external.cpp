@@ -177,13 +177,17 @@ TEST(RunCaptured, ArgvIsNeverAShellCommandAndRunsInCwd) {
 TEST(RunCaptured, TimeoutKillsTheWholeProcessGroup) {
   const fs::path d = temp_dir("timeout");
   auto c = spec_in(d, {"sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"});
-  c.timeout_s = 1;
+  // 5 s, not 1: under load the shell had not yet written grandchild.pid when the timeout struck,
+  // and std::stoi("") ended the test with an exception (issue 32, timing-dependent tests).
+  c.timeout_s = 5;
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = run_captured(c);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
   EXPECT_TRUE(e.timed_out);
   EXPECT_FALSE(e.ok());
-  const pid_t gc = std::stoi(slurp(d / "grandchild.pid"));
+  const std::string pid_text = slurp(d / "grandchild.pid");
+  ASSERT_FALSE(pid_text.empty()) << "the shell did not start its grandchild within the timeout";
+  const pid_t gc = std::stoi(pid_text);
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {
     gone = ::kill(gc, 0) != 0;

@@ -305,3 +305,74 @@ TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
 }
 
 }  // namespace
+
+// ---- issue 32: the run directory's own files read back, and summary.json as hostile input ----
+
+namespace round4 {
+
+// A failure text with a line break, a quote and a comma, written as the harness writes summary.csv
+// (csv_field, RFC 4180), is read back unchanged and the report is written: the line-based reader
+// used to fail on the matrix's own summary.csv.
+TEST_F(NoPlots, SummaryCsvWithLineBreaksInAFailureTextReadsBack) {
+  const auto dir = report_fixture::temp_dir("csv_newline");
+  report_fixture::write_run(dir);
+  const std::string verdict = "FAIL: error: baseline exited with 2:\nresume-harness: error: \"x\", line 3\r\nmore";
+  const std::string divergence = "iteration 4,\n\"lm_loss\"";
+  std::string csv = slurp(dir / "summary.csv");
+  const std::string old_row = "faults/crash,exact,0,error,";
+  const size_t at = csv.find(old_row);
+  ASSERT_NE(at, std::string::npos);
+  csv = csv.substr(0, at) + "faults/crash,exact,0,error," + rh::csv_field(verdict) + "," + rh::csv_field(divergence) +
+        ",0,,,,,,,0,0,0,native,none,bf16,bf16,fp32,0.5\n";
+  report_fixture::write(dir / "summary.csv", csv);
+  const auto rows = read_summary_csv((dir / "summary.csv").string());
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[4].scenario, "faults/crash");
+  EXPECT_EQ(rows[4].verdict, verdict);
+  EXPECT_EQ(rows[4].first_divergence, divergence);
+  EXPECT_EQ(rows[4].line, 6u);
+  std::ostringstream out;
+  testing::internal::CaptureStderr();
+  const int code = rh::write_report(dir.string(), out);
+  const std::string err = testing::internal::GetCapturedStderr();   // always: one capturer at a time
+  EXPECT_EQ(code, 0) << err;
+  fs::remove_all(dir);
+}
+
+// summary.json names each scenario's directory: one outside the run directory is refused (it was
+// read wherever it pointed), and so is a key named twice.
+struct BadSummary {
+  const char* name;
+  std::string from, to;   // replaced in summary.json
+  std::string expect;
+};
+class HostileSummaryJson : public NoPlots, public ::testing::WithParamInterface<BadSummary> {};
+TEST_P(HostileSummaryJson, IsRefusedNamingTheFileAndTheDir) {
+  const auto dir = report_fixture::temp_dir(std::string("summary_") + GetParam().name);
+  report_fixture::write_run(dir);
+  std::string js = slurp(dir / "summary.json");
+  const size_t at = js.find(GetParam().from);
+  ASSERT_NE(at, std::string::npos);
+  js.replace(at, GetParam().from.size(), GetParam().to);
+  report_fixture::write(dir / "summary.json", js);
+  try {
+    (void)load_run(dir.string());
+    ADD_FAILURE() << "accepted " << GetParam().to;
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "summary.json").string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(GetParam().expect), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Round4, HostileSummaryJson,
+    ::testing::Values(
+        BadSummary{"DirAbsolute", R"("dir":"scenarios/faults__crash")", R"("dir":"/etc")", "dir '/etc' is absolute"},
+        BadSummary{"DirDotDot", R"("dir":"scenarios/faults__crash")", R"("dir":"scenarios/../../..")",
+                   "has a '..' part"},
+        BadSummary{"DirEmptyPart", R"("dir":"scenarios/faults__crash")", R"("dir":"scenarios//x")", "has a '' part"},
+        BadSummary{"DirEmpty", R"("dir":"scenarios/faults__crash")", R"("dir":"")", "is empty"},
+        BadSummary{"DuplicateKey", R"("failed":1,)", R"("failed":1,"failed":0,)", "duplicate key 'failed'"}),
+    [](const auto& i) { return std::string(i.param.name); });
+
+}  // namespace round4

@@ -69,6 +69,70 @@ class Conformance(unittest.TestCase):
         self.assertIn("refused before decoding", p.stderr)
         self.assertLess(int(p.stdout.strip()), 128 * 1024, "peak RSS in KB")
 
+    def test_bomb_the_manifest_agrees_with_is_refused_before_decoding(self):
+        """64 MiB of zeros whose manifest entry was resealed to agree with the table: the manifest's
+        own shard range refuses it before decoding (the old reader decoded it: 2.34 s, 166 MB)."""
+        code = ("import resource, sys; sys.path.insert(0, %r); from rhckpt.__main__ import main; "
+                "rc = main([%r]); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+                % (PYTHON_DIR, os.path.join(CORPUS, "zstd_bomb_manifest_agrees")))
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("refused before decoding", p.stderr)
+        self.assertLess(int(p.stdout.strip()), 64 * 1024, "peak RSS in KB")
+
+    def test_max_decoded_caps_what_a_checkpoint_may_decode(self):
+        """The caller's budget (the tool's load passes what its model can hold): refused before
+        decoding naming both numbers, accepted at exactly the manifest's total."""
+        base = os.path.join(HERE, "conformance", "base", "zstd_dp2")
+        for limit, code in (("13103", 1), ("13104", 0)):
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                got = main(["--max-decoded", limit, base])
+            self.assertEqual(got, code, err.getvalue())
+        self.assertIn("need 13104 bytes decoded, more than the 13103 bytes allowed",
+                      self._stderr_of(["--max-decoded", "13103", base]))
+        self.assertEqual(main(["--max-decoded", "lots", base]), 2)
+
+    def _stderr_of(self, argv):
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            main(argv)
+        return err.getvalue()
+
+    def test_expect_file_missing_fields_are_named(self):
+        """--expect FILE with a missing key names the file and the field (it printed "error: 'dir'")."""
+        d = tempfile.mkdtemp(prefix="rh_expect_")
+        try:
+            base = os.path.join(HERE, "conformance", "base", "plain_dp2")
+            for text, want in (('{"checkpoints": [{}]}', "field /checkpoints/0/dir: missing"),
+                               ('{"checkpoints": 3}', "field /checkpoints: expected an array"),
+                               ('{"checkpoints": [{"dir": "%s", "tensors": [{"file": "model.safetensors"}]}]}' % base,
+                                "field /checkpoints/0/tensors/0/key: missing")):
+                spec = os.path.join(d, "spec.json")
+                with open(spec, "w") as f:
+                    f.write(text)
+                msg = self._stderr_of(["--expect", spec])
+                self.assertIn(spec, msg)
+                self.assertIn(want, msg)
+                self.assertEqual(len(msg.strip().splitlines()), 1, msg)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_paths_that_are_not_utf8_are_printed_as_the_tool_prints_them(self):
+        """A checkpoint path with bytes that are not UTF-8: opened, and named with \\xNN in a refusal."""
+        d = tempfile.mkdtemp(prefix="rh_utf8_")
+        try:
+            odd = os.path.join(os.fsencode(d), b"ckpt_\xff\xfe")
+            shutil.copytree(os.path.join(HERE, "conformance", "base", "plain_dp2"), os.fsdecode(odd))
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(main([os.fsdecode(odd)]), 0)
+            os.remove(os.path.join(odd, b"manifest.json.xxh3"))
+            msg = self._stderr_of([os.fsdecode(odd)])
+            self.assertIn("ckpt_\\xff\\xfe/manifest.json.xxh3: missing", msg)
+            msg.encode("utf-8")   # printable: no lone surrogates
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_command_line_prints_one_line(self):
         """The module as users run it: one line on stderr, the tool's exit code, no traceback."""
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR)

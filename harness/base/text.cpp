@@ -8,10 +8,25 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "harness/base/no_follow.h"
 
 namespace rh {
+
+bool is_disk_errno(int err) { return err == ENOSPC || err == EDQUOT || err == EIO || err == EROFS; }
+
+std::string disk_error_text(const std::string& what, const std::string& path, int err) {
+  std::string hint;
+  if (err == ENOSPC || err == EDQUOT) hint = "; free space on the filesystem holding it and run again";
+  return what + " " + path + ": " + std::strerror(err) + " " + kDiskErrorTag + hint;
+}
+
+void throw_if_disk_errno(const std::string& what, const std::string& path, int err) {
+  if (is_disk_errno(err)) throw DiskError(disk_error_text(what, path, err));
+}
+
+bool is_disk_error_message(const std::string& message) { return message.find(kDiskErrorTag) != std::string::npos; }
 
 void write_text(const std::string& path, const std::string& text) {
   // O_NOFOLLOW: a symbolic link planted where the file goes is refused, not written through
@@ -19,6 +34,7 @@ void write_text(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     if (errno == ELOOP) throw SymlinkRefused(path);
+    throw_if_disk_errno("cannot write", path, errno);
     throw WriteError("cannot write " + path + ": " + std::strerror(errno));
   }
   const char* p = text.data();
@@ -29,12 +45,16 @@ void write_text(const std::string& path, const std::string& text) {
     if (w <= 0) {
       const int err = errno;
       ::close(fd);
+      throw_if_disk_errno("cannot write", path, err);
       throw WriteError("cannot write " + path + ": " + std::strerror(err));
     }
     p += w;
     left -= static_cast<size_t>(w);
   }
-  if (::close(fd) != 0) throw WriteError("cannot write " + path + ": " + std::strerror(errno));
+  if (::close(fd) != 0) {
+    throw_if_disk_errno("cannot write", path, errno);
+    throw WriteError("cannot write " + path + ": " + std::strerror(errno));
+  }
 }
 
 void copy_text_file(const std::string& from, const std::string& to) {
@@ -50,6 +70,70 @@ std::string csv_field(const std::string& s) {
   std::string o = "\"";
   for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
   return o + "\"";
+}
+
+std::vector<CsvRecord> csv_parse(const std::string& text) {
+  std::vector<CsvRecord> out;
+  unsigned line = 1;
+  size_t i = 0;
+  const size_t n = text.size();
+  auto trim = [](std::string f) {
+    f.erase(0, f.find_first_not_of(' '));
+    f.erase(f.find_last_not_of(' ') + 1);
+    return f;
+  };
+  while (i < n) {
+    if (text[i] == '\n' || (text[i] == '\r' && i + 1 < n && text[i + 1] == '\n')) {   // an empty line
+      i += text[i] == '\r' ? 2 : 1;
+      ++line;
+      continue;
+    }
+    CsvRecord rec{line, {}};
+    for (;;) {   // one field per pass
+      std::string f;
+      size_t j = i;
+      while (j < n && text[j] == ' ') ++j;
+      if (j < n && text[j] == '"') {
+        const unsigned opened = line;
+        for (i = j + 1;; ++i) {
+          if (i >= n) throw std::invalid_argument(std::to_string(opened) + ": a quoted field is not closed");
+          if (text[i] == '"') {
+            if (i + 1 < n && text[i + 1] == '"') {
+              f += '"';
+              ++i;
+              continue;
+            }
+            ++i;
+            break;
+          }
+          if (text[i] == '\n') ++line;
+          f += text[i];
+        }
+        while (i < n && text[i] == ' ') ++i;
+        if (i < n && text[i] != ',' && text[i] != '\n' && !(text[i] == '\r' && i + 1 < n && text[i + 1] == '\n'))
+          throw std::invalid_argument(std::to_string(line) + ": text after a closing quote");
+      } else {
+        const size_t end = text.find_first_of(",\n", i);
+        f = text.substr(i, (end == std::string::npos ? n : end) - i);
+        i = end == std::string::npos ? n : end;
+        if (!f.empty() && f.back() == '\r' && (i == n || text[i] == '\n')) f.pop_back();
+        f = trim(f);
+      }
+      rec.fields.push_back(std::move(f));
+      if (i < n && text[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < n && text[i] == '\r') ++i;
+      if (i < n && text[i] == '\n') {
+        ++i;
+        ++line;
+      }
+      break;
+    }
+    out.push_back(std::move(rec));
+  }
+  return out;
 }
 
 std::string markup_escape(const std::string& s) {

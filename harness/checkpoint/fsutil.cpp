@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 
 namespace rh::ckpt {
@@ -19,7 +20,9 @@ namespace rh::ckpt {
 namespace fs = std::filesystem;
 
 void throw_errno(const std::string& what, const std::string& path) {
-  throw CheckpointError(what + " " + path + ": " + std::strerror(errno));
+  const int err = errno;
+  throw_if_disk_errno(what, path, err);   // the disk, not the checkpoint: exit 4
+  throw CheckpointError(what + " " + path + ": " + std::strerror(err));
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "harness/checkpoint/checkpoint.h"
+#include "harness/checkpoint/json_guard.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/base/version.h"
 
@@ -76,7 +77,7 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
   const bool is_dir = fs::is_directory(p, ec);
   if (!is_dir || (!fs::exists(p / detail::kManifestFile, ec) && !fs::exists(p / detail::kPointerFile, ec) &&
                   p.filename().string().rfind("iter_", 0) != 0)) {
-    out << kErrorPrefix << dir << ": "
+    out << kErrorPrefix << printable_text(dir) << ": "
         << (!fs::exists(p, ec) ? "no such file or directory"
             : !is_dir          ? "not a directory"
                                : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
@@ -88,7 +89,7 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
     const std::string d = detail::resolve_checkpoint_dir(dir);
     detail::Verified v = detail::verify_checkpoint_dir(d);   // files, checksums, schema: as load
     (void)detail::check_consistency(v, nullptr);            // counters, generators, shards: as load
-    out << "checkpoint " << d << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
+    out << "checkpoint " << printable_text(d) << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
         << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
@@ -99,7 +100,7 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
                 : ")\n");
     return 0;
   } catch (const std::exception& e) {
-    out << "DAMAGED: " << e.what() << "\n";
+    out << "DAMAGED: " << printable_text(e.what()) << "\n";   // a path that is not UTF-8 as \xNN
     return 1;
   }
 }

@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <vector>
 #include <stdexcept>
 
 #include "harness/checkpoint/errors.h"
@@ -51,6 +53,22 @@ nlohmann::json parse_json_bounded(const char* p, size_t n, const std::string& wh
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(what + ": not valid JSON: " + quote_text(e.what(), 2 * kMaxQuoted));
   }
+}
+
+nlohmann::json parse_json_unique(const char* p, size_t n, const std::string& what) {
+  // One set of keys per open object; a key seen twice stops the parse at once.
+  std::vector<std::set<std::string>> keys;
+  nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) keys.emplace_back();
+    if (ev == E::object_end && !keys.empty()) keys.pop_back();
+    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+      throw std::invalid_argument(what + ": duplicate key '" + quote_text(parsed.get<std::string>()) +
+                                  "' in one object (each key may appear once; a parser keeping the last would "
+                                  "let an appended edit win unseen)");
+    return true;
+  };
+  return parse_json_bounded(p, n, what, cb);
 }
 
 std::string non_ascii_position(const std::string& text) {
@@ -135,6 +153,52 @@ std::string quote_text(const std::string& s, size_t max) {
   }
   if (i < s.size()) q += "... (" + std::to_string(s.size()) + " bytes)";
   return q;
+}
+
+namespace {
+// Length of the valid UTF-8 sequence at s[i] (1-4), or 0 (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF).
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned c = b(i);
+  auto cont = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    const unsigned c1 = b(i + 1);
+    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F)) return 0;
+    return cont(i + 1) && cont(i + 2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    const unsigned c1 = b(i + 1);
+    if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F)) return 0;
+    return cont(i + 1) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  }
+  return 0;
+}
+}  // namespace
+
+std::string printable_text(const std::string& s) {
+  std::string q;
+  q.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_length(s, i);
+    if (n == 0 || ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f)) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      q += buf;
+      ++i;
+    } else {
+      q.append(s, i, n);
+      i += n;
+    }
+  }
+  return q;
+}
+
+std::string dump_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string quote_json(const nlohmann::json& v, size_t max) {

@@ -30,10 +30,26 @@ inline nlohmann::json parse_json_bounded(const std::string& text, const std::str
   return parse_json_bounded(text.data(), text.size(), what);
 }
 
+// parse_json_bounded that also refuses a key named twice in one object (nlohmann and Python's
+// json keep the last silently): "<what>: duplicate key 'K' in one object ...". For every JSON file
+// the tool reads back: manifests, save plans, load results, run configs, summary.json.
+nlohmann::json parse_json_unique(const char* p, size_t n, const std::string& what);
+inline nlohmann::json parse_json_unique(const std::string& text, const std::string& what) {
+  return parse_json_unique(text.data(), text.size(), what);
+}
+
 // A value or a string for a message: compact, invalid UTF-8 replaced, control characters
 // escaped, cut to kMaxQuoted characters with the full length said.
 std::string quote_json(const nlohmann::json& v, size_t max = kMaxQuoted);
 std::string quote_text(const std::string& s, size_t max = kMaxQuoted);
+
+// Text for a one-line message or a JSON string: every byte that is not part of valid UTF-8, and
+// every control character but newline and tab, as \xNN; not cut. A run directory or checkpoint
+// path that is not UTF-8 once made load_result.json's dump() throw nlohmann's type_error 316.
+std::string printable_text(const std::string& s);
+// j.dump(indent) that never throws on invalid UTF-8 in a string (U+FFFD in its place): for every
+// JSON file the tool writes that can hold a path or a message.
+std::string dump_text(const nlohmann::json& j, int indent = -1);
 
 // TOML text (scenario files, reports/models.toml) must be ASCII, and is checked with this before
 // toml++ sees it: Debian 12's toml++ 3.3.0 reaches __builtin_unreachable() (undefined behaviour)

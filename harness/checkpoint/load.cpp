@@ -240,6 +240,34 @@ void check_generators(const Verified& v, const TrainState& ts, const std::string
   }
 }
 
+// A load restores generators of the run's device: a CPU run's must be CPU states, a CUDA run's the
+// 16-byte Philox state. check_generators accepts either (inspect knows no device), so a 16-byte
+// state in rank_states passed, the load was reported, and set_state failed afterwards with a
+// LibTorch backtrace (exit 3 at --nproc 2). Every rank checks every rank's state, so all refuse
+// alike, before anything is restored.
+void check_generators_for_device(const Verified& v, const TrainState& ts, const nlohmann::json& run_config,
+                                 const std::string& mpath) {
+  constexpr size_t kPhiloxStateBytes = 16;
+  std::string device = "cpu";
+  if (run_config.is_object() && run_config.contains("train") && run_config["train"].is_object() &&
+      run_config["train"].contains("device") && run_config["train"]["device"].is_string())
+    device = run_config["train"]["device"].get<std::string>();
+  const bool cuda = device == "cuda";
+  auto check = [&](const std::vector<uint8_t>& bytes, const std::string& what) {
+    if ((bytes.size() == kPhiloxStateBytes) == cuda) return;
+    throw CheckpointError(what + ": " + std::to_string(bytes.size()) + " bytes is " +
+                              (cuda ? "a CPU generator's state" : "a CUDA generator's state") + ", but this run's generators are on the " +
+                              (cuda ? "GPU (a CUDA generator's has 16 bytes)" : "CPU (a CPU generator's has 5048 or 5056 bytes)"),
+                          mpath);
+  };
+  for (const auto& [name, bytes] : ts.rng_states) check(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
+  const nlohmann::json& m = v.manifest;
+  if (!m.contains("rank_states")) return;
+  for (size_t i = 0; i < m["rank_states"].size(); ++i)
+    for (const auto& [name, bytes] : parse_rng_states(m["rank_states"][i].at("rng_states"), mpath))
+      check(bytes, "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i) + "/rng_states/" + name);
+}
+
 }  // namespace
 
 void check_generator_state(const std::vector<uint8_t>& bytes, const std::string& what) {
@@ -284,15 +312,29 @@ std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::jso
   return out;
 }
 
+// The most a load of this model and optimizer may decode (issue 32, item 6): the model's
+// parameters and buffers as they are, and per parameter element at most 16 bytes of optimizer
+// state (master or remainder, exp_avg, exp_avg_sq: at most 4 bytes each in every save policy,
+// fp32; one spare), plus 64 KiB per parameter for the per-shard scales. A manifest resealed to
+// agree with a bomb's table is refused before decoding it, whatever the machine's memory.
+uint64_t decode_budget(const torch::nn::Module& model) {
+  uint64_t bytes = 1u << 20;
+  for (const auto& p : model.named_parameters(true))
+    bytes += static_cast<uint64_t>(p.value().nbytes()) + 16 * static_cast<uint64_t>(p.value().numel()) + (64u << 10);
+  for (const auto& b : model.named_buffers(true)) bytes += static_cast<uint64_t>(b.value().nbytes());
+  return bytes;
+}
+
 // In this order, so that a checkpoint with several faults is refused for the same one as always.
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config) {
   VerifiedLoad vl;
-  vl.v = verify_checkpoint_dir(dir);
+  vl.v = verify_checkpoint_dir(dir, decode_budget(model));
   vl.mpath = (fs::path(dir) / kManifestFile).string();
   check_model(vl.v, model, run_config);
   check_optimizer(vl.v, opt);
   Consistent c = check_consistency(vl.v, run_config);   // what inspect checks too
+  check_generators_for_device(vl.v, c.train_state, run_config, vl.mpath);
   vl.train_state = std::move(c.train_state);
   vl.ix = std::move(c.ix);
   return vl;

@@ -51,6 +51,9 @@ struct LoadPlan {
 };
 
 // Phase 1 on the resolved checkpoint directory; throws CheckpointError.
+// What a load of this model may decode at most (its parameters and buffers, 16 bytes of optimizer
+// state per element, 64 KiB of scales per parameter): verify_for_load's decode budget.
+uint64_t decode_budget(const torch::nn::Module& model);
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config);
 // Phase 2; reads the optimizer, changes nothing. Throws CheckpointError.

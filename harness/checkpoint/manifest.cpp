@@ -215,11 +215,22 @@ SafetensorsFile open_verified(const Want& w) {
 
 // The manifest's tensors of each compressed file (what its table must match), and the total a load
 // may decode: what the manifest says those tensors hold, refused once for the whole checkpoint when
-// it exceeds this machine's memory (not per file: two 3 GiB tables each fit, together they do not).
-void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants) {
+// it exceeds this machine's memory (not per file: two 3 GiB tables each fit, together they do not)
+// or the caller's budget (a load: what its model and optimizer can hold, load.cpp). A state tensor
+// (master_param, remainder, exp_avg, exp_avg_sq) must also have the elements its shard's range of
+// its param has, before anything is decoded: a manifest resealed to agree with a bomb's table
+// still disagrees with its own layout (the same check as check_shard_files, made early).
+void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants, uint64_t budget) {
   std::map<std::string, Want*> by_name;
   for (Want& w : wants)
     if (w.compressed) by_name[w.name] = &w;
+  std::map<std::pair<std::string, std::string>, int64_t> range_len;   // (file, param) -> end - begin
+  mf["shards"].each([&](const JsonField& sh) {
+    const std::string file = sh["file"].str();
+    sh["param_ranges"].each([&](const JsonField& r) {
+      range_len.emplace(std::make_pair(file, r["param"].str()), r["end"].i64() - r["begin"].i64());
+    });
+  });
   uint64_t total = 0;
   mf["tensors"].each([&](const JsonField& t) {
     auto it = by_name.find(t["file"].str());
@@ -228,8 +239,20 @@ void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Wa
     ti.key = t["key"].str();
     const std::string dt = t["dtype"].str();
     if (!st_parse(dt, &ti.dtype)) t["dtype"].fail("unknown dtype " + quote_text(dt));
-    t["shape"].each([&](const JsonField& d) { ti.shape.push_back(d.i64()); });
+    int64_t numel = 1;
+    t["shape"].each([&](const JsonField& d) {
+      ti.shape.push_back(d.i64());
+      if (__builtin_mul_overflow(numel, ti.shape.back(), &numel)) t["shape"].fail("more elements than int64 holds");
+    });
     ti.end = t["bytes"].u64();
+    const std::string kind = t["kind"].str();
+    if (kind == "master_param" || kind == "remainder" || kind == "exp_avg" || kind == "exp_avg_sq") {
+      auto r = range_len.find({t["file"].str(), t["param"].str()});
+      if (r != range_len.end() && r->second != numel)
+        t["shape"].fail(quote_json(t["shape"].raw()) + " is " + std::to_string(numel) + " elements, but the shard range of '" +
+                        quote_text(t["param"].str()) + "' in " + t["file"].str() + " has " + std::to_string(r->second) +
+                        " (its shard's range; refused before decoding)");
+    }
     if (__builtin_add_overflow(total, ti.end, &total)) t["bytes"].fail("the tensors' bytes overflow");
     it->second->listed[ti.key] = ti;
   });
@@ -237,6 +260,9 @@ void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Wa
   if (total > phys)
     fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
                     std::to_string(phys) + ")");
+  if (budget > 0 && total > budget)
+    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than the " +
+                    std::to_string(budget) + " bytes this load's model and optimizer state can hold; refused before decoding");
 }
 
 // Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
@@ -291,7 +317,7 @@ void match_tensors(const JsonField& mf, const Verified& v) {
 
 }  // namespace
 
-Verified verify_checkpoint_dir(const std::string& dir) {
+Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) {
   Verified v;
   v.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifestFile).string();
@@ -301,7 +327,7 @@ Verified verify_checkpoint_dir(const std::string& dir) {
   v.manifest = read_checked_manifest(dir);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
   std::vector<Want> wants = listed_files(mf, dir, mpath);
-  expect_tables(mf, mpath, wants);
+  expect_tables(mf, mpath, wants, decode_budget);
   open_all(wants, v);
   match_tensors(mf, v);
   return v;

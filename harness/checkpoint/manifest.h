@@ -48,7 +48,9 @@ struct Verified {
 // listed file names are plain names inside dir; each file exists with the listed size and
 // XXH3-64; each is a valid safetensors file; the manifest's tensors and the files' tensors are
 // the same set with the same dtype, shape and bytes. Throws CheckpointError naming the file.
-Verified verify_checkpoint_dir(const std::string& dir);
+// decode_budget > 0 caps what the compressed files may decode to, checked against the manifest
+// before anything is decoded (a load passes what its state can hold; 0: this machine's memory).
+Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget = 0);
 
 // Where the optimizer state of each param lives: the shard files holding a part of it, by begin.
 // Built from the manifest's "shards" param_ranges and checked to cover every element of every

@@ -7,6 +7,7 @@
 // renameat2(RENAME_EXCHANGE) and the old one (now under the temp name) is deleted afterwards. Where
 // the file system cannot exchange, the old one is renamed aside to .old.iter_X.<pid> first; a
 // crash between the two renames leaves it there, complete, and load and the next save find it.
+#include "harness/base/text.h"
 #include "harness/base/version.h"
 #include <signal.h>
 #include <unistd.h>
@@ -296,11 +297,13 @@ void check_input(const SaveJob& job) {
 void make_temp_dir(const SaveJob& job, std::string& tmp_name) {
   std::error_code ec;
   fs::create_directories(job.root, ec);
+  if (ec) throw_if_disk_errno("cannot create checkpoint root", job.root_str, ec.value());
   if (ec) throw CheckpointError("cannot create checkpoint root " + job.root_str + ": " + ec.message());
   clean_stale(job.root);
   tmp_name = ".tmp." + job.name + "." + std::to_string(::getpid());
   remove_tree((job.root / tmp_name).string());
   fs::create_directory(job.root / tmp_name, ec);
+  if (ec) throw_if_disk_errno("cannot create", (job.root / tmp_name).string(), ec.value());
   if (ec) throw CheckpointError("cannot create " + (job.root / tmp_name).string() + ": " + ec.message());
 }
 

@@ -19,6 +19,8 @@
 #include "harness/dist/launcher.h"
 #include "harness/dist/prestart.h"
 #include "harness/dist/process.h"
+#include "harness/base/text.h"
+#include "harness/checkpoint/json_guard.h"
 #include "harness/base/version.h"
 #include "harness/train/env.h"
 #include "harness/train/job.h"
@@ -32,6 +34,7 @@ namespace rh {
 namespace {
 
 constexpr const char* kDefaultScenarioFile = "scenarios/default.toml";
+constexpr int kExitDisk = 4;   // an I/O failure of the disk (harness/base/text.h DiskError)
 
 // What the parsed flags fill in, one member per subcommand.
 struct CommandState {
@@ -332,11 +335,13 @@ int tool_main(int argc, char** argv) {
   try {
     return run_command(st, argc, argv);
   } catch (const dist::DistError& e) {   // a peer failed: not this rank's input
-    std::cerr << kErrorPrefix << e.what() << "\n";
-    return 3;
+    std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";
+    return is_disk_error_message(e.what()) ? kExitDisk : 3;
   } catch (const std::exception& e) {
-    std::cerr << kErrorPrefix << e.what() << "\n";
-    return 2;
+    // The disk (ENOSPC, EDQUOT, EIO, EROFS), also when a save passed the error between ranks as
+    // text, is not bad input.
+    std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";   // a path need not be UTF-8
+    return dynamic_cast<const DiskError*>(&e) != nullptr || is_disk_error_message(e.what()) ? kExitDisk : 2;
   }
 }
 

@@ -2,7 +2,8 @@
 // run by tool_main; all logic lives in the library (rh_core), so the tests exercise the same code.
 // Exit codes: 0 success, 1 a check/scenario missed its expectation or a checkpoint is damaged,
 // 2 bad input (flags, scenario files, checkpoints that cannot be loaded), 3 a data-parallel peer
-// failed or timed out (the launcher reports which rank failed first).
+// failed or timed out (the launcher reports which rank failed first), 4 the disk failed (no space,
+// quota, I/O error, read-only filesystem; the message names the path).
 #include "harness/cli/commands.h"
 #include "harness/train/env.h"
 

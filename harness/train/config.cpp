@@ -133,6 +133,16 @@ nlohmann::json field_to_json(const FieldPtr& p) {
       p);
 }
 
+// The model's sizes and their valid range [1, cap]: validate() checks them, and a JSON value beyond
+// int64 (vocab_size 2^64-1) is refused naming the same range.
+const std::vector<std::pair<std::string, int64_t>>& dim_caps() {
+  static const std::vector<std::pair<std::string, int64_t>> caps = {
+      {"model.vocab_size", int64_t(1) << 20}, {"model.seq_len", int64_t(1) << 16}, {"model.d_model", int64_t(1) << 14},
+      {"model.n_layers", 256},                {"model.n_heads", int64_t(1) << 10}, {"model.n_experts", int64_t(1) << 10},
+      {"model.ffn_hidden", int64_t(1) << 16}};
+  return caps;
+}
+
 void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::string& where,
                      const std::string& key) {
   auto fail = [&](const char* expected) {
@@ -146,7 +156,13 @@ void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::stri
           if (!v.is_boolean()) fail("true or false");
           *dst = v.get<bool>();
         } else if constexpr (std::is_same_v<T, int64_t>) {
-          if (!v.is_number_integer()) fail("an integer");
+          // 2^64-1 parses as unsigned: get<int64_t>() would wrap it to -1 and the message show -1.
+          if (!v.is_number_integer() ||
+              (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+            for (const auto& [k, cap] : dim_caps())
+              if (k == key) fail(("an integer in [1, " + std::to_string(cap) + "]").c_str());
+            fail("an integer in [-2^63, 2^63 - 1]");
+          }
           *dst = v.get<int64_t>();
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() &&
@@ -246,18 +262,17 @@ void validate(const RunConfig& c) {
 #ifndef RH_WITH_CUDA
   require(t.device != "cuda", "train.device (--device) cuda: this build has no CUDA (LibTorch without CUDA)");
 #endif
-  // The model's own rules (layers, heads dividing the width, top-k <= experts, dropout in [0, 1)),
-  // then sizes: each dimension capped, and the parameter count estimated without overflow.
-  models::validate_config(c.model);
+  // Sizes first, each with its valid range and the value given (vocab_size 2^64-1 once showed
+  // as -1 "must be positive"), then the model's own rules (layers, heads dividing the width,
+  // top-k <= experts, dropout in [0, 1)), then the parameter count estimated without overflow.
   const auto& m = c.model;
-  for (auto [name, v, cap] : {std::tuple{"model.vocab_size", m.vocab_size, int64_t(1) << 20},
-                              std::tuple{"model.seq_len", m.seq_len, int64_t(1) << 16},
-                              std::tuple{"model.d_model", m.d_model, int64_t(1) << 14},
-                              std::tuple{"model.n_layers", m.n_layers, int64_t(256)},
-                              std::tuple{"model.n_heads", m.n_heads, int64_t(1) << 10},
-                              std::tuple{"model.n_experts", m.n_experts, int64_t(1) << 10},
-                              std::tuple{"model.ffn_hidden", m.ffn_hidden, int64_t(1) << 16}})
-    require(v <= cap, std::string(name) + " must be <= " + std::to_string(cap) + ", got " + std::to_string(v));
+  const int64_t dims[] = {m.vocab_size, m.seq_len, m.d_model, m.n_layers, m.n_heads, m.n_experts, m.ffn_hidden};
+  for (size_t i = 0; i < dim_caps().size(); ++i) {
+    const auto& [name, cap] = dim_caps()[i];
+    const int64_t v = dims[i];
+    require(v >= 1 && v <= cap, name + " must be in [1, " + std::to_string(cap) + "], got " + std::to_string(v));
+  }
+  models::validate_config(c.model);
   const double params = double(m.vocab_size) * double(m.d_model) * 2 +
                         double(m.n_layers) * (4.0 * double(m.d_model) * double(m.d_model) +
                                               3.0 * double(m.n_experts) * double(m.d_model) * double(m.ffn_hidden));
@@ -310,7 +325,7 @@ RunConfig load_run_config_file(const std::string& path, std::set<std::string>* k
     throw std::invalid_argument("run config " + std::string(e.what()));
   }
   // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
-  const nlohmann::json j = ckpt::parse_json_bounded(text, path);
+  const nlohmann::json j = ckpt::parse_json_unique(text, path);
   RunConfig cfg = run_config_from_json(j, path);   // validates the shape before keys are listed
   if (keys_given)
     for (const auto& [section, body] : j.items())

@@ -47,7 +47,7 @@ Fault parse_fault(const std::string& s) {
 
 namespace {
 nlohmann::json read_small_json(const std::string& path, const std::string& what) {
-  return ckpt::parse_json_bounded(ckpt::read_regular_file(path, 1u << 20), what);
+  return ckpt::parse_json_unique(ckpt::read_regular_file(path, 1u << 20), what);
 }
 }  // namespace
 
@@ -59,53 +59,73 @@ void write_save_plan(const std::string& path, const std::vector<SaveTarget>& sav
     list.push_back({{"root", t.root}, {"policy", ckpt::to_string(t.policy.kind)}, {"overrides", overrides},
                     {"compress", ckpt::to_string(t.policy.compress)}});
   }
-  write_text(path, nlohmann::json{{"schema_version", kSavePlanSchema}, {"saves", list}}.dump(2) + "\n");
+  write_text(path, ckpt::dump_text(nlohmann::json{{"schema_version", kSavePlanSchema}, {"saves", list}}, 2) + "\n");
 }
 
-std::vector<SaveTarget> read_save_plan(const std::string& path) {
-  const nlohmann::json j = read_small_json(path, "save plan " + path);
-  auto bad = [&](const std::string& what) { return std::invalid_argument("save plan " + path + ": " + what); };
-  if (!j.is_object() || j.value("schema_version", 0) != kSavePlanSchema || !j.contains("saves") || !j["saves"].is_array())
-    throw bad("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
+// Every field through the checked accessor, so a refusal names the plan, the JSON path and what
+// was expected ("schema_version": "1" once gave a bare nlohmann type_error).
+std::vector<SaveTarget> read_save_plan(const std::string& path) try {
+  const std::string what = "save plan " + path;
+  const nlohmann::json j = read_small_json(path, what);
+  const ckpt::JsonField plan(j, what);
+  if (!j.is_object()) plan.fail("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
+  const int64_t schema = plan["schema_version"].i64();
+  if (schema != kSavePlanSchema)
+    plan["schema_version"].fail("expected " + std::to_string(kSavePlanSchema) + ", got " + std::to_string(schema));
   std::vector<SaveTarget> out;
-  for (size_t i = 0; i < j["saves"].size(); ++i) {
-    const auto& e = j["saves"][i];
-    const std::string where = "saves[" + std::to_string(i) + "]";
-    if (!e.is_object() || !e.contains("root") || !e["root"].is_string() || e["root"].get<std::string>().empty())
-      throw bad(where + ": expected an object with a non-empty \"root\"");
+  plan["saves"].each([&](const ckpt::JsonField& e) {
     SaveTarget t;
-    t.root = e["root"].get<std::string>();
+    t.root = e["root"].str();
+    if (t.root.empty()) e["root"].fail("expected a non-empty checkpoint root");
+    // A path is a C string to the kernel: "a\u0000b" would save into "a".
+    if (const size_t z = t.root.find('\0'); z != std::string::npos)
+      e["root"].fail("NUL byte at character " + std::to_string(z) + " of '" + ckpt::quote_text(t.root) +
+                     "' (a path cannot hold one)");
     try {
-      t.policy.kind = ckpt::parse_save_policy(e.value("policy", std::string("native")));
-      t.policy.compress = ckpt::parse_compression(e.value("compress", std::string("none")));
-      const nlohmann::json overrides = e.value("overrides", nlohmann::json::object());
-      for (const auto& [k, d] : overrides.items())
-        t.policy.overrides[k] = optim::parse_dtype(d.get<std::string>(), where + ".overrides." + k);
+      t.policy.kind = ckpt::parse_save_policy(e.has("policy") ? e["policy"].str() : "native");
+      t.policy.compress = ckpt::parse_compression(e.has("compress") ? e["compress"].str() : "none");
+      if (e.has("overrides"))
+        e["overrides"].each_member([&](const std::string& k, const ckpt::JsonField& d) {
+          t.policy.overrides[k] = optim::parse_dtype(d.str(), e.path() + "/overrides/" + k);
+        });
+    } catch (const ckpt::CheckpointError&) {
+      throw;
     } catch (const std::exception& x) {
-      throw bad(where + ": " + x.what());
+      e.fail(x.what());
     }
     out.push_back(t);
-  }
+  });
   return out;
+} catch (const ckpt::CheckpointError& e) {   // bad input to the train command, as before
+  throw std::invalid_argument(e.what());
 }
 
-LoadResult read_load_result(const std::string& path) {
+// Through the checked accessor: a field of the wrong type names the file and field (value() threw
+// nlohmann's type_error for "status": 1). Errors are runtime_errors, as before.
+LoadResult read_load_result(const std::string& path) try {
   const nlohmann::json j = read_small_json(path, path);
-  if (!j.is_object() || j.value("schema_version", 0) != kLoadResultSchema)
-    throw std::runtime_error(path + ": expected a load result of schema_version " + std::to_string(kLoadResultSchema));
+  const ckpt::JsonField f(j, path);
+  if (!j.is_object()) f.fail("expected a load result object");
+  if (f["schema_version"].i64() != kLoadResultSchema)
+    f["schema_version"].fail("expected " + std::to_string(kLoadResultSchema));
   LoadResult r;
-  const std::string status = j.value("status", std::string());
+  const std::string status = f["status"].str();
   if (status != "loaded" && status != "refused")
-    throw std::runtime_error(path + ": status '" + status + "', expected loaded or refused");
+    f["status"].fail("'" + ckpt::quote_text(status) + "', expected loaded or refused");
   r.loaded = status == "loaded";
-  r.checkpoint = j.value("checkpoint", std::string());
-  r.iteration = j.value("iteration", int64_t{-1});
-  r.error_kind = j.value("error_kind", std::string());
-  r.file = j.value("file", std::string());
-  r.tensor = j.value("tensor", std::string());
-  r.message = j.value("message", std::string());
-  for (const auto& c : j.value("conversions", nlohmann::json::array())) r.conversions.push_back(c.get<std::string>());
+  auto text = [&](const char* k) { return f.has(k) ? f[k].str() : std::string(); };
+  r.checkpoint = text("checkpoint");
+  r.iteration = f.has("iteration") ? f["iteration"].i64() : -1;
+  r.error_kind = text("error_kind");
+  r.file = text("file");
+  r.tensor = text("tensor");
+  r.message = text("message");
+  if (f.has("conversions")) f["conversions"].each([&](const ckpt::JsonField& c) { r.conversions.push_back(c.str()); });
   return r;
+} catch (const ckpt::CheckpointError& e) {
+  throw std::runtime_error(e.what());
+} catch (const std::invalid_argument& e) {   // parse_json_unique: not JSON, a duplicate key
+  throw std::runtime_error(e.what());
 }
 
 namespace {
@@ -280,9 +300,13 @@ void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainS
 
 void write_load_result(const Run& run, const nlohmann::json& j) {
   if (!run.write_out) return;
-  nlohmann::json all = {{"schema_version", kLoadResultSchema}, {"checkpoint", run.job.load}};
+  // Paths and messages as printable UTF-8 (a checkpoint path that is not UTF-8 once made dump()
+  // throw nlohmann's type_error 316, and the load "fail" with that message).
+  nlohmann::json all = {{"schema_version", kLoadResultSchema}, {"checkpoint", ckpt::printable_text(run.job.load)}};
   all.update(j);
-  write_text((run.out / kLoadResultFile).string(), all.dump(2) + "\n");
+  for (const char* k : {"message", "file", "checkpoint"})
+    if (all.contains(k) && all[k].is_string()) all[k] = ckpt::printable_text(all[k].get<std::string>());
+  write_text((run.out / kLoadResultFile).string(), ckpt::dump_text(all, 2) + "\n");
 }
 
 const char* error_kind(const std::exception& e) {
@@ -301,7 +325,7 @@ void write_phases(Run& run, size_t iterations, std::chrono::steady_clock::durati
                       {"seconds", run.phases.seconds()},
                       {"fsync", fsync_s},
                       {"total", std::chrono::duration<double>(total).count()}};
-  write_text((run.out / "phases.json").string(), j.dump(2) + "\n");
+  write_text((run.out / "phases.json").string(), ckpt::dump_text(j, 2) + "\n");
 }
 
 // The load itself, timed as phase "load": the checkpoint into the model and optimizer, the

@@ -110,7 +110,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   for (const auto& d : shard_dirs) {
     Shard s{d, {}, {}};
     try {
-      s.summary = ckpt::parse_json_bounded(read_shard_file(d, "summary.json"), (d / "summary.json").string());
+      s.summary = ckpt::parse_json_unique(read_shard_file(d, "summary.json"), (d / "summary.json").string());
     } catch (const MergeError&) {
       throw;
     } catch (const std::exception& e) {
@@ -233,7 +233,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   merged["total"] = cells.size();
   merged["seconds"] = seconds;   // the longest shard: the wall time of the sharded run
   write_text((out_dir / "summary.csv").string(), csv);
-  write_text((out_dir / "summary.json").string(), merged.dump(2) + "\n");
+  write_text((out_dir / "summary.json").string(), ckpt::dump_text(merged, 2) + "\n");
   const std::string file = member(first, first.summary, "file", vt::string, "").get<std::string>();
   write_junit((out_dir / "junit.xml").string(), fs::path(file).stem().string(), junit);
   log << "merged " << shards.size() << " shards: " << (res.cells - res.failed) << " passed, " << res.failed

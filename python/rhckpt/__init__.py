@@ -23,7 +23,15 @@ from . import safetensors as st
 from .errors import BadInput, Damaged
 from .guard import Field, parse_json_bounded, quote, read_regular_file
 
-__all__ = ["open", "Checkpoint", "BadInput", "Damaged", "decode"]
+__all__ = ["open", "Checkpoint", "BadInput", "Damaged", "NoTensor", "decode"]
+
+
+class NoTensor(KeyError):
+    """A key (or a param's master) the checkpoint does not hold: its message names the checkpoint and
+    the key. A KeyError for callers' `except KeyError`; printed without KeyError's quotes."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
 
 
 def _e4m3_table():
@@ -126,7 +134,8 @@ class Checkpoint:
     """One verified checkpoint directory; every file is read and checked when it is opened, in the
     order and by the rules of the tool's own reader (docs/checkpoint-format.md)."""
 
-    def __init__(self, path):
+    def __init__(self, path, max_decoded_bytes=None):
+        self.max_decoded_bytes = max_decoded_bytes
         self.dir = _iteration_dir(path)
         self.manifest = _read_checked_manifest(self.dir)
         self._mpath = "checkpoint file " + os.path.join(self.dir, "manifest.json")
@@ -174,13 +183,36 @@ class Checkpoint:
 
     def _check_decode_budget(self, entries):
         """A load decodes at most what the manifest says the compressed files' tensors hold (every
-        table is matched to the manifest before decoding), and that must fit this machine."""
+        table is matched to the manifest before decoding), and that must fit this machine and the
+        caller's max_decoded_bytes. A state tensor of a compressed file must have as many elements
+        as its shard's range of its param, before anything is decoded (expect_tables in
+        harness/checkpoint/manifest.cpp: a manifest resealed to agree with a bomb's table still
+        disagrees with its own layout)."""
         compressed = {e["name"] for e in entries if "compress" in e}
+        ranges = {}
+        for sh in self.manifest["shards"]:
+            for r in sh["param_ranges"]:
+                ranges.setdefault((sh["file"], r["param"]), r["end"] - r["begin"])
+        for i, t in enumerate(self.manifest["tensors"]):
+            if t["file"] not in compressed or t["kind"] not in ("master_param", "remainder", "exp_avg", "exp_avg_sq"):
+                continue
+            numel = 1
+            for d in t["shape"]:
+                numel *= d
+            want = ranges.get((t["file"], t["param"]))
+            if want is not None and want != numel:
+                raise Damaged(self._mpath, "field /tensors/%d/shape: %s is %d elements, but the shard range of '%s' in "
+                                           "%s has %d (its shard's range; refused before decoding)"
+                              % (i, quote(t["shape"]), numel, quote(t["param"]), t["file"], want))
         need = sum(t["bytes"] for (f, _), t in self._listed.items() if f in compressed)
         phys = _physical_memory()
         if need > phys:
             raise Damaged(self._mpath, "the compressed files' tensors need %d bytes decoded, more than this machine's "
                                        "memory (%d)" % (need, phys))
+        if self.max_decoded_bytes is not None and need > self.max_decoded_bytes:
+            raise Damaged(self._mpath, "the compressed files' tensors need %d bytes decoded, more than the %d bytes "
+                                       "allowed (max_decoded_bytes); refused before decoding"
+                          % (need, self.max_decoded_bytes))
 
     def _expect_table(self, name, path):
         """A compressed file's table against the manifest, before anything is decoded."""
@@ -275,7 +307,7 @@ class Checkpoint:
         """[(file, dtype, stored array)] of a key, in flat order (rank 0's piece first)."""
         found = [(f, dt, a) for (f, k), (dt, a) in self._pieces.items() if k == key]
         if not found:
-            raise KeyError("%s: no tensor '%s'" % (self.dir, key))
+            raise NoTensor("%s: no tensor '%s'" % (self.dir, key))
         param = key.split("/")[0]
         return sorted(found, key=lambda p: self._ranges.get((p[0], param), (0, 0))[0])
 
@@ -331,10 +363,10 @@ class Checkpoint:
             return self.unscaled(param + "/master_param").astype(np.float32)
         weight = self.stored(param)
         if self.dtype(param) != "BF16":
-            raise KeyError("%s: '%s' has no master_param and a %s weight" % (self.dir, param, self.dtype(param)))
+            raise NoTensor("%s: '%s' has no master_param and a %s weight" % (self.dir, param, self.dtype(param)))
         rem = self.stored(param + "/remainder").reshape(weight.shape)
         if rem.dtype != np.int16:
-            raise KeyError("%s: '%s/remainder' is %s, not I16" % (self.dir, param, self.dtype(param + "/remainder")))
+            raise NoTensor("%s: '%s/remainder' is %s, not I16" % (self.dir, param, self.dtype(param + "/remainder")))
         bits = (weight.astype(np.int64) << 16) + rem.astype(np.int64)
         return (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
 
@@ -343,10 +375,12 @@ class Checkpoint:
         return sorted((f, k, dt, list(a.shape), a.nbytes) for (f, k), (dt, a) in self._pieces.items())
 
 
-def open(path):   # noqa: A001 (the package's entry point, like builtins.open for files)
-    """Opens and verifies a checkpoint root or iter_ directory; see Checkpoint."""
+def open(path, max_decoded_bytes=None):   # noqa: A001 (the package's entry point, like builtins.open for files)
+    """Opens and verifies a checkpoint root or iter_ directory; see Checkpoint. max_decoded_bytes
+    caps what the compressed files may decode to (checked against the manifest before decoding;
+    the tool's load uses what its model and optimizer can hold), else this machine's memory."""
     if not os.path.lexists(path):
         raise BadInput("%s: no such file or directory" % path)
     if not os.path.isdir(path):
         raise BadInput("%s: not a directory" % path)
-    return Checkpoint(path)
+    return Checkpoint(path, max_decoded_bytes)

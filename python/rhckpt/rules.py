@@ -67,6 +67,9 @@ def check_schema(j, path):
                                      % (f["block_xxh3"].size(), nbytes, bb, want))
             for h in f["block_xxh3"].each():
                 hex_string(h, 16)
+            if want == 1 and f["xxh3"].v.lower() != f["block_xxh3"][0].v.lower():
+                f["xxh3"].fail("%s, but the file is one block whose XXH3-64 (block_xxh3/0) is %s: they are the same "
+                               "hash" % (f["xxh3"].v, f["block_xxh3"][0].v))
         if f.has("compress"):
             if f["compress"].v != "zstd":
                 f["compress"].fail("expected \"zstd\", got " + quote(f["compress"].v))

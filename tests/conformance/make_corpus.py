@@ -265,6 +265,31 @@ def zstd_bomb(c):
     c.write_table(SHARD0, header, blobs, table)
 
 
+def zstd_bomb_manifest_agrees(c):
+    """The 64 MiB zero bomb with the manifest resealed to AGREE with the table (dtype, shape, bytes,
+    stored bytes): only the manifest's own layout (the shard range of that state's param, 128
+    elements) tells that it cannot be; refused before anything is decoded."""
+    header, data, table = c.rh_table(SHARD0)
+    blobs = c.blobs(header, data)
+    key = sorted(table)[0]
+    raw_bytes = 64 << 20
+    frame = zstandard.ZstdCompressor(level=19).compress(b"\0" * BLOCK)
+    nblocks = raw_bytes // BLOCK
+    entry = next(e for e in c.m["tensors"] if e["file"] == SHARD0 and e["key"] == key)
+    table[key] = {"blocks": [["z", [len(frame)], h64(frame), h64(b"\0" * BLOCK)]] * nblocks, "dtype": entry["dtype"],
+                  "raw_bytes": raw_bytes, "shape": [raw_bytes // 4]}
+    blobs[key] = frame * nblocks
+    header[key]["shape"] = [len(blobs[key])]
+    entry.update(shape=[raw_bytes // 4], numel=raw_bytes // 4, bytes=raw_bytes, stored_bytes=len(blobs[key]))
+    c.write_table(SHARD0, header, blobs, table)
+
+
+def whole_file_hash_differs_from_its_one_block(c):
+    """A one-block file whose whole-file XXH3-64 in the manifest is not its block's (resealed)."""
+    e = c.file_entry(SHARD1)
+    e["xxh3"] = "%016x" % (int(e["xxh3"], 16) ^ 1)
+
+
 def table_disagrees_with_manifest(c):
     """rh_tensors says I32 where the manifest says F32 (same shape, bytes and blocks)."""
     header, data, table = c.rh_table(SHARD0)
@@ -431,6 +456,9 @@ CASES = [
     ("accept_plain_dp2", P, None, True, 0, "", "R0"),
     ("accept_zstd_dp2", Z, None, True, 0, "", "R0"),
     ("accept_root_pointer", P, pointer("2\n"), True, 0, "", "R2"),
+    # a CUDA generator's 16-byte state: a reader accepts it (R11); a CPU run's load refuses it
+    # before reporting the load (test_cli_errors HostileLoad.*)
+    ("accept_cuda_rank_state", P, rng_bytes("00" * 16, ("rank_states", 1)), True, 0, "", "R11"),
     # not a checkpoint at all
     ("no_such_path", P, no_such_path, False, 2, "no such file or directory", "R1"),
     ("empty_directory", P, empty_dir, False, 2, "neither a checkpoint directory", "R1"),
@@ -462,6 +490,8 @@ CASES = [
     ("file_listed_twice", P, lambda c: c.m["files"].append(dict(c.m["files"][0])), True, 1, "listed twice", "R5"),
     ("file_missing", P, file_missing, True, 1, "missing", "R5"),
     ("file_symlink_outside", P, link_outside(MODEL), True, 1, "symbolic link", "R5"),
+    ("file_hash_not_its_one_block", P, whole_file_hash_differs_from_its_one_block, True, 1,
+     "they are the same hash", "R7"),
     ("file_truncated", P, file_truncated, False, 1, "(truncated)", "R7"),
     ("file_byte_flipped", P, byte_flipped, False, 1, "XXH3-64 checksum", "R7"),
     ("safetensors_overlap", P, safetensors_overlap, True, 1, MODEL, "R9"),
@@ -496,6 +526,7 @@ CASES = [
     ("shard_flat_begin_off_by_one", P, lambda c: c.split_range(1).update(flat_begin=c.split_range(1)["flat_begin"] + 1),
      True, 1, "field /shards/1/param_ranges/0/flat_begin", "R13"),
     ("shard_dp_size_three", P, dp_size_three, True, 1, "dp_size is 3", "R13"),
+    ("shard_dp_size_one", P, set_field(("dp_size",), 1), True, 1, "is not below dp_size 1", "R11"),
     # compression
     ("zstd_listed_compressed_but_plain", P, listed_compressed_but_plain, True, 1, "the manifest says compressed", "R14"),
     ("zstd_compressed_but_listed_plain", Z, compressed_but_listed_plain, True, 1, "the manifest does not say so", "R14"),
@@ -509,6 +540,8 @@ CASES = [
     ("zstd_table_not_json", Z, rh_tensors_not_json, True, 1, "rh_tensors", "R15"),
     ("zstd_table_disagrees_with_manifest", Z, table_disagrees_with_manifest, True, 1, "manifest says F32", "R16"),
     ("zstd_bomb_256mib", Z, zstd_bomb, True, 1, "manifest says", "R16"),
+    ("zstd_bomb_manifest_agrees", Z, zstd_bomb_manifest_agrees, True, 1,
+     "its shard's range; refused before decoding", "R16"),
 ]
 
 
