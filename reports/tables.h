@@ -80,10 +80,13 @@ std::string outcome_class(const SummaryRow& r);
 // rows are the first axis's values, columns the combinations of the others (in order of first
 // appearance); each cell is the outcome_class of that scenario, with its verdict and first
 // divergence as hover text ("—" where no scenario has that combination). A name part without '='
-// is its own value of an axis called "scenario".
+// is its own value of an axis called "scenario". A group whose grid would hold more than 16 cells
+// per scenario (most of them empty) is a list instead, one row per scenario (its row value, its
+// columns and its outcome), and `note` says so.
 struct OutcomeGrid {
   std::string group;
   Table table;
+  std::string note;   // "" for a grid
 };
 std::vector<OutcomeGrid> outcome_grids(const RunData& run);
 
