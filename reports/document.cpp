@@ -89,20 +89,22 @@ std::string base64(const std::string& in) {
 }
 
 std::string render_markdown(const Document& d) {
-  std::string o = "# " + d.title + "\n\n";
+  // Every text is escaped here (md_text), as render_html escapes it: names and messages come from
+  // the run directory, and report.md is posted as a pull-request comment.
+  std::string o = "# " + md_text(d.title) + "\n\n";
   for (const auto& b : d.blocks) {
     switch (b.kind) {
-      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + b.text + "\n\n"; break;
-      case Block::Kind::paragraph: o += b.text + "\n\n"; break;
+      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + md_text(b.text) + "\n\n"; break;
+      case Block::Kind::paragraph: o += md_text(b.text) + "\n\n"; break;
       case Block::Kind::bullets:
-        for (const auto& i : b.items) o += "- " + i + "\n";
+        for (const auto& i : b.items) o += "- " + md_text(i) + "\n";
         o += "\n";
         break;
       case Block::Kind::table:
         o += to_markdown(b.table);
         o += '\n';
         break;
-      case Block::Kind::image: o += "![" + b.text + "](" + b.image + ")\n\n*" + b.text + "*\n\n"; break;
+      case Block::Kind::image: o += "![" + md_text(b.text) + "](" + b.image + ")\n\n*" + md_text(b.text) + "*\n\n"; break;
     }
   }
   return o;

@@ -48,16 +48,58 @@ std::string reduction_text(double pct) {
 
 namespace {
 
-void append_md_cell(std::string& o, const std::string& s) {
-  if (s.empty()) o += ' ';
+void append_md(std::string& o, const std::string& s) {
   for (const char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n' || c == '\r') o += ' ';
-    else o += c;
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '\\': case '`': case '*': case '[': case ']': case '|':
+        o += '\\';
+        o += c;
+        break;
+      case '\r': case '\n': o += ' '; break;
+      default: o += c;
+    }
   }
 }
 
+void append_md_cell(std::string& o, const std::string& s) {
+  if (s.empty()) o += ' ';
+  else append_md(o, s);
+}
+
 }  // namespace
+
+std::string md_text(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  append_md(o, s);
+  return o;
+}
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  o.reserve(s.size() + 1);
+  append_md_cell(o, s);
+  return o;
+}
+
+std::string md_code(const std::string& s) {
+  size_t longest = 0, run = 0;
+  std::string body;
+  body.reserve(s.size());
+  for (const char c : s) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+    body += c == '\r' || c == '\n' ? ' ' : c;
+  }
+  const std::string fence(longest + 1, '`');
+  // A space on each side keeps a backtick at either end from joining the fence (CommonMark strips
+  // one space from each side of a span that has both).
+  const bool pad = !body.empty() && (body.front() == '`' || body.back() == '`' || (body.front() == ' ' && body.back() == ' '));
+  return pad ? fence + " " + body + " " + fence : fence + body + fence;
+}
 
 std::string to_markdown(const Table& t) {
   std::string o = "|";
