@@ -64,8 +64,8 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
     return n;
   };
   out << "## resume-harness: run comparison\n\n"
-      << "- A: `" << run_a << "`: " << a.size() << " scenarios, " << failed(a) << " failed\n"
-      << "- B: `" << run_b << "`: " << b.size() << " scenarios, " << failed(b) << " failed\n"
+      << "- A: " << md_code(run_a) << ": " << a.size() << " scenarios, " << failed(a) << " failed\n"
+      << "- B: " << md_code(run_b) << ": " << b.size() << " scenarios, " << failed(b) << " failed\n"
       << "- " << regressions << " regression(s) (passed in A, fail in B), " << fixes << " fixed\n\n";
   const bool none = verdicts.rows.empty() && divergences.rows.empty() && bytes.rows.empty() && only_a.empty() &&
                     only_b.empty();
@@ -76,7 +76,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
   auto list = [&](const char* title, const std::vector<std::string>& v) {
     if (v.empty()) return;
     out << "### " << title << "\n\n";
-    for (const auto& s : v) out << "- " << s << "\n";
+    for (const auto& s : v) out << "- " << md_text(s) << "\n";
     out << "\n";
   };
   list("Only in A (removed)", only_a);

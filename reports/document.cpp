@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 namespace rh::report {
 namespace {
@@ -35,32 +36,32 @@ void Document::heading(const std::string& text, int level) {
   b.kind = Block::Kind::heading;
   b.level = level;
   b.text = text;
-  blocks.push_back(b);
+  blocks.push_back(std::move(b));
 }
 void Document::paragraph(const std::string& text) {
   Block b;
   b.kind = Block::Kind::paragraph;
   b.text = text;
-  blocks.push_back(b);
+  blocks.push_back(std::move(b));
 }
-void Document::bullets(const std::vector<std::string>& items) {
+void Document::bullets(std::vector<std::string> items) {
   Block b;
   b.kind = Block::Kind::bullets;
-  b.items = items;
-  blocks.push_back(b);
+  b.items = std::move(items);
+  blocks.push_back(std::move(b));
 }
-void Document::table(const Table& t) {
+void Document::table(Table t) {
   Block b;
   b.kind = Block::Kind::table;
-  b.table = t;
-  blocks.push_back(b);
+  b.table = std::move(t);
+  blocks.push_back(std::move(b));
 }
 void Document::image(const std::string& rel_path, const std::string& caption) {
   Block b;
   b.kind = Block::Kind::image;
   b.image = rel_path;
   b.text = caption;
-  blocks.push_back(b);
+  blocks.push_back(std::move(b));
 }
 
 std::string base64(const std::string& in) {
@@ -88,17 +89,22 @@ std::string base64(const std::string& in) {
 }
 
 std::string render_markdown(const Document& d) {
-  std::string o = "# " + d.title + "\n\n";
+  // Every text is escaped here (md_text), as render_html escapes it: names and messages come from
+  // the run directory, and report.md is posted as a pull-request comment.
+  std::string o = "# " + md_text(d.title) + "\n\n";
   for (const auto& b : d.blocks) {
     switch (b.kind) {
-      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + b.text + "\n\n"; break;
-      case Block::Kind::paragraph: o += b.text + "\n\n"; break;
+      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + md_text(b.text) + "\n\n"; break;
+      case Block::Kind::paragraph: o += md_text(b.text) + "\n\n"; break;
       case Block::Kind::bullets:
-        for (const auto& i : b.items) o += "- " + i + "\n";
+        for (const auto& i : b.items) o += "- " + md_text(i) + "\n";
         o += "\n";
         break;
-      case Block::Kind::table: o += to_markdown(b.table) + "\n"; break;
-      case Block::Kind::image: o += "![" + b.text + "](" + b.image + ")\n\n*" + b.text + "*\n\n"; break;
+      case Block::Kind::table:
+        o += to_markdown(b.table);
+        o += '\n';
+        break;
+      case Block::Kind::image: o += "![" + md_text(b.text) + "](" + b.image + ")\n\n*" + md_text(b.text) + "*\n\n"; break;
     }
   }
   return o;
@@ -121,7 +127,11 @@ std::string render_html(const Document& d, const std::string& run_dir) {
         for (const auto& i : b.items) o += "<li>" + markup_escape(i) + "</li>\n";
         o += "</ul>\n";
         break;
-      case Block::Kind::table: o += "<div class=\"scroll\">\n" + to_html(b.table) + "</div>\n"; break;
+      case Block::Kind::table:
+        o += "<div class=\"scroll\">\n";
+        o += to_html(b.table);
+        o += "</div>\n";
+        break;
       case Block::Kind::image: {
         const auto path = std::filesystem::path(run_dir) / b.image;
         const std::string png = read_run_file(path.string(), 64ull << 20);   // regular file, capped

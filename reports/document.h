@@ -23,8 +23,8 @@ struct Document {
   std::vector<Block> blocks;
   void heading(const std::string& text, int level = 2);
   void paragraph(const std::string& text);
-  void bullets(const std::vector<std::string>& items);
-  void table(const Table& t);
+  void bullets(std::vector<std::string> items);   // by value: a 100,000-row table is moved, not copied
+  void table(Table t);
   void image(const std::string& rel_path, const std::string& caption);
 };
 

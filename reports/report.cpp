@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <set>
+#include <utility>
 
 #include "harness/base/no_follow.h"
 #include "harness/base/version.h"
@@ -56,7 +57,7 @@ void failing_list(Document& d, const RunData& run) {
   }
   d.heading("Scenarios that did not meet their expectation");
   if (items.empty()) d.paragraph("None: every scenario met its expectation.");
-  else d.bullets(items);
+  else d.bullets(std::move(items));
 }
 
 // The first screen: the verdict and the scenarios that did not meet their expectation.
@@ -103,13 +104,14 @@ void outcomes_section(Document& d, const RunData& run) {
   for (const auto& g : group_order)
     items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
                     " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
-  d.bullets(items);
+  d.bullets(std::move(items));
   d.paragraph("Outcome grids: one per scenario group, its first axis as rows and the other axes as columns; each "
               "cell is how that scenario ended (identical / within tolerance / diverged as expected / failed), "
               "with its verdict and first divergence on hover in report.html.");
-  for (const auto& g : outcome_grids(run)) {
+  for (auto& g : outcome_grids(run)) {
     d.heading(g.group, 3);
-    d.table(g.table);
+    if (!g.note.empty()) d.paragraph(g.note + ".");
+    d.table(std::move(g.table));
   }
 }
 
@@ -234,7 +236,7 @@ void notes_section(Document& d, const RunData& run) {
   }
   if (items.empty()) return;
   d.heading("Scenario notes");
-  d.bullets(items);
+  d.bullets(std::move(items));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -328,13 +330,19 @@ RunData load_run(const std::string& dir) {
     ScenarioData s;
     s.row = r;
     s.group = r.scenario.substr(0, r.scenario.find('/'));
-    const auto e = entries.count(r.scenario) ? entries[r.scenario] : nlohmann::json();
+    static const nlohmann::json none;
+    const auto found = entries.find(r.scenario);
+    const nlohmann::json& e = found != entries.end() ? found->second : none;
     s.rel_dir = e.contains("dir") && e["dir"].is_string()
                     ? checked_rel_dir(e["dir"].get<std::string>(), (root / "summary.json").string(), r.scenario)
                     : "scenarios/" + safe_name(r.scenario);
     const fs::path sd = root / s.rel_dir;
+    // A scenario that errored early has no directory at all: one look instead of six (a run of
+    // 100,000 such rows spent a second in stat calls). On an error, each file is looked at as before.
+    std::error_code ec;
+    const bool dir_there = fs::exists(sd, ec) || ec;
     auto present = [&](const char* name) {
-      if (fs::exists(sd / name)) return true;
+      if (dir_there && fs::exists(sd / name)) return true;
       s.missing.push_back(name);
       return false;
     };

@@ -8,21 +8,12 @@
 
 #include <cstdio>
 #include <set>
+#include <unordered_map>
 
 namespace rh::report {
 namespace {
 
 const char* kDash = "\u2014";   // shown where a value does not apply
-
-std::string md_cell(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '|') o += "\\|";
-    else if (c == '\n' || c == '\r') o += ' ';
-    else o += c;
-  }
-  return o.empty() ? " " : o;
-}
 
 bool is_optimizer_kind(const std::string& k) {
   return k == "master_param" || k == "remainder" || k == "exp_avg" || k == "exp_avg_sq";
@@ -55,16 +46,79 @@ std::string reduction_text(double pct) {
   return s == "-0.00 %" ? "0.00 %" : s;
 }
 
+namespace {
+
+void append_md(std::string& o, const std::string& s) {
+  for (const char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '\\': case '`': case '*': case '[': case ']': case '|':
+        o += '\\';
+        o += c;
+        break;
+      case '\r': case '\n': o += ' '; break;
+      default: o += c;
+    }
+  }
+}
+
+void append_md_cell(std::string& o, const std::string& s) {
+  if (s.empty()) o += ' ';
+  else append_md(o, s);
+}
+
+}  // namespace
+
+std::string md_text(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  append_md(o, s);
+  return o;
+}
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  o.reserve(s.size() + 1);
+  append_md_cell(o, s);
+  return o;
+}
+
+std::string md_code(const std::string& s) {
+  size_t longest = 0, run = 0;
+  std::string body;
+  body.reserve(s.size());
+  for (const char c : s) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+    body += c == '\r' || c == '\n' ? ' ' : c;
+  }
+  const std::string fence(longest + 1, '`');
+  // A space on each side keeps a backtick at either end from joining the fence (CommonMark strips
+  // one space from each side of a span that has both).
+  const bool pad = !body.empty() && (body.front() == '`' || body.back() == '`' || (body.front() == ' ' && body.back() == ' '));
+  return pad ? fence + " " + body + " " + fence : fence + body + fence;
+}
+
 std::string to_markdown(const Table& t) {
   std::string o = "|";
-  for (const auto& h : t.header) o += " " + md_cell(h) + " |";
+  for (const auto& h : t.header) {
+    o += ' ';
+    append_md_cell(o, h);
+    o += " |";
+  }
   o += "\n|";
   for (size_t c = 0; c < t.header.size(); ++c) o += c < t.right.size() && t.right[c] ? " ---: |" : " --- |";
-  o += "\n";
+  o += '\n';
   for (const auto& r : t.rows) {
-    o += "|";
-    for (const auto& cell : r) o += " " + md_cell(cell) + " |";
-    o += "\n";
+    o += '|';
+    for (const auto& cell : r) {
+      o += ' ';
+      append_md_cell(o, cell);
+      o += " |";
+    }
+    o += '\n';
   }
   return o;
 }
@@ -74,16 +128,27 @@ std::string to_html(const Table& t) {
   for (const auto& h : t.header) o += "<th>" + markup_escape(h) + "</th>";
   o += "</tr></thead>\n<tbody>\n";
   for (size_t i = 0; i < t.rows.size(); ++i) {
-    const std::string cls = i < t.row_class.size() ? t.row_class[i] : "";
-    o += cls.empty() ? "<tr>" : "<tr class=\"" + cls + "\">";
+    const std::string& cls = i < t.row_class.size() ? t.row_class[i] : std::string();
+    if (cls.empty()) o += "<tr>";
+    else o += "<tr class=\"" + cls + "\">";
     for (size_t c = 0; c < t.rows[i].size(); ++c) {
-      std::string cls = c < t.right.size() && t.right[c] ? "num" : "";
-      if (i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty())
-        cls += (cls.empty() ? "" : " ") + t.cell_class[i][c];
-      std::string attrs = cls.empty() ? "" : " class=\"" + cls + "\"";
+      const bool num = c < t.right.size() && t.right[c];
+      const std::string* extra =
+          i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty() ? &t.cell_class[i][c]
+                                                                                                : nullptr;
+      o += "<td";
+      if (num || extra) {
+        o += " class=\"";
+        if (num) o += "num";
+        if (num && extra) o += ' ';
+        if (extra) o += *extra;
+        o += '"';
+      }
       if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
-        attrs += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
-      o += "<td" + attrs + ">" + markup_escape(t.rows[i][c]) + "</td>";
+        o += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
+      o += '>';
+      o += markup_escape(t.rows[i][c]);
+      o += "</td>";
     }
     o += "</tr>\n";
   }
@@ -91,23 +156,32 @@ std::string to_html(const Table& t) {
 }
 
 std::vector<int> fp32_references(const RunData& run) {
+  // The reference of a configuration does not depend on which of its scenarios asks: one pass
+  // finds it for every configuration (the first of the highest score, in summary.csv order), a
+  // second hands it out. Comparing every scenario with every other took hours at 100,000 rows.
   const size_t n = run.scenarios.size();
   std::vector<std::string> key(n);
   for (size_t i = 0; i < n; ++i)
     if (!run.scenarios[i].config.is_null()) key[i] = run.scenarios[i].config.dump();
+  struct Best {
+    int scenario = -1, score = -1;
+  };
+  std::unordered_map<std::string, Best> best;   // config -> its reference
+  for (size_t j = 0; j < n; ++j) {
+    if (key[j].empty()) continue;
+    const auto& c = run.scenarios[j];
+    // Megatron's dp_reshardable, "fp32" in runs written before it took that name.
+    const bool fp32_states = c.row.save_policy == "dp_reshardable" || c.row.save_policy == "fp32";
+    if (!fp32_states || c.row.checkpoint_bytes.value <= 0) continue;
+    const int score = (c.has_disk && optimizer_all_f32(c) ? 2 : 0) + (c.row.fault == "none" ? 1 : 0);
+    Best& b = best[key[j]];
+    if (score > b.score) b = {static_cast<int>(j), score};
+  }
   std::vector<int> refs(n, -1);
   for (size_t i = 0; i < n; ++i) {
     if (key[i].empty()) continue;
-    int best = -1, best_score = -1;
-    for (size_t j = 0; j < n; ++j) {
-      const auto& c = run.scenarios[j];
-      // Megatron's dp_reshardable, "fp32" in runs written before it took that name.
-      const bool fp32_states = c.row.save_policy == "dp_reshardable" || c.row.save_policy == "fp32";
-      if (key[j] != key[i] || !fp32_states || c.row.checkpoint_bytes.value <= 0) continue;
-      const int score = (c.has_disk && optimizer_all_f32(c) ? 2 : 0) + (c.row.fault == "none" ? 1 : 0);
-      if (score > best_score) best = static_cast<int>(j), best_score = score;
-    }
-    refs[i] = best;
+    const auto it = best.find(key[i]);
+    if (it != best.end()) refs[i] = it->second.scenario;
   }
   return refs;
 }
@@ -294,64 +368,101 @@ std::vector<std::pair<std::string, std::string>> axis_values(const std::string& 
   return out;
 }
 
-void add_unique(std::vector<std::string>& v, const std::string& s) {
-  if (std::find(v.begin(), v.end(), s) == v.end()) v.push_back(s);
+// Distinct strings in order of first appearance, each found in constant time (a linear search per
+// scenario made the grids quadratic in the rows of a group).
+struct Ordered {
+  std::vector<std::string> items;
+  std::unordered_map<std::string, size_t> index;
+  size_t add(const std::string& s) {
+    const auto [it, inserted] = index.emplace(s, items.size());
+    if (inserted) items.push_back(s);
+    return it->second;
+  }
+};
+
+// The grid cell of one scenario: its class and hover text.
+void grid_cell(const SummaryRow& r, std::vector<std::string>& line, std::vector<std::string>& cls,
+               std::vector<std::string>& title) {
+  const std::string o = outcome_class(r);
+  line.push_back(o);
+  std::string css = "o-" + o;
+  std::replace(css.begin(), css.end(), ' ', '-');
+  cls.push_back(css);
+  title.push_back(r.scenario + ": " + r.verdict +
+                  (r.first_divergence.empty() ? "" : " (first divergence: " + r.first_divergence + ")"));
 }
 
 }  // namespace
 
 std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
-  std::vector<std::string> groups;
-  for (const auto& s : run.scenarios) add_unique(groups, s.group);
+  Ordered groups;
+  std::vector<std::vector<size_t>> members;   // per group, its scenarios in summary.csv order
+  for (size_t i = 0; i < run.scenarios.size(); ++i) {
+    const size_t g = groups.add(run.scenarios[i].group);
+    if (g == members.size()) members.emplace_back();
+    members[g].push_back(i);
+  }
   std::vector<OutcomeGrid> out;
-  for (const auto& g : groups) {
-    struct Cell {
-      std::string row, col;
-      const SummaryRow* r;
-    };
-    std::vector<Cell> cells;
-    std::vector<std::string> rows, cols, col_axes;
+  for (size_t g = 0; g < groups.items.size(); ++g) {
+    Ordered rows, cols, col_axes;
+    std::unordered_map<uint64_t, const SummaryRow*> cells;   // (row << 32 | col) -> first scenario there
+    std::vector<std::pair<uint64_t, const SummaryRow*>> in_order;   // every scenario's cell, in order
     std::string row_axis;
-    for (const auto& s : run.scenarios) {
-      if (s.group != g) continue;
+    for (const size_t i : members[g]) {
+      const auto& s = run.scenarios[i];
       const size_t slash = s.row.scenario.find('/');
       const auto av = axis_values(slash == std::string::npos ? "" : s.row.scenario.substr(slash + 1));
       if (row_axis.empty()) row_axis = av.front().first;
       std::string row = av.front().second, col;
-      for (size_t i = 1; i < av.size(); ++i) {
-        col += (col.empty() ? "" : ",") + av[i].first + "=" + av[i].second;
-        add_unique(col_axes, av[i].first);
+      for (size_t k = 1; k < av.size(); ++k) {
+        col += (col.empty() ? "" : ",") + av[k].first + "=" + av[k].second;
+        col_axes.add(av[k].first);
       }
       if (av.front().first != row_axis) row = av.front().first + "=" + row;
-      add_unique(rows, row);
-      add_unique(cols, col);
-      cells.push_back({row, col, &s.row});
+      const uint64_t key = static_cast<uint64_t>(rows.add(row)) << 32 | cols.add(col);
+      cells.emplace(key, &s.row);
+      in_order.push_back({key, &s.row});
     }
-    OutcomeGrid grid{g, {}};
+    OutcomeGrid grid{groups.items[g], {}, ""};
     std::string corner = row_axis;
-    if (!col_axes.empty()) {
+    if (!col_axes.items.empty()) {
       corner += " \\ ";
-      for (size_t i = 0; i < col_axes.size(); ++i) corner += (i ? "," : "") + col_axes[i];
+      for (size_t i = 0; i < col_axes.items.size(); ++i) corner += (i ? "," : "") + col_axes.items[i];
+    }
+    // A group whose names share few axis values would make a grid of mostly empty cells, as many
+    // as rows x columns (100,000 scenarios of distinct rows and columns: 10^10): past 16 cells per
+    // scenario it becomes a list of its cells instead, one row per scenario.
+    const size_t grid_cells = rows.items.size() * cols.items.size();
+    if (grid_cells > 16 * members[g].size() + 4096) {
+      std::string axes;
+      for (size_t i = 0; i < col_axes.items.size(); ++i) axes += (i ? "," : "") + col_axes.items[i];
+      grid.table.header = {row_axis, axes.empty() ? "columns" : axes, "outcome"};
+      grid.note = std::to_string(rows.items.size()) + " rows x " + std::to_string(cols.items.size()) +
+                  " columns would be mostly empty: one line per scenario instead";
+      for (const auto& [key, r] : in_order) {
+        std::vector<std::string> line{rows.items[key >> 32], cols.items[key & 0xffffffffu]}, cls{"", ""},
+            title{"", ""};
+        grid_cell(*r, line, cls, title);
+        grid.table.rows.push_back(line);
+        grid.table.cell_class.push_back(cls);
+        grid.table.cell_title.push_back(title);
+      }
+      out.push_back(std::move(grid));
+      continue;
     }
     grid.table.header.push_back(corner);
-    for (const auto& c : cols) grid.table.header.push_back(c.empty() ? "outcome" : c);
-    for (const auto& r : rows) {
-      std::vector<std::string> line{r}, cls{""}, title{""};
-      for (const auto& c : cols) {
-        auto it = std::find_if(cells.begin(), cells.end(), [&](const Cell& x) { return x.row == r && x.col == c; });
+    for (const auto& c : cols.items) grid.table.header.push_back(c.empty() ? "outcome" : c);
+    for (size_t r = 0; r < rows.items.size(); ++r) {
+      std::vector<std::string> line{rows.items[r]}, cls{""}, title{""};
+      for (size_t c = 0; c < cols.items.size(); ++c) {
+        const auto it = cells.find(static_cast<uint64_t>(r) << 32 | c);
         if (it == cells.end()) {
           line.push_back("\u2014");
           cls.push_back("o-none");
           title.push_back("");
           continue;
         }
-        const std::string o = outcome_class(*it->r);
-        line.push_back(o);
-        std::string css = "o-" + o;
-        std::replace(css.begin(), css.end(), ' ', '-');
-        cls.push_back(css);
-        title.push_back(it->r->scenario + ": " + it->r->verdict +
-                        (it->r->first_divergence.empty() ? "" : " (first divergence: " + it->r->first_divergence + ")"));
+        grid_cell(*it->second, line, cls, title);
       }
       grid.table.rows.push_back(line);
       grid.table.cell_class.push_back(cls);

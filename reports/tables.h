@@ -23,8 +23,20 @@ struct Table {
   std::vector<std::vector<std::string>> cell_class, cell_title;
 };
 
+// Tables print every cell escaped for their format: HTML by markup_escape, Markdown by md_cell.
 std::string to_markdown(const Table& t);
 std::string to_html(const Table& t);
+
+// Text for GitHub Markdown (report.md and `report --compare` are posted as PR comments): scenario
+// names and messages come from files and may hold markup. md_text keeps it one line of literal
+// text: `<`, `>` and `&` as entities (no raw HTML, no autolink), a backslash before each of
+// \ ` * [ ] | (no code span, emphasis, link or image, no table cell boundary), CR and LF as
+// spaces (no new block). md_cell is the same for a table cell (" " when empty, as GFM needs).
+std::string md_text(const std::string& s);
+std::string md_cell(const std::string& s);
+// s as one literal code span: a fence of one backtick more than the longest run of backticks in s
+// (CommonMark), CR and LF as spaces; entities and escapes do not work inside code, fences do.
+std::string md_code(const std::string& s);
 
 // printf-style formatting of one double (e.g. fmt("%.2f", 28.571) -> "28.57").
 std::string fmt(const char* format, double v);
@@ -80,10 +92,13 @@ std::string outcome_class(const SummaryRow& r);
 // rows are the first axis's values, columns the combinations of the others (in order of first
 // appearance); each cell is the outcome_class of that scenario, with its verdict and first
 // divergence as hover text ("—" where no scenario has that combination). A name part without '='
-// is its own value of an axis called "scenario".
+// is its own value of an axis called "scenario". A group whose grid would hold more than 16 cells
+// per scenario (most of them empty) is a list instead, one row per scenario (its row value, its
+// columns and its outcome), and `note` says so.
 struct OutcomeGrid {
   std::string group;
   Table table;
+  std::string note;   // "" for a grid
 };
 std::vector<OutcomeGrid> outcome_grids(const RunData& run);
 
