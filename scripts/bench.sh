@@ -5,7 +5,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
 "$here/scripts/setup.sh" "$build" >/dev/null
-cmake --build "$build" --target benches -j "$(nproc)" >/dev/null
+cmake --build "$build" --target benches -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" >/dev/null
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # The same kernels the tool pins itself to (harness/train/env.h pin_cross_machine_numerics).
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} RH_NUMERICS_PINNED=1

@@ -8,4 +8,4 @@ build=${BUILD_DIR:-$here/build}
 "$here/scripts/setup.sh" "$build"
 cd "$here"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-exec "$build/resume-harness" matrix scenarios/default.toml -j "$(nproc)" "$@"
+exec "$build/resume-harness" matrix scenarios/default.toml -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" "$@"

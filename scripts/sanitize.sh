@@ -26,10 +26,10 @@ mkdir -p "$build"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRH_SANITIZE=ON \
   -DRH_SANITIZE_REUSE="$release" -DRH_SANITIZE_TESTS="$tests" > "$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; echo "sanitize: configure failed"; exit 2; }
-cmake --build "$build" -j "$(nproc)" || { echo "sanitize: build failed"; exit 2; }
+cmake --build "$build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" || { echo "sanitize: build failed"; exit 2; }
 built=$(date +%s)
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+ctest --output-on-failure -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --timeout 900
 rc=$?
 echo "sanitize: build $((built - start)) s, tests $(( $(date +%s) - built )) s, ctest exit $rc"
 exit $rc

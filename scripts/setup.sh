@@ -60,4 +60,4 @@ esac
 
 run_logged "$build/setup-configure.log" "configure" \
   cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
-run_logged "$build/setup-build.log" "build ($build)" cmake --build "$build" -j "$(nproc)"
+run_logged "$build/setup-build.log" "build ($build)" cmake --build "$build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"

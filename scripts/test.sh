@@ -10,15 +10,18 @@ t0=$(date +%s); t=$t0
 step_time() { local now; now=$(date +%s); echo "== $1: $((now - t)) s"; t=$now; }   # CI time per step
 "$here/scripts/setup.sh" "$build" || exit 2
 step_time "set-up (packages, build)"
+# GNU nproc honours OMP_NUM_THREADS, set to 1 here for the tool's processes: count the cores
+# without it (with it, the matrices, the sanitizer build and CTest all ran on one core).
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cd "$here"
 echo "== scenario gate: matrix scenarios/ci.toml --golden scenarios/golden/ci"
-"$build/resume-harness" matrix scenarios/ci.toml -j "$(nproc)" --golden scenarios/golden/ci \
+"$build/resume-harness" matrix scenarios/ci.toml -j "$cores" --golden scenarios/golden/ci \
   --run-dir "$build/ci-run"
 matrix_rc=$?
 step_time "scenario gate"
 echo "== external trainers: matrix scenarios/external.toml (examples/tiny_lm and the tool itself)"
-"$build/resume-harness" matrix scenarios/external.toml -j "$(nproc)" --run-dir "$build/external-run" --no-report
+"$build/resume-harness" matrix scenarios/external.toml -j "$cores" --run-dir "$build/external-run" --no-report
 external_rc=$?
 step_time "external trainers"
 san_rc=0
@@ -32,7 +35,7 @@ if [ "${RH_SKIP_SANITIZE:-0}" != 1 ]; then
 fi
 echo "== unit tests (CTest)"
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 600
+ctest --output-on-failure -j "$cores" --timeout 600
 ctest_rc=$?
 step_time "unit tests"
 echo "== total: $(( $(date +%s) - t0 )) s"
