@@ -109,16 +109,9 @@ nlohmann::json read_json_file(const fs::path& p) {
     throw ReportError(p.string() + ":" + std::to_string(line_of(text, at)) + ": nesting deeper than " +
                       std::to_string(ckpt::kMaxJsonDepth) + " levels (refused before parsing)");
   // A key named twice in one object is refused naming it (nlohmann keeps the last silently).
-  std::vector<std::set<std::string>> keys;
-  nlohmann::json::parser_callback_t unique = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) keys.emplace_back();
-    if (ev == E::object_end && !keys.empty()) keys.pop_back();
-    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
-      throw ReportError(p.string() + ": duplicate key '" + ckpt::quote_text(parsed.get<std::string>()) +
-                        "' in one object (each key may appear once)");
-    return true;
-  };
+  const auto unique = ckpt::unique_keys_callback([&p](const std::string& key) {
+    throw ReportError(p.string() + ": duplicate key '" + ckpt::quote_text(key) + "' in one object (each key may appear once)");
+  });
   try {
     return nlohmann::json::parse(text, unique);
   } catch (const nlohmann::json::parse_error& e) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <vector>
 #include <stdexcept>
@@ -55,20 +56,25 @@ nlohmann::json parse_json_bounded(const char* p, size_t n, const std::string& wh
   }
 }
 
-nlohmann::json parse_json_unique(const char* p, size_t n, const std::string& what) {
+nlohmann::json::parser_callback_t unique_keys_callback(std::function<void(const std::string& key)> on_duplicate) {
   // One set of keys per open object; a key seen twice stops the parse at once.
-  std::vector<std::set<std::string>> keys;
-  nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+  auto keys = std::make_shared<std::vector<std::set<std::string>>>();
+  return [keys, on_duplicate = std::move(on_duplicate)](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) keys.emplace_back();
-    if (ev == E::object_end && !keys.empty()) keys.pop_back();
-    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
-      throw std::invalid_argument(what + ": duplicate key '" + quote_text(parsed.get<std::string>()) +
-                                  "' in one object (each key may appear once; a parser keeping the last would "
-                                  "let an appended edit win unseen)");
+    if (ev == E::object_start) keys->emplace_back();
+    if (ev == E::object_end && !keys->empty()) keys->pop_back();
+    if (ev == E::key && !keys->empty() && !keys->back().insert(parsed.get<std::string>()).second)
+      on_duplicate(parsed.get<std::string>());
     return true;
   };
-  return parse_json_bounded(p, n, what, cb);
+}
+
+nlohmann::json parse_json_unique(const char* p, size_t n, const std::string& what) {
+  return parse_json_bounded(p, n, what, unique_keys_callback([&what](const std::string& key) {
+    throw std::invalid_argument(what + ": duplicate key '" + quote_text(key) +
+                                "' in one object (each key may appear once; a parser keeping the last would "
+                                "let an appended edit win unseen)");
+  }));
 }
 
 std::string non_ascii_position(const std::string& text) {

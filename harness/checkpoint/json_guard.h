@@ -30,6 +30,10 @@ inline nlohmann::json parse_json_bounded(const std::string& text, const std::str
   return parse_json_bounded(text.data(), text.size(), what);
 }
 
+// A parser callback that calls on_duplicate(key) when a key is named twice in one object;
+// on_duplicate must throw. parse_json_unique and the report's summary.json reader share it.
+nlohmann::json::parser_callback_t unique_keys_callback(std::function<void(const std::string& key)> on_duplicate);
+
 // parse_json_bounded that also refuses a key named twice in one object (nlohmann and Python's
 // json keep the last silently): "<what>: duplicate key 'K' in one object ...". For every JSON file
 // the tool reads back: manifests, save plans, load results, run configs, summary.json.
