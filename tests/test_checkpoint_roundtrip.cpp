@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_fixture.h"
+#include "python_reference.h"
 #include "harness/checkpoint/policy.h"
 
 using namespace ckfix;
@@ -57,19 +58,6 @@ std::string describe(const StoredState& s) {
   o << rh::optim::to_string(s.dtype) << " scale " << (s.scale ? std::to_string(*s.scale) : "-") << " scale_inv "
     << (s.scale_inv ? std::to_string(*s.scale_inv) : "-") << " codes " << code_bits(s.data.view({-1}).narrow(0, 0, std::min<int64_t>(6, s.data.numel()))).dump();
   return o.str();
-}
-
-// Runs tests/roundtrip_reference.py on `in`; returns its output.
-// Its files (stem_in.json, stem_out.json) sit beside the test's directory and are removed.
-nlohmann::json run_reference(const std::string& stem, const nlohmann::json& in) {
-  const std::string ip = stem + "_in.json", op = stem + "_out.json";
-  std::ofstream(ip) << in.dump();
-  const std::string cmd = "/usr/bin/python3 " RH_TESTS_DIR "/roundtrip_reference.py " + ip + " " + op;
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
-  nlohmann::json out = nlohmann::json::parse(std::ifstream(op));
-  fs::remove(ip);
-  fs::remove(op);
-  return out;
 }
 
 struct Case {
@@ -174,7 +162,7 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
                                 {"guard", mode.cfg.scale_zero_guard}});
       }
     }
-  const nlohmann::json predicted = run_reference(dir.p.string() + "_reference", in);
+  const nlohmann::json predicted = rh::testing::python_reference_of("roundtrip_reference.py", in, dir.p.string() + "_reference");
   bool lossy = false;
   for (auto& [key, e] : expect) {
     const StoredState orig = e;
