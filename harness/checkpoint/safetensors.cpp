@@ -51,17 +51,18 @@ std::vector<std::string> run_blocks_on_all_cores(size_t n, const std::function<v
   return errs;
 }
 
-struct DtypeRow {
+// The LibTorch type each safetensors dtype is held in (fp8 as raw bytes).
+struct TorchDtypeRow {
   StDtype d;
   torch::ScalarType t;
 };
-const DtypeRow kDtypes[] = {
+const TorchDtypeRow kTorchDtypes[] = {
     {StDtype::F32, torch::kFloat},  {StDtype::F16, torch::kHalf}, {StDtype::BF16, torch::kBFloat16},
     {StDtype::F8_E4M3, torch::kByte}, {StDtype::I16, torch::kShort}, {StDtype::U8, torch::kByte},
     {StDtype::I32, torch::kInt},    {StDtype::I64, torch::kLong}, {StDtype::F64, torch::kDouble},
 };
-const DtypeRow& row(StDtype d) {
-  for (const auto& r : kDtypes)
+const TorchDtypeRow& torch_row(StDtype d) {
+  for (const auto& r : kTorchDtypes)
     if (r.d == d) return r;
   throw std::logic_error("unknown StDtype");
 }
@@ -99,9 +100,9 @@ class WriteBack {
 
 }  // namespace
 
-torch::ScalarType st_scalar_type(StDtype d) { return row(d).t; }
+torch::ScalarType st_scalar_type(StDtype d) { return torch_row(d).t; }
 StDtype st_from_scalar_type(torch::ScalarType t, const std::string& what) {
-  for (const auto& r : kDtypes)
+  for (const auto& r : kTorchDtypes)
     if (r.t == t && r.d != StDtype::F8_E4M3) return r.d;
   throw CheckpointError(what + ": torch dtype " + std::string(c10::toString(t)) +
                         " has no safetensors name here");

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <stdexcept>
 
 #include "harness/checkpoint/errors.h"
@@ -34,26 +33,13 @@ const DtypeRow& row(StDtype d) {
 // Parses the header, rejecting duplicate keys at any depth (nlohmann keeps the last silently),
 // nesting beyond kMaxJsonDepth and NUL bytes (nlohmann stops at the first NUL).
 nlohmann::json parse_header(const std::string& path, const char* p, size_t n) {
-  std::vector<std::set<std::string>> keys;
-  std::string dup;
-  nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t ev,
-                                             nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) keys.emplace_back();
-    if (ev == E::object_end && !keys.empty()) keys.pop_back();
-    if (ev == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-        dup.empty())
-      dup = parsed.get<std::string>();
-    return true;
-  };
-  nlohmann::json j;
   try {
-    j = parse_json_bounded(p, n, "header", cb);
+    return parse_json_bounded(p, n, "header", unique_keys_callback([&path](const std::string& key) {
+                                bad_safetensors(path, "duplicate key '" + quote_text(key) + "' in the header");
+                              }));
   } catch (const std::invalid_argument& e) {
     bad_safetensors(path, e.what());
   }
-  if (!dup.empty()) bad_safetensors(path, "duplicate key '" + quote_text(dup) + "' in the header");
-  return j;
 }
 
 }  // namespace
