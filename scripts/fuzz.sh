@@ -50,14 +50,15 @@ else
   mapfile -t cflags < <(python3 - "$build" "$here/harness/verify/scenario.cpp" <<'PY'
 import json, shlex, sys
 cmds = json.load(open(sys.argv[1] + "/compile_commands.json"))
-cmd = next(c for c in cmds if c["file"] == sys.argv[2])
+# The verify room's flags: scenario.cpp's own entry, or its unity batch's (RH_UNITY_BUILD).
+cmd = next(c for c in cmds if c["file"] == sys.argv[2] or "/rh_verify.dir/Unity/" in c["file"])
 args = shlex.split(cmd["command"])[1:]
 out, skip = [], False
 for a in args:
     if skip: skip = False; continue
     if a in ("-o", "-c", "-MF", "-MT", "-include"): skip = True; continue
     if a.startswith(("-W", "-O", "-g", "-std=", "-MD", "-fpch", "-Winvalid-pch")) or a == sys.argv[2]: continue
-    if a.endswith((".cpp", ".hxx", ".gch")): continue
+    if a.endswith((".cpp", ".cxx", ".hxx", ".gch")): continue
     out.append(a)
 print("\n".join(out))
 PY
@@ -65,7 +66,7 @@ PY
   mapfile -t libs < <(python3 - "$build" <<'PY'
 import re, shlex, sys
 text = open(sys.argv[1] + "/build.ninja").read()
-blk = re.search(r"build tests/test_scenario: CXX_EXECUTABLE_LINKER[^\n]*\n((?:  [^\n]*\n)+)", text).group(1)
+blk = re.search(r"build tests/tests_harness: CXX_EXECUTABLE_LINKER[^\n]*\n((?:  [^\n]*\n)+)", text).group(1)
 libs = re.search(r"  LINK_LIBRARIES = ([^\n]*)", blk).group(1)
 for a in shlex.split(libs):
     if "gtest" in a or "gmock" in a: continue

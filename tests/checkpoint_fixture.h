@@ -1,6 +1,6 @@
 // Shared by the checkpoint tests: a temp directory, a tiny named-parameter model, a
 // PrecisionAdam over it in each storage mode, deterministic training steps, and bitwise state
-// comparison. Header-only; each test executable includes it once.
+// comparison. Header-only (inline), so test files compiled together may each include it.
 #pragma once
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/manifest_reader.h"
+#include "tests/test_util.h"
 
 namespace ckfix {
 
@@ -24,10 +25,7 @@ namespace fs = std::filesystem;
 // The files of a checkpoint directory, and whole-file reads and writes for tests that damage them.
 inline const char* kShard = "optim_rank_00000.safetensors";
 inline const char* kModel = "model.safetensors";
-inline std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using rh::testutil::slurp;
 inline void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 inline nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json::parse(slurp(dir / "manifest.json")); }
 // The manifest's checksum sidecar rewritten to match its bytes: a test that edits a manifest to
@@ -60,6 +58,7 @@ struct TmpDir {
   }
   ~TmpDir() { fs::remove_all(p); }
   std::string str() const { return p.string(); }
+  std::string file(const std::string& n) const { return (p / n).string(); }
 };
 
 // A storage mode: optimizer options plus the params' dtype.

@@ -11,6 +11,9 @@
 #include "harness/optim/precision_adam.h"
 #include "tests/optim_reference.h"
 
+// Every optimizer test runs LibTorch on one thread, set once before any test runs.
+inline const bool kTorchOnOneThread = (torch::set_num_threads(1), true);
+
 namespace rh::optim::testutil {
 
 namespace ref = rh::optim_ref;

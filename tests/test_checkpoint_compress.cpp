@@ -20,11 +20,6 @@ namespace {
 
 const char* kShard = "optim_rank_00000.safetensors";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void spit(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 
 // The obvious reference: element i's byte j, read as ((value >> 8j) & 0xff) from the element as
 // an unsigned integer of itemsize bytes (little-endian memory), written to plane j at index i.
@@ -207,7 +202,7 @@ std::pair<uint64_t, uint64_t> block_span(const std::string& file_bytes, const st
   }
 }
 
-void reseal(const fs::path& dir, const std::string& file, const std::string& bytes) {
+void reseal_checksums(const fs::path& dir, const std::string& file, const std::string& bytes) {
   spit(dir / file, bytes);
   nlohmann::json m = nlohmann::json::parse(slurp(dir / "manifest.json"));
   char hex[17];
@@ -246,7 +241,7 @@ TEST_P(DamagedBlock, IsNamedAndTheLiveStateIsUntouched) {
   ASSERT_GE(nb, 3u);
   const auto [b0, b1] = block_span(bytes, key, nb - 2, &nb);
   bytes[(b0 + b1) / 2] ^= 0x20;
-  if (GetParam()) reseal(dir, kShard, bytes);
+  if (GetParam()) reseal_checksums(dir, kShard, bytes);
   else spit(dir / kShard, bytes);
 
   Rig c = make_rig(mode, 2, width), fresh = make_rig(mode, 2, width);
@@ -290,7 +285,7 @@ TEST(CompressedHostile, ATableThatDoesNotCoverTheBlobIsRefused) {
   uint64_t n2 = hs.size();
   std::string out(8, '\0');
   std::memcpy(out.data(), &n2, 8);
-  reseal(dir, kShard, out + hs + bytes.substr(8 + n));
+  reseal_checksums(dir, kShard, out + hs + bytes.substr(8 + n));
   nlohmann::json m = nlohmann::json::parse(slurp(dir / "manifest.json"));
   for (auto& f : m["files"])   // keep header_bytes and header_xxh3 consistent with the new header
     if (f["name"] == kShard) {

@@ -181,13 +181,13 @@ TEST(DataParallelSave, OneRanksBadInputFailsEveryRankBeforeAnythingIsWritten) {
 // Issue 32 item 3: inspect said OK where load refused. One verification (check_consistency),
 // two callers: for each damage (made behind a resealed manifest checksum, so it reaches the
 // checks after it) load refuses and inspect prints the same refusal and exits 1.
-struct Damage {
+struct ShardDamage {
   const char* name;
   std::function<void(nlohmann::json&)> edit;
   const char* expect;
 };
 
-class InspectAgreesWithLoad : public ::testing::TestWithParam<Damage> {};
+class InspectAgreesWithLoad : public ::testing::TestWithParam<ShardDamage> {};
 
 TEST_P(InspectAgreesWithLoad, BothRefuseWithTheSameMessage) {
   torch::set_num_threads(1);
@@ -237,7 +237,7 @@ nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param)
   throw std::logic_error("no range of " + param);
 }
 
-const std::vector<Damage> kDamages = {
+const std::vector<ShardDamage> kDamages = {
     // "w" (231 elements) is split at 128 between the ranks: move the boundary to 129 (flat_begin
     // follows, so the ranges still place "w" at one buffer offset and the lengths are what differ).
     {"ShardBoundaryMovedByOne", [](nlohmann::json& m) {

@@ -17,6 +17,7 @@
 #include "harness/checkpoint/manifest.h"
 #include "harness/verify/compare.h"
 #include "harness/dist/process.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -25,12 +26,6 @@ namespace {
 const std::vector<std::string> kSmall = {"--train-iters", "4",  "--micro-batch-size", "4", "--use-precision-aware-optimizer",
                                          "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16", "--quiet"};
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("rh_cli_dist_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 rh::ChildExit train(const fs::path& dir, std::vector<std::string> extra, int nproc, const std::string& log) {
   std::vector<std::string> argv{RH_TOOL, "train"};
@@ -51,7 +46,7 @@ class Reshard : public ::testing::TestWithParam<Sizes> {};
 // the default) cannot reshard exactly: PerShardScales below.
 TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
   const auto [from, to] = GetParam();
-  const fs::path d = fresh_dir("reshard_" + std::to_string(from) + "_" + std::to_string(to));
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "reshard_" + std::to_string(from) + "_" + std::to_string(to));
   auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states",
                      "--shared-dp-scale"}, from, "a.log");
   ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
@@ -73,7 +68,7 @@ TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
 // layout change codes, so the resharded load is refused as lossy (exit 2), naming the tensor; the
 // same-size load restores every shard's scale bit for bit.
 TEST(PerShardScales, ReshardIsRefusedAsLossySameSizeIsExact) {
-  const fs::path d = fresh_dir("pershard");
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "pershard");
   auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, 2, "a.log");
   ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
   auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string()}, 1, "b.log");
@@ -158,7 +153,7 @@ Outcome disturb_rank1(const fs::path& d, int sig, const std::string& timeout) {
 }
 
 TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
-  const fs::path d = fresh_dir("killed");
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "killed");
   const Outcome o = disturb_rank1(d, SIGKILL, "60");
   EXPECT_EQ(o.code, 3) << "a peer killed by a signal is exit 3 (main.cpp's exit codes): " << o.log;
   EXPECT_NE(o.log.find("launcher: rank 1 of 2 was killed by signal 9"), std::string::npos) << o.log;
@@ -167,7 +162,7 @@ TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
 }
 
 TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
-  const fs::path d = fresh_dir("hung");
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "hung");
   // rank 1 stops answering. The timeout also bounds the ranks' rendezvous: 4 s left little room
   // for two LibTorch start-ups under load, before rank 1 is stopped. With 10 s the run ended 28 s
   // after the stop with three other builds on the 2 cores: the bound is 60 s (was 40), a hang
@@ -182,7 +177,7 @@ TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
 }
 
 TEST(LaunchErrors, NprocUnderAnExternalLauncherIsRefused) {
-  const fs::path d = fresh_dir("env");
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "env");
   setenv("WORLD_SIZE", "2", 1);
   auto r = train(d, {"--out", (d / "o").string()}, 2, "log");
   unsetenv("WORLD_SIZE");
@@ -192,7 +187,7 @@ TEST(LaunchErrors, NprocUnderAnExternalLauncherIsRefused) {
 }
 
 TEST(LaunchErrors, GroupSizeMustDivideTheMicroBatches) {
-  const fs::path d = fresh_dir("div");
+  const fs::path d = rh::testutil::fresh_dir("cli_dist", "div");
   auto r = train(d, {"--out", (d / "o").string(), "--global-batch-size", "8"}, 4, "log");   // 2 micro-batches, 4 ranks
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(rh::tail_of_file((d / "log").string()).find("does not divide the 2 micro-batches"), std::string::npos)

@@ -17,30 +17,19 @@
 #include "harness/base/suggest.h"
 #include "harness/dist/process.h"
 #include "harness/verify/scenario.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct ToolRun {
-  int code = -1;
-  std::string log;   // stdout and stderr
-};
+using rh::testutil::ToolRun;
+using rh::testutil::slurp;
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("rh_cli_errors_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
-ToolRun tool(const fs::path& dir, std::vector<std::string> args) {
-  std::vector<std::string> argv{RH_TOOL};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const std::string log = (dir / "log").string();
-  fs::remove(log);
-  const auto r = rh::run_process(argv, log, 120);
-  return {r.exit_code, rh::tail_of_file(log, 200000)};
+
+ToolRun tool(const fs::path& dir, const std::vector<std::string>& args) {
+  return rh::testutil::run_tool(dir, args, 120);
 }
 
 const std::string kPrefix = "resume-harness: error: ";
@@ -54,12 +43,12 @@ void expect_bad_input(const ToolRun& r, const std::string& needle) {
 }
 
 TEST(CliErrors, MissingConfigFileIsBadInputNamingIt) {
-  const fs::path d = fresh_dir("config");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "config");
   expect_bad_input(tool(d, {"train", "--config", (d / "missing.json").string()}), (d / "missing.json").string());
 }
 
 TEST(CliErrors, ConfigWithAnUnknownKeyNamesTheFileAndKey) {
-  const fs::path d = fresh_dir("badkey");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "badkey");
   std::ofstream(d / "c.json") << R"({"model": {"no_such_key": 1}})";
   const ToolRun r = tool(d, {"train", "--config", (d / "c.json").string()});
   expect_bad_input(r, (d / "c.json").string());
@@ -67,7 +56,7 @@ TEST(CliErrors, ConfigWithAnUnknownKeyNamesTheFileAndKey) {
 }
 
 TEST(CliErrors, UnknownSubcommandListsTheValidOnes) {
-  const fs::path d = fresh_dir("sub");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "sub");
   const ToolRun r = tool(d, {"frobnicate"});
   expect_bad_input(r, "unknown subcommand 'frobnicate'");
   for (const char* s : {"train", "inspect", "check", "matrix", "report"})
@@ -83,7 +72,7 @@ TEST(CliErrors, TyposGetTheClosestNameSuggested) {
   EXPECT_EQ(rh::closest_match("chek", {"train", "check", "matrix"}), "check");
   EXPECT_EQ(rh::closest_match("frobnicate", {"train", "check", "matrix"}), "");
   EXPECT_EQ(rh::closest_match("check", {"check"}), "");   // exact: nothing to suggest
-  const fs::path d = fresh_dir("typos");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "typos");
   const std::string ci = std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml";
   struct Case {
     std::vector<std::string> args;
@@ -102,7 +91,7 @@ TEST(CliErrors, TyposGetTheClosestNameSuggested) {
 
 // --list prints what a filter (and a shard) selects and runs nothing.
 TEST(CliErrors, ListPrintsTheSelectionAndRunsNothing) {
-  const fs::path d = fresh_dir("list");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "list");
   const std::string ci = std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml";
   const ToolRun all = tool(d, {"matrix", ci, "--list", "--run-dir", (d / "run").string()});
   ASSERT_EQ(all.code, 0) << all.log;
@@ -133,7 +122,7 @@ TEST(CliErrors, ListPrintsTheSelectionAndRunsNothing) {
 }
 
 TEST(CliErrors, Cli11ParseErrorsCarryTheSamePrefix) {
-  const fs::path d = fresh_dir("cli11");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "cli11");
   expect_bad_input(tool(d, {"train", "--lr", "abc"}), "--lr");
   expect_bad_input(tool(d, {"train", "--no-such-flag"}), "--no-such-flag");
   // Values the optimizer would refuse are refused by the parser, with the valid ones.
@@ -144,7 +133,7 @@ TEST(CliErrors, Cli11ParseErrorsCarryTheSamePrefix) {
 // Token dropping and the router dtype (Megatron's choices): bad values are bad input naming the
 // flag, or for a config file the field.
 TEST(CliErrors, MoeTokenDropAndRouterDtypeRefuseBadValues) {
-  const fs::path d = fresh_dir("tokendrop");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "tokendrop");
   expect_bad_input(tool(d, {"train", "--moe-token-drop-policy", "random"}), "--moe-token-drop-policy");
   expect_bad_input(tool(d, {"train", "--moe-router-dtype", "bf16"}), "--moe-router-dtype");
   expect_bad_input(tool(d, {"train", "--moe-expert-capacity-factor", "abc"}), "--moe-expert-capacity-factor");
@@ -153,7 +142,7 @@ TEST(CliErrors, MoeTokenDropAndRouterDtypeRefuseBadValues) {
 }
 
 TEST(CliErrors, SaveAtWithoutSaveWritesNothing) {
-  const fs::path d = fresh_dir("saveat");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "saveat");
   const fs::path out = d / "out";
   expect_bad_input(tool(d, {"train", "--out", out.string(), "--save-at", "2"}), "--save-at needs --save");
   EXPECT_FALSE(fs::exists(out)) << "config.json was written before the flags were checked";
@@ -165,7 +154,7 @@ TEST(CliErrors, SaveAtWithoutSaveWritesNothing) {
 }
 
 TEST(CliErrors, InspectOfAMissingPathIsBadInputNotDamage) {
-  const fs::path d = fresh_dir("inspect");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "inspect");
   ToolRun r = tool(d, {"inspect", (d / "nonexistent").string()});
   EXPECT_EQ(r.code, 2) << r.log;
   EXPECT_NE(r.log.find("no such file or directory"), std::string::npos) << r.log;
@@ -178,7 +167,7 @@ TEST(CliErrors, InspectOfAMissingPathIsBadInputNotDamage) {
 }
 
 TEST(CliErrors, ScenarioFileThatCannotBeOpenedIsNamedWithoutALineNumber) {
-  const fs::path d = fresh_dir("scen");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "scen");
   const std::string f = (d / "none.toml").string();
   for (const auto& args : std::vector<std::vector<std::string>>{{"matrix", f}, {"matrix", "-f", f}, {"check", "x", "-f", f}}) {
     const ToolRun r = tool(d, args);
@@ -188,7 +177,7 @@ TEST(CliErrors, ScenarioFileThatCannotBeOpenedIsNamedWithoutALineNumber) {
 }
 
 TEST(CliHelp, VersionNamesVersionCommitLibTorchAndBlasCore) {
-  const fs::path d = fresh_dir("version");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "version");
   const ToolRun r = tool(d, {"--version"});
   EXPECT_EQ(r.code, 0) << r.log;
   for (const char* s : {"resume-harness 0.", "LibTorch 1.", "BLAS: ", " core "})
@@ -196,7 +185,7 @@ TEST(CliHelp, VersionNamesVersionCommitLibTorchAndBlasCore) {
 }
 
 TEST(CliHelp, TrainHelpShowsDefaultsAndValidValues) {
-  const fs::path d = fresh_dir("help");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "help");
   const ToolRun r = tool(d, {"train", "--help"});
   EXPECT_EQ(r.code, 0) << r.log;
   const auto line_of = [&](const std::string& flag) {
@@ -214,7 +203,7 @@ TEST(CliHelp, TrainHelpShowsDefaultsAndValidValues) {
 }
 
 TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {
-  const fs::path d = fresh_dir("warn");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "warn");
   ToolRun r = tool(d, {"train", "--train-iters", "1", "--micro-batch-size", "4", "--out", (d / "o").string()});
   EXPECT_EQ(r.code, 0) << r.log;
   EXPECT_EQ(r.log.find("NOT in effect"), std::string::npos) << r.log;
@@ -231,7 +220,7 @@ TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {
 // (Megatron's --use-checkpoint-args), bit for bit as when every flag is given; a model flag that
 // contradicts the checkpoint is refused naming both values; another given difference is listed.
 TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
-  const fs::path d = fresh_dir("load_saved_config");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "load_saved_config");
   const std::vector<std::string> flags = {"--train-iters", "4", "--micro-batch-size", "4", "--hidden-size", "48",
                                           "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
                                           "--exp-avg-sq-dtype", "fp8", "--lr-decay-style", "cosine", "--quiet"};
@@ -270,7 +259,7 @@ TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
 // -q prints only what failed and the closing line, -v adds each scenario's directory; inspect -q
 // prints nothing for a good checkpoint and the one DAMAGED line for a damaged one.
 TEST(CliVerbosity, QuietPrintsOnlyFailuresVerboseTheDirectories) {
-  const fs::path d = fresh_dir("verbosity");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "verbosity");
   std::ofstream(d / "m.toml") << R"([defaults]
 save_at = 2
 model = { vocab_size = 32, seq_len = 16, d_model = 16, n_layers = 1, n_heads = 2, ffn_hidden = 16 }
@@ -337,10 +326,6 @@ fs::path corpus_case(const fs::path& dir, const std::string& name) {
   return dir / name;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 bool valid_utf8(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
@@ -367,7 +352,7 @@ class TrainJsonInput : public ::testing::TestWithParam<BadJson> {};
 // keys silently winning.
 TEST_P(TrainJsonInput, IsBadInputNamingTheFileAndField) {
   const BadJson& p = GetParam();
-  const fs::path d = fresh_dir(std::string("json_") + p.name);
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", std::string("json_") + p.name);
   std::ofstream(d / "in.json", std::ios::binary) << p.text;
   const ToolRun r = tool(d, {"train", p.flag, (d / "in.json").string(), "--out", (d / "out").string()});
   expect_bad_input(r, (d / "in.json").string());
@@ -400,7 +385,7 @@ INSTANTIATE_TEST_SUITE_P(
 // A value in int64 but outside the model's range says the range and the value (it said "must be
 // positive" for -1 before, and nothing of the upper bound).
 TEST(CliErrors, ModelSizeOutOfRangeShowsTheValueAndTheRange) {
-  const fs::path d = fresh_dir("vocab0");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "vocab0");
   expect_bad_input(tool(d, {"train", "--vocab-size", "0", "--out", (d / "out").string()}),
                    "model.vocab_size must be in [1, 1048576], got 0");
   expect_bad_input(tool(d, {"train", "--seq-length", "100000", "--out", (d / "out").string()}),
@@ -418,7 +403,7 @@ struct BadRankState {
 };
 class HostileLoad : public ::testing::TestWithParam<BadRankState> {};
 TEST_P(HostileLoad, BadRankStateAtTwoRanksIsRefusedBeforeTheLoadIsReported) {
-  const fs::path d = fresh_dir(std::string("rankrng_") + GetParam().name);
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", std::string("rankrng_") + GetParam().name);
   const fs::path ckpt = corpus_case(d / "corpus", GetParam().corpus_case);
   for (int run = 0; run < 2; ++run) {
     const fs::path out = d / ("out" + std::to_string(run));
@@ -444,7 +429,7 @@ INSTANTIATE_TEST_SUITE_P(
 // paths works, load_result.json is valid UTF-8 JSON naming the path with \xNN escapes, and a
 // refusal names it the same way instead of failing with nlohmann's type_error 316.
 TEST(HostilePaths, NonUtf8PathsLoadAndAreNamedReadably) {
-  const fs::path d = fresh_dir("utf8");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "utf8");
   const std::string odd = "ckpt_\xff\xfe_\xc3";   // not UTF-8
   const fs::path ckpt = d / odd;
   fs::copy(fs::path(RH_TESTS_DIR) / "conformance/base/plain_dp2", ckpt, fs::copy_options::recursive);
@@ -482,7 +467,7 @@ TEST(HostilePaths, NonUtf8PathsLoadAndAreNamedReadably) {
 // where unprivileged namespaces are not allowed; HostileDisk.* in test_checkpoint_hostile covers
 // the same error with /dev/full.
 TEST(HostileDisk, SaveOnAFullDiskExitsFourNamingThePathAndTheDisk) {
-  const fs::path d = fresh_dir("diskfull");
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "diskfull");
   fs::create_directories(d / "mnt");
   if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "unshare -rm is not allowed here";
   std::string args;

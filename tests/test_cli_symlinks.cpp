@@ -65,15 +65,15 @@ struct Sandbox {
   }
 };
 
-struct ToolRun {
+struct ShellRun {
   int exit_code = -1;
   std::string output;
 };
 
-ToolRun run_tool(const std::string& args, const fs::path& out_file) {
+ShellRun run_tool(const std::string& args, const fs::path& out_file) {
   const std::string cmd = "RH_NO_PRESTART=1 " + std::string(RH_TOOL) + " " + args + " > " + out_file.string() + " 2>&1";
   const int rc = std::system(cmd.c_str());
-  ToolRun r;
+  ShellRun r;
   r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   std::ifstream f(out_file);
   std::ostringstream s;

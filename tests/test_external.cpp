@@ -19,11 +19,14 @@
 #include "harness/verify/external_check.h"
 #include "harness/verify/external_metrics.h"
 #include "harness/verify/scenario.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace rh;
 
 namespace {
+
+using rh::testutil::slurp;
 
 fs::path temp_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("rh_external_" + name + "_" + std::to_string(::getpid()));
@@ -32,10 +35,6 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 
 // ---- placeholders ----
 

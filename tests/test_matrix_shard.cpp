@@ -17,6 +17,7 @@
 #include "harness/verify/baseline.h"
 #include "harness/verify/scenario.h"
 #include "harness/verify/shard.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -60,10 +61,8 @@ name = "c"
 train = { iterations = 8, lr_decay_iters = 8 }
 )";
 
-struct ToolRun {
-  int code = -1;
-  std::string log;
-};
+using rh::testutil::ToolRun;
+using rh::testutil::slurp;
 
 class Shards : public ::testing::Test {
  protected:
@@ -75,14 +74,7 @@ class Shards : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  static ToolRun tool(std::vector<std::string> args) {
-    std::vector<std::string> argv{RH_TOOL};
-    argv.insert(argv.end(), args.begin(), args.end());
-    const std::string log = (dir_ / "log").string();
-    fs::remove(log);
-    const auto r = rh::run_process(argv, log, 600);
-    return {r.exit_code, rh::tail_of_file(log, 200000)};
-  }
+  static ToolRun tool(const std::vector<std::string>& args) { return rh::testutil::run_tool(dir_, args); }
   static ToolRun matrix(const std::string& run, const std::string& shard = "", const std::string& file = "m.toml") {
     std::vector<std::string> a{"matrix", (dir_ / file).string(), "-j", "2", "--run-dir", (dir_ / run).string()};
     if (!shard.empty()) a.insert(a.end(), {"--shard", shard});
@@ -93,12 +85,6 @@ class Shards : public ::testing::Test {
 };
 fs::path Shards::dir_;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 // summary.json without what may differ between runs: seconds, the run's job count.
 nlohmann::json without_seconds(nlohmann::json j) {

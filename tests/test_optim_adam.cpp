@@ -17,9 +17,6 @@ namespace ref = rh::optim_ref;
 
 namespace {
 
-struct Threads {
-  Threads() { torch::set_num_threads(1); }
-} threads_once;
 
 double lr_at(int s) { return 1e-3 * (1 + s % 5); }
 

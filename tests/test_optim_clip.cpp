@@ -17,7 +17,7 @@
 
 namespace {
 
-const nlohmann::json& reference() {
+const nlohmann::json& clip_reference() {
   return rh::testing::python_reference("megatron_reference.py", "megatron_reference_clip.json");
 }
 
@@ -35,7 +35,7 @@ float from_bits(uint32_t u) {
 
 TEST(Clip, CoefficientMatchesMegatronsFp32RuleBitForBit) {
   size_t n = 0;
-  for (const auto& c : reference().at("clip")) {
+  for (const auto& c : clip_reference().at("clip")) {
     const float norm = from_bits(c.at("norm_bits").get<uint32_t>());
     const double max_norm = c.at("max_norm");
     const float got = rh::optim::clip_coefficient(norm, max_norm);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness/optim/storage_codecs.h"
+#include "tests/optim_test_util.h"
 #include "tests/optim_reference.h"
 
 namespace codec = rh::optim::codec;
@@ -18,9 +19,6 @@ namespace ref = rh::optim_ref;
 
 namespace {
 
-struct Threads {
-  Threads() { torch::set_num_threads(1); }
-} threads_once;
 
 torch::Tensor floats_from_bits(const std::vector<uint32_t>& bits) {
   auto t = torch::empty({static_cast<int64_t>(bits.size())}, torch::kInt);

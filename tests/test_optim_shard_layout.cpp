@@ -23,7 +23,7 @@ using rh::optim::ShardLayout;
 
 namespace {
 
-const nlohmann::json& reference() {
+const nlohmann::json& layout_reference() {
   return rh::testing::python_reference("megatron_layout_reference.py", "megatron_layout_reference.json");
 }
 
@@ -32,8 +32,8 @@ constexpr int kCases = 14;   // tests/megatron_layout_reference.py CASES
 class MegatronLayout : public ::testing::TestWithParam<int> {};
 
 TEST_P(MegatronLayout, EqualsUpstreamsRuleWalkedElementByElement) {
-  ASSERT_EQ(reference().size(), static_cast<size_t>(kCases)) << "update kCases with the script's CASES";
-  const auto& c = reference().at(static_cast<size_t>(GetParam()));
+  ASSERT_EQ(layout_reference().size(), static_cast<size_t>(kCases)) << "update kCases with the script's CASES";
+  const auto& c = layout_reference().at(static_cast<size_t>(GetParam()));
   const auto numels = c.at("numels").get<std::vector<int64_t>>();
   const int dp = c.at("dp").get<int>();
   const BufferOptions bo{c.at("bucket_size").get<int64_t>(), c.at("busbw").get<bool>()};

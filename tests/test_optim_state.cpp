@@ -16,9 +16,6 @@ using rh::optim::testutil::Rig;
 
 namespace {
 
-struct Threads {
-  Threads() { torch::set_num_threads(1); }
-} threads_once;
 
 // --- option rules ---------------------------------------------------------------------------
 struct Invalid {

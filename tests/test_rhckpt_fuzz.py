@@ -20,7 +20,7 @@ and seed run by hand:
     tests/test_rhckpt_fuzz.py --iterations 500 --export DIR
                               keeps every input as DIR/fNNNNN with rhckpt's exit code in
                               DIR/expected.tsv, the conformance corpus's form: then
-                              RH_CONFORMANCE_CORPUS=DIR build/tests/test_checkpoint_conformance
+                              RH_CONFORMANCE_CORPUS=DIR ctest -R test_checkpoint_conformance
                               holds the tool's reader to rhckpt's verdicts (differential)
 """
 import argparse

@@ -14,25 +14,14 @@
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/safetensors.h"
+#include "tests/checkpoint_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace rh::ckpt;
 
 namespace {
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    for (char& c : name)
-      if (c == '/') c = '_';   // parameterized names look like "Case/F32"
-    p = fs::temp_directory_path() / ("rh_st_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
-  std::string file(const std::string& n) const { return (p / n).string(); }
-};
+using ckfix::TmpDir;
 
 // Random bytes of the right size for any dtype (bit patterns include NaNs and infinities, which
 // the round trip must carry untouched).

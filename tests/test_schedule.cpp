@@ -28,10 +28,13 @@
 #include "harness/train/env.h"
 #include "harness/train/schedule.h"
 #include "harness/train/trainer.h"
+#include "tests/test_util.h"
 
 namespace {
 
-const nlohmann::json& reference() {
+using rh::testutil::slurp;
+
+const nlohmann::json& schedule_reference() {
   return rh::testing::python_reference("sched_reference.py", "sched_reference.json");
 }
 
@@ -66,7 +69,7 @@ rh::RunConfig config_of(const nlohmann::json& c) {
 
 TEST(Schedule, EveryStyleMatchesAnIndependentPythonComputationBitForBit) {
   size_t n = 0;
-  for (const auto& c : reference().at("cases")) {
+  for (const auto& c : schedule_reference().at("cases")) {
     const auto cfg = config_of(c);
     ASSERT_NO_THROW(rh::validate(cfg)) << c.at("name");
     auto s = rh::scheduler_from_config(cfg);
@@ -250,7 +253,7 @@ TEST(ScheduleInTrainer, EachStepUsesTheSchedulersLrAndWeightDecay) {
   }
 }
 
-bool same_bits(const rh::IterMetrics& x, const rh::IterMetrics& y) {
+bool same_loss_norm_lr_bits(const rh::IterMetrics& x, const rh::IterMetrics& y) {
   return bits(x.lm_loss) == bits(y.lm_loss) && bits(x.grad_norm) == bits(y.grad_norm) && bits(x.lr) == bits(y.lr);
 }
 
@@ -263,7 +266,7 @@ TEST(ScheduleInTrainer, RestoredSchedulerContinuesIdenticallyAndAResetOneDoesNot
   const auto st = a.state();
   const auto next = a.train_iteration();
   b.set_state(st);
-  EXPECT_TRUE(same_bits(b.train_iteration(), next));
+  EXPECT_TRUE(same_loss_norm_lr_bits(b.train_iteration(), next));
   auto broken = st;   // reset_wd_schedule: a constant optimizer.weight_decay instead of the increment
   broken.opt_param_scheduler.start_wd = broken.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
   broken.opt_param_scheduler.wd_incr_style = "constant";
@@ -300,10 +303,6 @@ int tool(const std::string& args, const fs::path& log) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
 
 // The lr_hex column of iterations from..6 in a metrics.csv.
 std::vector<std::string> lrs(const fs::path& metrics, int from) {

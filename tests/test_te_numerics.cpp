@@ -21,7 +21,7 @@ namespace {
 
 using namespace rh::optim;
 
-const nlohmann::json& reference() {
+const nlohmann::json& te_reference() {
   return rh::testing::python_reference("te_reference.py", "te_reference.json");
 }
 
@@ -33,7 +33,7 @@ uint32_t bits(float f) {
 
 TEST(TeBiasCorrection, FloatBetaThenDoublePowMatchesNumpy) {
   OptimizerConfig cfg;   // beta1 0.9, beta2 0.95
-  for (const auto& e : reference().at("bias_correction")) {
+  for (const auto& e : te_reference().at("bias_correction")) {
     const int64_t t = e.at("step");
     const auto k = rh::optim::detail::make_step_scalars(cfg, 0.0, 1e-3, t);
     EXPECT_EQ(bits(k.bc1), e.at("bc1").get<uint32_t>()) << "bc1, step " << t;
@@ -50,8 +50,8 @@ class TeScaleRoundTrip : public ::testing::TestWithParam<RtCase> {};
 
 TEST_P(TeScaleRoundTrip, StridedAmaxCountsMatchNumpy) {
   const bool fp8 = GetParam().fp8;
-  const auto& want = reference().at("roundtrip").at(GetParam().name);
-  const uint32_t stride = reference().at("roundtrip_stride");
+  const auto& want = te_reference().at("roundtrip").at(GetParam().name);
+  const uint32_t stride = te_reference().at("roundtrip_stride");
   const auto probe = rh::bench::probe_codes(fp8, 64);
   int64_t n = 0, sc = 0, si = 0, co = 0;
   for (uint32_t u = 0x3F800000u; u < 0x40000000u; u += stride, ++n) {
