@@ -102,9 +102,10 @@ void outcomes_section(Document& d, const RunData& run) {
     items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
                     " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
   d.bullets(std::move(items));
-  d.paragraph("Outcome grids: one per scenario group, its first axis as rows and the other axes as columns; each "
-              "cell is how that scenario ended (identical / within tolerance / diverged as expected / failed), "
-              "with its verdict and first divergence on hover in report.html.");
+  d.paragraph("Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
+              "a=v) with the most values that fit 6 columns, the rows the other axes; each cell is how that "
+              "scenario ended (identical / within tolerance / diverged as expected / failed), with its verdict and "
+              "first divergence on hover in report.html.");
   for (auto& g : outcome_grids(run)) {
     d.heading(g.group, 3);
     if (!g.note.empty()) d.paragraph(g.note + ".");

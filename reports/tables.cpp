@@ -9,11 +9,14 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <unordered_map>
 
 namespace rh::report {
 namespace {
+
+namespace fs = std::filesystem;
 
 const char* kDash = "\u2014";   // shown where a value does not apply
 
@@ -329,7 +332,9 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     }
     t.rows.push_back(row);
     t.row_class.push_back(r.passed ? "pass" : "fail");
-    t.row_href.push_back(run.scenarios[i].rel_dir + "/");
+    // A scenario that errored before writing anything has no directory to link.
+    std::error_code ec;
+    t.row_href.push_back(fs::is_directory(fs::path(run.dir) / run.scenarios[i].rel_dir, ec) ? run.scenarios[i].rel_dir + "/" : "");
   }
   return t;
 }
