@@ -18,7 +18,10 @@ h1{border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{border-bottom:1px soli
 .status.pass{background:#dafbe1;border:1px solid #1a7f37}.status.fail{background:#ffebe9;border:1px solid #cf222e}
 table{border-collapse:collapse;font-size:13px;margin:1em 0;max-width:100%}
 th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f6f8fa;text-align:left}
+th{background:#f6f8fa;text-align:left;overflow-wrap:break-word}
+table.matrix{font-size:12px}table.matrix th,table.matrix td{padding:3px 5px}
+table.matrix td:nth-child(2),table.matrix td:nth-child(3){white-space:nowrap}
+td[title]{cursor:help}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.pass td:first-child{border-left:5px solid #1a7f37}
 tr.fail td:first-child{border-left:5px solid #cf222e}

@@ -119,7 +119,8 @@ void matrix_section(Document& d, const RunData& run, const std::vector<int>& ref
               "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
               "representable values of the saved dtype, between a state right after load and the state that was "
               "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
-              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration.");
+              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
+              "the verdict is the outcome's hover text and each scenario name links its directory.");
   d.table(matrix_table(run, refs));
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
     d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "

@@ -151,14 +151,23 @@ std::string url_path(const std::string& p) {
 }  // namespace
 
 std::string to_html(const Table& t) {
-  std::string o = "<table>\n<thead><tr>";
-  for (const auto& h : t.header) o += "<th>" + markup_escape(h) + "</th>";
+  std::string o = t.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + t.html_class + "\">\n<thead><tr>";
+  const auto hidden = [&t](size_t c) { return t.html_title_column >= 0 && c == static_cast<size_t>(t.html_title_column); };
+  for (size_t c = 0; c < t.header.size(); ++c) {
+    if (hidden(c)) continue;
+    // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
+    // otherwise set the column's width.
+    std::string h;
+    for (const char ch : markup_escape(t.header[c])) h += ch == '_' ? std::string("_<wbr>") : std::string(1, ch);
+    o += "<th>" + h + "</th>";
+  }
   o += "</tr></thead>\n<tbody>\n";
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const std::string& cls = i < t.row_class.size() ? t.row_class[i] : std::string();
     if (cls.empty()) o += "<tr>";
     else o += "<tr class=\"" + cls + "\">";
     for (size_t c = 0; c < t.rows[i].size(); ++c) {
+      if (hidden(c)) continue;
       const bool num = c < t.right.size() && t.right[c];
       const std::string* extra =
           i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty() ? &t.cell_class[i][c]
@@ -173,6 +182,9 @@ std::string to_html(const Table& t) {
       }
       if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
         o += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
+      else if (t.html_title_into >= 0 && c == static_cast<size_t>(t.html_title_into) && t.html_title_column >= 0 &&
+               static_cast<size_t>(t.html_title_column) < t.rows[i].size())
+        o += " title=\"" + markup_escape(t.rows[i][static_cast<size_t>(t.html_title_column)]) + "\"";
       o += '>';
       const std::string* href = c == 0 && i < t.row_href.size() && !t.row_href[i].empty() ? &t.row_href[i] : nullptr;
       if (href) o += "<a href=\"" + url_path(*href) + "\">";
@@ -311,6 +323,10 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   t.header.push_back("reduction vs fp32 policy");
   t.right.assign(t.header.size(), true);
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
+  // In report.html the verdict is the outcome's hover text: sixteen columns do not fit 1280 px.
+  t.html_class = "matrix";
+  t.html_title_column = 3;
+  t.html_title_into = 2;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
     const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused &&

@@ -292,6 +292,14 @@ TEST_F(ReportOnFixture, MatrixRowsLinkEachScenarioDirectory) {
     EXPECT_EQ(result.at("name"), s.row.scenario);
   }
   EXPECT_EQ(with_files, 4u);
+  // The matrix in report.html: the verdict is the outcome cell's hover text, not a column of its
+  // own (sixteen columns do not fit 1280 px); report.md keeps the column.
+  EXPECT_NE(html.find("<td title=\"PASS: difference caught as expected: after load: w/exp_avg\">diverged</td>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("<th>verdict</th>"), std::string::npos);
+  EXPECT_NE(html.find("<th>max ULP exp_<wbr>avg_<wbr>sq</th>"), std::string::npos);
+  EXPECT_EQ(md_row(slurp(*dir_ / "report.md"), "faults/skip=exp_avg")[3],
+            "PASS: difference caught as expected: after load: w/exp_avg");
   // A directory name that is not URL-safe is percent-encoded in the link, never left to end it.
   Table t;
   t.header = {"scenario"};
