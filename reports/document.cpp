@@ -14,10 +14,14 @@ namespace {
 const char* kCss = R"(body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1400px;
 padding:0 1em;color:#1f2328;line-height:1.45}
 h1{border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
-.scroll{overflow-x:auto;margin:1em 0}
-table{border-collapse:collapse;font-size:13px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top}
-th{background:#f6f8fa;text-align:left}
+.status{font-size:16px;padding:.6em 1em;border-radius:6px;margin:0 0 1em}
+.status.pass{background:#dafbe1;border:1px solid #1a7f37}.status.fail{background:#ffebe9;border:1px solid #cf222e}
+table{border-collapse:collapse;font-size:13px;margin:1em 0;max-width:100%}
+th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f6f8fa;text-align:left;overflow-wrap:break-word}
+table.matrix{font-size:12px}table.matrix th,table.matrix td{padding:3px 5px}
+table.matrix td:nth-child(2),table.matrix td:nth-child(3){white-space:nowrap}
+td[title]{cursor:help}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.pass td:first-child{border-left:5px solid #1a7f37}
 tr.fail td:first-child{border-left:5px solid #cf222e}
@@ -88,11 +92,22 @@ std::string base64(const std::string& in) {
   return out;
 }
 
-std::string render_markdown(const Document& d) {
+std::string render_markdown(const Document& d, bool image_links) {
   // Every text is escaped here (md_text), as render_html escapes it: names and messages come from
   // the run directory, and report.md is posted as a pull-request comment.
   std::string o = "# " + md_text(d.title) + "\n\n";
-  for (const auto& b : d.blocks) {
+  if (!d.status.empty()) o += "**" + md_text(d.status) + "**\n\n";
+  bool open = false;   // inside a <details> fold
+  for (size_t i = 0; i < d.blocks.size(); ++i) {
+    const Block& b = d.blocks[i];
+    if (i >= d.fold_from && b.kind == Block::Kind::heading && b.level == 2) {
+      // GitHub renders Markdown inside <details> when a blank line follows <summary>; the summary
+      // itself is HTML, so the heading is markup-escaped there.
+      if (open) o += "</details>\n\n";
+      o += "<details><summary>" + markup_escape(b.text) + "</summary>\n\n";
+      open = true;
+      continue;
+    }
     switch (b.kind) {
       case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + md_text(b.text) + "\n\n"; break;
       case Block::Kind::paragraph: o += md_text(b.text) + "\n\n"; break;
@@ -104,16 +119,23 @@ std::string render_markdown(const Document& d) {
         o += to_markdown(b.table);
         o += '\n';
         break;
-      case Block::Kind::image: o += "![" + md_text(b.text) + "](" + b.image + ")\n\n*" + md_text(b.text) + "*\n\n"; break;
+      case Block::Kind::image:
+        if (image_links) o += "![" + md_text(b.text) + "](" + b.image + ")\n\n*" + md_text(b.text) + "*\n\n";
+        else o += "*Plot (in report.html; " + md_text(b.image) + " in the run directory): " + md_text(b.text) + "*\n\n";
+        break;
     }
   }
+  if (open) o += "</details>\n";
   return o;
 }
 
 std::string render_html(const Document& d, const std::string& run_dir) {
   std::string o = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
-                  markup_escape(d.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n<h1>" +
-                  markup_escape(d.title) + "</h1>\n";
+                  markup_escape(d.title) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n";
+  if (!d.status.empty())
+    o += std::string("<div id=\"status\" class=\"status ") + (d.status_ok ? "pass" : "fail") + "\"><strong>" +
+         markup_escape(d.status) + "</strong></div>\n";
+  o += "<h1>" + markup_escape(d.title) + "</h1>\n";
   for (const auto& b : d.blocks) {
     switch (b.kind) {
       case Block::Kind::heading: {
@@ -128,9 +150,9 @@ std::string render_html(const Document& d, const std::string& run_dir) {
         o += "</ul>\n";
         break;
       case Block::Kind::table:
-        o += "<div class=\"scroll\">\n";
+        // No scrolling wrapper: tables wrap their cells to fit the page (tests/test_report_browser.py
+        // checks that none is wider than its container at 1280 px).
         o += to_html(b.table);
-        o += "</div>\n";
         break;
       case Block::Kind::image: {
         const auto path = std::filesystem::path(run_dir) / b.image;

@@ -2,6 +2,7 @@
 // bullet lists, tables, images) and printed twice, as GitHub Markdown and as one self-contained
 // HTML file (inline CSS, PNGs embedded as base64 data URIs, no external resources).
 #pragma once
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,14 @@ struct Block {
 
 struct Document {
   std::string title;
+  // The verdict, printed before everything else: a banner at the top of report.html (class
+  // "status pass" or "status fail") and the first line under report.md's title.
+  std::string status;
+  bool status_ok = true;
+  // Level-2 sections from this block on are folded in report.md (<details><summary>heading), so a
+  // pull-request comment or CI step summary shows the verdict, the failures and the key findings
+  // first. report.html shows them open.
+  size_t fold_from = static_cast<size_t>(-1);
   std::vector<Block> blocks;
   void heading(const std::string& text, int level = 2);
   void paragraph(const std::string& text);
@@ -30,8 +39,11 @@ struct Document {
 
 std::string base64(const std::string& bytes);
 
-// Markdown: images are relative links (report.md sits in the run dir next to plots/).
-std::string render_markdown(const Document& d);
+// Markdown for GitHub (a pull-request comment, a CI step summary, a file in the run directory).
+// An image is a sentence naming its PNG and report.html, never a link: a relative link breaks once
+// the text is posted. With image_links, images are relative links ("plots/x.png") for reading
+// report.md in place, next to plots/.
+std::string render_markdown(const Document& d, bool image_links = false);
 // HTML: images are read from run_dir and embedded; an unreadable image is a ReportError.
 std::string render_html(const Document& d, const std::string& run_dir);
 

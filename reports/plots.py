@@ -130,8 +130,44 @@ def rest_label(rest):
     return "+%d more (grey; max |d loss| %.1e)" % (len(rest), worst)
 
 
+def first_nonfinite(item):
+    """(iteration, "nan" | "inf") where the resumed (else the baseline) lm loss first stops being
+    finite, or None. A NaN run keeps its legend entry and gets a marker there instead of vanishing."""
+    for key in ("res", "base"):
+        if item.get(key):
+            for i, v in zip(*item[key]):
+                if not math.isfinite(v):
+                    return i, "nan" if math.isnan(v) else "inf"
+    return None
+
+
+def finite_only(series):
+    """(iterations, values) with non-finite values as NaN: matplotlib draws the finite points and
+    leaves a gap, never a line to an infinite value."""
+    its, vals = series
+    return its, [v if math.isfinite(v) else float("nan") for v in vals]
+
+
 def series_label(s):
-    return s["name"] + (" (missed expectation)" if s["failed"] else "")
+    label = s["name"] + (" (missed expectation)" if s["failed"] else "")
+    if s.get("nonfinite"):
+        label += " (%s from iteration %d)" % (s["nonfinite"][1], s["nonfinite"][0])
+    return label
+
+
+def mark_nonfinite(ax, s, color, annotate):
+    """A red-edged triangle at the top of the axes above the iteration where s's loss became
+    non-finite (gid "nonfinite:NAME"), with the value named beside it when `annotate`."""
+    if not s.get("nonfinite"):
+        return
+    from matplotlib.transforms import blended_transform_factory
+    it, what = s["nonfinite"]
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    ax.plot([it], [0.95], transform=top, ls="none", marker="v", ms=7, color=color, mec="#c62828", mew=1.2,
+            zorder=5, clip_on=False, gid="nonfinite:" + s["name"])
+    if annotate:
+        ax.annotate("%s from %d" % (what, it), (it, 0.95), xycoords=top, xytext=(5, -3), textcoords="offset points",
+                    fontsize=7, color="#c62828", va="top")
 
 
 def exact_label(exact):
@@ -155,6 +191,7 @@ def load_group_series(run_dir, members, group):
                 "dloss": dloss_series(cmp_) if os.path.exists(cmp_) else None}
         d_vals = (item["dloss"] or ([], []))[1]
         item["max_d"] = float("inf") if any(not math.isfinite(v) for v in d_vals) else max(d_vals + [0.0])
+        item["nonfinite"] = first_nonfinite(item)
         out.append(item)
     return out
 
@@ -167,6 +204,18 @@ def dloss_split(series):
     other = [s for s in series if s["max_d"] != 0 or s["failed"]]
     hi, rest = split_series(other, MAX_SERIES - (1 if exact else 0))
     return hi, rest, exact
+
+
+def bit_exact_group(members, series):
+    """Every scenario of the group has |d loss| after resume, 0 at every iteration, and met its
+    expectation (a scenario without metrics, e.g. one that errored, keeps the group's panel)."""
+    return bool(series) and len(series) == len(members) and all(s["max_d"] == 0 and not s["failed"]
+                                                                for s in series)
+
+
+def bit_exact_line(exact_groups, groups):
+    return ("Bit-exact at every iteration after resume (|d loss| = 0, no panel drawn): " +
+            ", ".join("%s (%d)" % (g, len(groups[g])) for g in exact_groups))
 
 
 def legend_labels_loss(series):
@@ -238,16 +287,18 @@ def build_loss_figure(plt, run_dir, index):
         for s in rest:
             for key in ("base", "res"):
                 if s[key]:
-                    ax.plot(*s[key], color=REST_COLOR, lw=0.7, zorder=1,
+                    ax.plot(*finite_only(s[key]), color=REST_COLOR, lw=0.7, zorder=1,
                             label=rest_label(rest) if not drawn else None)
                     drawn = True
+            mark_nonfinite(ax, s, REST_COLOR, False)
         for k, s in enumerate(hi):
             color = SERIES_COLORS[k % len(SERIES_COLORS)]
             if s["base"]:
-                ax.plot(*s["base"], color=color, lw=1.3, zorder=2, label=series_label(s))
+                ax.plot(*finite_only(s["base"]), color=color, lw=1.3, zorder=2, label=series_label(s))
             if s["res"]:
-                ax.plot(*s["res"], color=color, lw=0, marker="x", ms=4, mew=1.0, zorder=3,
+                ax.plot(*finite_only(s["res"]), color=color, lw=0, marker="x", ms=4, mew=1.0, zorder=3,
                         label=None if s["base"] else series_label(s))
+            mark_nonfinite(ax, s, color, True)
             drawn = drawn or bool(s["base"] or s["res"])
         for at in sorted({s["save_at"] for s in series if s["save_at"] is not None}):
             ax.axvline(at, color="0.3", ls="--", lw=0.9, zorder=0)
@@ -269,8 +320,22 @@ def build_dloss_figure(plt, run_dir, index):
     groups = by_group(index)
     all_series = {g: [s for s in load_group_series(run_dir, m, g) if s["dloss"] and s["dloss"][0]]
                   for g, m in groups.items()}
+    # A group that is bit-exact throughout would be a panel with one row of zeros: it becomes one
+    # line of text under the figure instead.
+    exact_groups = [g for g, series in all_series.items() if bit_exact_group(groups[g], series)]
+    all_series = {g: s for g, s in all_series.items() if g not in exact_groups}
+    if not all_series:
+        fig, ax = plt.subplots(figsize=(9.0, 1.6), layout="constrained")
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, bit_exact_line(exact_groups, groups), ha="center", va="center", fontsize=9, wrap=True,
+                color="#2e7d32", gid="bit-exact-groups")
+        fig.suptitle("|d lm loss| per iteration after resume", fontsize=10)
+        return fig
     shapes = {g: legend_shape(legend_labels_dloss(s)) for g, s in all_series.items()}
     fig, axes = panel_figure(plt, [shapes[g][1] for g in all_series])
+    if exact_groups:
+        fig.supxlabel(bit_exact_line(exact_groups, groups), fontsize=8, color="#2e7d32", wrap=True).set_gid(
+            "bit-exact-groups")
     for ax, (group, series) in zip(axes, all_series.items()):
         style_panel(ax, group_title(group, groups[group], len(series)), "iteration after resume", "|d lm loss|")
         if not series:
@@ -304,7 +369,8 @@ def build_dloss_figure(plt, run_dir, index):
                 labelled = True
             bad = [i for i, v in zip(its, d) if not math.isfinite(v)]
             if bad:
-                ax.plot(bad, [bad_y] * len(bad), ls="none", marker="^", ms=4, color=REST_COLOR, zorder=1)
+                ax.plot(bad, [bad_y] * len(bad), ls="none", marker="^", ms=4, color=REST_COLOR, zorder=1,
+                        gid="nonfinite:" + s["name"])
         for k, s in enumerate(hi):
             color = SERIES_COLORS[k % len(SERIES_COLORS)]
             its, d = s["dloss"]
@@ -318,8 +384,10 @@ def build_dloss_figure(plt, run_dir, index):
                         zorder=3, label=None if nz else series_label(s), gid="zeros:" + s["name"])
             bad = [i for i, v in zip(its, d) if not math.isfinite(v)]
             if bad:
-                ax.plot(bad, [bad_y] * len(bad), ls="none", marker="^", ms=5, color=color, zorder=3,
-                        label=None if nz or zeros else series_label(s))
+                ax.plot(bad, [bad_y] * len(bad), ls="none", marker="^", ms=5, color=color, mec="#c62828", zorder=3,
+                        label=None if nz or zeros else series_label(s), gid="nonfinite:" + s["name"])
+                ax.annotate("not finite", (bad[0], bad_y), xytext=(0, 5), textcoords="offset points", fontsize=7,
+                            color="#c62828", ha="center")
         if exact:
             its = sorted({i for s in exact for i in s["dloss"][0]})
             ax.plot([i + offset(len(hi)) for i in its], [zero_y] * len(its), ls="none", marker="s", ms=4,

@@ -62,14 +62,11 @@ void failing_list(Document& d, const RunData& run) {
 
 // The first screen: the verdict and the scenarios that did not meet their expectation.
 void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
-  size_t met = 0, exact = 0;
-  for (const auto& s : run.scenarios) {
-    met += s.row.passed;
-    exact += s.row.outcome == Outcome::identical;
-  }
-  d.paragraph("Run directory " + run.dir + ": " + std::to_string(run.scenarios.size()) + " scenarios, " +
-              std::to_string(met) + " met their expectation, " + std::to_string(run.scenarios.size() - met) +
-              " did not; " + std::to_string(exact) + " resumed bit for bit.");
+  const StatusCounts counts = status_counts(run);
+  d.status = status_line(counts);
+  d.status_ok = counts.passed();
+  d.paragraph("Run directory " + run.dir + "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
+              "linked from its row of the matrix table in report.html.");
   failing_list(d, run);
   if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
 }
@@ -105,9 +102,10 @@ void outcomes_section(Document& d, const RunData& run) {
     items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
                     " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
   d.bullets(std::move(items));
-  d.paragraph("Outcome grids: one per scenario group, its first axis as rows and the other axes as columns; each "
-              "cell is how that scenario ended (identical / within tolerance / diverged as expected / failed), "
-              "with its verdict and first divergence on hover in report.html.");
+  d.paragraph("Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
+              "a=v) with the most values that fit 6 columns, the rows the other axes; each cell is how that "
+              "scenario ended (identical / within tolerance / diverged as expected / failed), with its verdict and "
+              "first divergence on hover in report.html.");
   for (auto& g : outcome_grids(run)) {
     d.heading(g.group, 3);
     if (!g.note.empty()) d.paragraph(g.note + ".");
@@ -121,7 +119,8 @@ void matrix_section(Document& d, const RunData& run, const std::vector<int>& ref
               "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
               "representable values of the saved dtype, between a state right after load and the state that was "
               "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
-              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration.");
+              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
+              "the verdict is the outcome's hover text and each scenario name links its directory.");
   d.table(matrix_table(run, refs));
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
     d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
@@ -241,7 +240,8 @@ void notes_section(Document& d, const RunData& run) {
 
 }  // namespace
 
-ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log) {
+ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log,
+                            bool md_image_links) {
   // What this writes below the run directory (plots.py writes only inside plots/, whose old
   // files write_plot_inputs removes first): a planted link is refused, never followed.
   std::vector<std::string> outputs = {"report.md", "report.html", "projection.csv", "plots", "plots/index.csv",
@@ -270,12 +270,15 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   auto findings = projection_section(d, combos, models, run_dir);
   // Key findings repeat the sections' headline sentences right under the overview.
   if (!saving.empty()) findings.insert(findings.begin(), saving);
+  size_t fold_from = findings_at;   // the verdict, failures and key findings stay unfolded in report.md
   if (!findings.empty()) {
     Document k;
     k.heading("Key findings");
     k.bullets(findings);
     d.blocks.insert(d.blocks.begin() + static_cast<std::ptrdiff_t>(findings_at), k.blocks.begin(), k.blocks.end());
+    fold_from += k.blocks.size();
   }
+  d.fold_from = fold_from;
   notes_section(d, run);
   d.heading("Environment");
   if (!run.has_summary_json) d.paragraph("summary.json is missing: the environment of this run is unknown.");
@@ -283,7 +286,7 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
 
   out.markdown = (fs::path(run_dir) / "report.md").string();
   out.html = (fs::path(run_dir) / "report.html").string();
-  write_report_file(out.markdown, render_markdown(d));
+  write_report_file(out.markdown, render_markdown(d, md_image_links));
   write_report_file(out.html, render_html(d, run_dir));
   log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size()
       << " plots)\n";
@@ -299,6 +302,9 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
                                         "directory, or compare two run directories");
   auto* dir = rc.cmd->add_option("RUN_DIR", rc.run_dir, "run directory written by `matrix`");
   rc.cmd->add_option("--models", rc.models_file, "projection models (default reports/models.toml)");
+  rc.cmd->add_flag("--md-image-links", rc.md_image_links,
+                   "link the plots from report.md as images (plots/*.png, for reading it in the run directory); "
+                   "by default report.md names them in text, so it can be posted as a PR comment or CI summary");
   rc.cmd
       ->add_option_function<std::vector<std::string>>(
           "--compare",
@@ -335,14 +341,14 @@ int run_report_command(const ReportCommand& rc, std::ostream& out) {
     std::cerr << kErrorPrefix << "report: give RUN_DIR, or --compare RUN_A RUN_B\n";
     return 2;
   }
-  return write_report(rc.run_dir, rc.models_file, out);
+  return write_report(rc.run_dir, rc.models_file, out, rc.md_image_links);
 }
 
 int write_report(const std::string& run_dir, std::ostream& out) { return write_report(run_dir, "", out); }
 
-int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out) {
+int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out, bool md_image_links) {
   try {
-    report::generate_report(run_dir, models_file, out);
+    report::generate_report(run_dir, models_file, out, md_image_links);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kErrorPrefix << "report: " << e.what() << "\n";

@@ -17,6 +17,7 @@ struct ReportCommand {
   std::string run_dir;
   std::string compare_a, compare_b;   // --compare RUN_A RUN_B
   std::string models_file;            // projection models (default reports/models.toml)
+  bool md_image_links = false;        // --md-image-links: report.md links plots/*.png as images
   std::vector<std::string> merge;     // --merge OUT_DIR SHARD_DIR...: run by the cli room (harness/verify/merge.h),
                                       // which then writes the report into OUT_DIR
   bool active() const;
@@ -28,7 +29,9 @@ int run_report_command(const ReportCommand& rc, std::ostream& out);
 // Writes report.md / report.html / plots into run_dir. Returns 0, or 2 for a malformed run dir
 // (the error names the file and line).
 int write_report(const std::string& run_dir, std::ostream& out);
-// The same with the projection models taken from models_file ("" = reports/models.toml).
-int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out);
+// The same with the projection models taken from models_file ("" = reports/models.toml); with
+// md_image_links, report.md links the plots as images (see render_markdown in document.h).
+int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out,
+                 bool md_image_links = false);
 
 }  // namespace rh

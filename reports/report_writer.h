@@ -16,6 +16,8 @@ struct ReportFiles {
 
 // Reads run_dir, draws the plots, writes report.md and report.html; progress lines go to log.
 // Throws ReportError for a run directory (or models file) that is missing or malformed.
-ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log);
+// md_image_links: report.md links plots/*.png as images instead of naming them (document.h).
+ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log,
+                            bool md_image_links = false);
 
 }  // namespace rh::report

@@ -6,12 +6,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include <cctype>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <set>
 #include <unordered_map>
 
 namespace rh::report {
 namespace {
+
+namespace fs = std::filesystem;
 
 const char* kDash = "\u2014";   // shown where a value does not apply
 
@@ -123,15 +128,46 @@ std::string to_markdown(const Table& t) {
   return o;
 }
 
+namespace {
+
+// A relative path as a URL path: bytes outside A-Z a-z 0-9 - _ . ~ / = + percent-encoded, so a
+// directory name cannot end the attribute or start a query or fragment.
+std::string url_path(const std::string& p) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string o;
+  for (const char ch : p) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || std::strchr("-_.~/=+", c)) {
+      o += ch;
+    } else {
+      o += '%';
+      o += hex[c >> 4];
+      o += hex[c & 15];
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
 std::string to_html(const Table& t) {
-  std::string o = "<table>\n<thead><tr>";
-  for (const auto& h : t.header) o += "<th>" + markup_escape(h) + "</th>";
+  std::string o = t.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + t.html_class + "\">\n<thead><tr>";
+  const auto hidden = [&t](size_t c) { return t.html_title_column >= 0 && c == static_cast<size_t>(t.html_title_column); };
+  for (size_t c = 0; c < t.header.size(); ++c) {
+    if (hidden(c)) continue;
+    // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
+    // otherwise set the column's width.
+    std::string h;
+    for (const char ch : markup_escape(t.header[c])) h += ch == '_' ? std::string("_<wbr>") : std::string(1, ch);
+    o += "<th>" + h + "</th>";
+  }
   o += "</tr></thead>\n<tbody>\n";
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const std::string& cls = i < t.row_class.size() ? t.row_class[i] : std::string();
     if (cls.empty()) o += "<tr>";
     else o += "<tr class=\"" + cls + "\">";
     for (size_t c = 0; c < t.rows[i].size(); ++c) {
+      if (hidden(c)) continue;
       const bool num = c < t.right.size() && t.right[c];
       const std::string* extra =
           i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty() ? &t.cell_class[i][c]
@@ -146,8 +182,14 @@ std::string to_html(const Table& t) {
       }
       if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
         o += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
+      else if (t.html_title_into >= 0 && c == static_cast<size_t>(t.html_title_into) && t.html_title_column >= 0 &&
+               static_cast<size_t>(t.html_title_column) < t.rows[i].size())
+        o += " title=\"" + markup_escape(t.rows[i][static_cast<size_t>(t.html_title_column)]) + "\"";
       o += '>';
+      const std::string* href = c == 0 && i < t.row_href.size() && !t.row_href[i].empty() ? &t.row_href[i] : nullptr;
+      if (href) o += "<a href=\"" + url_path(*href) + "\">";
       o += markup_escape(t.rows[i][c]);
+      if (href) o += "</a>";
       o += "</td>";
     }
     o += "</tr>\n";
@@ -281,6 +323,10 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   t.header.push_back("reduction vs fp32 policy");
   t.right.assign(t.header.size(), true);
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
+  // In report.html the verdict is the outcome's hover text: sixteen columns do not fit 1280 px.
+  t.html_class = "matrix";
+  t.html_title_column = 3;
+  t.html_title_into = 2;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
     const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused &&
@@ -302,6 +348,9 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     }
     t.rows.push_back(row);
     t.row_class.push_back(r.passed ? "pass" : "fail");
+    // A scenario that errored before writing anything has no directory to link.
+    std::error_code ec;
+    t.row_href.push_back(fs::is_directory(fs::path(run.dir) / run.scenarios[i].rel_dir, ec) ? run.scenarios[i].rel_dir + "/" : "");
   }
   return t;
 }
@@ -341,6 +390,33 @@ Table environment_table(const RunData& run) {
   if (!run.matrix_file.empty()) t.rows.push_back({"scenario file", run.matrix_file});
   if (!run.total_seconds.empty()) t.rows.push_back({"wall time of the run (s)", run.total_seconds});
   return t;
+}
+
+StatusCounts status_counts(const RunData& run) {
+  StatusCounts c;
+  for (const auto& s : run.scenarios) {
+    ++c.scenarios;
+    if (!s.row.passed) {
+      ++c.failed;
+      continue;
+    }
+    ++c.met;
+    switch (s.row.outcome) {
+      case Outcome::identical: ++c.exact; break;
+      case Outcome::within_tolerance: ++c.tolerance; break;
+      case Outcome::load_refused: ++c.refused; break;
+      default: ++c.diverged;
+    }
+  }
+  return c;
+}
+
+std::string status_line(const StatusCounts& c) {
+  auto n = [](size_t v) { return std::to_string(v); };
+  return std::string(c.passed() ? "PASSED" : "FAILED") + ": " + n(c.scenarios) + " scenarios, " + n(c.met) +
+         " met their expectation (" + n(c.exact) + " bit for bit, " + n(c.tolerance) + " within tolerance, " +
+         n(c.diverged) + " diverged as declared, " + n(c.refused) + " refused as declared), " + n(c.failed) +
+         " failed";
 }
 
 std::string outcome_class(const SummaryRow& r) {
@@ -404,39 +480,83 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
   }
   std::vector<OutcomeGrid> out;
   for (size_t g = 0; g < groups.items.size(); ++g) {
-    Ordered rows, cols, col_axes;
+    OutcomeGrid grid{groups.items[g], {}, ""};
+    if (members[g].size() == 1) {   // one scenario: its name says more than an axis value would
+      const auto& r = run.scenarios[members[g][0]].row;
+      std::vector<std::string> line{r.scenario}, cls{""}, title{""};
+      grid_cell(r, line, cls, title);
+      grid.table.header = {"scenario", "outcome"};
+      grid.table.rows.push_back(line);
+      grid.table.cell_class.push_back(cls);
+      grid.table.cell_title.push_back(title);
+      out.push_back(std::move(grid));
+      continue;
+    }
+    // Every scenario's axis values; per axis its distinct values and how many scenarios name it.
+    Ordered axes;
+    std::vector<Ordered> values;
+    std::vector<size_t> named;
+    std::vector<std::vector<std::pair<size_t, std::string>>> parts;   // per scenario: (axis, value)
+    for (const size_t i : members[g]) {
+      const auto& name = run.scenarios[i].row.scenario;
+      const size_t slash = name.find('/');
+      parts.emplace_back();
+      for (const auto& [axis, value] : axis_values(slash == std::string::npos ? "" : name.substr(slash + 1))) {
+        const size_t a = axes.add(axis);
+        if (a == values.size()) values.emplace_back(), named.push_back(0);
+        values[a].add(value);
+        ++named[a];
+        parts.back().push_back({a, value});
+      }
+    }
+    // Columns: the subset of the axes every scenario names with the most combinations that fit
+    // kMaxGridColumns, leaving at least one axis for the rows.
+    std::vector<size_t> candidates;
+    for (size_t a = 0; a < axes.items.size() && candidates.size() < 12; ++a)
+      if (named[a] == members[g].size()) candidates.push_back(a);
+    uint32_t best_mask = 0;
+    size_t best_product = 1;
+    for (uint32_t mask = 1; mask < (1u << candidates.size()); ++mask) {
+      if (static_cast<size_t>(__builtin_popcount(mask)) == axes.items.size()) continue;
+      size_t product = 1;
+      for (size_t k = 0; k < candidates.size() && product <= kMaxGridColumns; ++k)
+        if (mask >> k & 1) product *= values[candidates[k]].items.size();
+      if (product > kMaxGridColumns) continue;
+      const int pc = __builtin_popcount(mask), best_pc = __builtin_popcount(best_mask);
+      if (product > best_product || (product == best_product && best_mask != 0 && (pc < best_pc || (pc == best_pc && mask > best_mask))))
+        best_mask = mask, best_product = product;
+    }
+    std::vector<bool> is_col(axes.items.size(), false);
+    for (size_t k = 0; k < candidates.size(); ++k) is_col[candidates[k]] = best_mask >> k & 1;
+    std::vector<size_t> row_axes, col_axes;
+    for (size_t a = 0; a < axes.items.size(); ++a) (is_col[a] ? col_axes : row_axes).push_back(a);
+    // One row axis that every scenario names: its values alone label the rows.
+    const bool bare_rows = row_axes.size() == 1 && named[row_axes[0]] == members[g].size();
+    Ordered rows, cols;
     std::unordered_map<uint64_t, const SummaryRow*> cells;   // (row << 32 | col) -> first scenario there
     std::vector<std::pair<uint64_t, const SummaryRow*>> in_order;   // every scenario's cell, in order
-    std::string row_axis;
-    for (const size_t i : members[g]) {
-      const auto& s = run.scenarios[i];
-      const size_t slash = s.row.scenario.find('/');
-      const auto av = axis_values(slash == std::string::npos ? "" : s.row.scenario.substr(slash + 1));
-      if (row_axis.empty()) row_axis = av.front().first;
-      std::string row = av.front().second, col;
-      for (size_t k = 1; k < av.size(); ++k) {
-        col += (col.empty() ? "" : ",") + av[k].first + "=" + av[k].second;
-        col_axes.add(av[k].first);
+    for (size_t m = 0; m < members[g].size(); ++m) {
+      std::string row, col;
+      for (const auto& [a, value] : parts[m]) {
+        std::string& label = is_col[a] ? col : row;
+        label += (label.empty() ? "" : ", ") + (bare_rows && !is_col[a] ? value : axes.items[a] + "=" + value);
       }
-      if (av.front().first != row_axis) row = av.front().first + "=" + row;
+      const auto& r = run.scenarios[members[g][m]].row;
       const uint64_t key = static_cast<uint64_t>(rows.add(row)) << 32 | cols.add(col);
-      cells.emplace(key, &s.row);
-      in_order.push_back({key, &s.row});
+      cells.emplace(key, &r);
+      in_order.push_back({key, &r});
     }
-    OutcomeGrid grid{groups.items[g], {}, ""};
-    std::string corner = row_axis;
-    if (!col_axes.items.empty()) {
-      corner += " \\ ";
-      for (size_t i = 0; i < col_axes.items.size(); ++i) corner += (i ? "," : "") + col_axes.items[i];
-    }
+    auto axis_names = [&](const std::vector<size_t>& list) {
+      std::string s;
+      for (const size_t a : list) s += (s.empty() ? "" : ", ") + axes.items[a];
+      return s;
+    };
     // A group whose names share few axis values would make a grid of mostly empty cells, as many
     // as rows x columns (100,000 scenarios of distinct rows and columns: 10^10): past 16 cells per
     // scenario it becomes a list of its cells instead, one row per scenario.
     const size_t grid_cells = rows.items.size() * cols.items.size();
     if (grid_cells > 16 * members[g].size() + 4096) {
-      std::string axes;
-      for (size_t i = 0; i < col_axes.items.size(); ++i) axes += (i ? "," : "") + col_axes.items[i];
-      grid.table.header = {row_axis, axes.empty() ? "columns" : axes, "outcome"};
+      grid.table.header = {axis_names(row_axes), col_axes.empty() ? "columns" : axis_names(col_axes), "outcome"};
       grid.note = std::to_string(rows.items.size()) + " rows x " + std::to_string(cols.items.size()) +
                   " columns would be mostly empty: one line per scenario instead";
       for (const auto& [key, r] : in_order) {
@@ -450,7 +570,7 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
       out.push_back(std::move(grid));
       continue;
     }
-    grid.table.header.push_back(corner);
+    grid.table.header.push_back(axis_names(row_axes) + (col_axes.empty() ? "" : " \\ " + axis_names(col_axes)));
     for (const auto& c : cols.items) grid.table.header.push_back(c.empty() ? "outcome" : c);
     for (size_t r = 0; r < rows.items.size(); ++r) {
       std::vector<std::string> line{rows.items[r]}, cls{""}, title{""};

@@ -21,6 +21,13 @@ struct Table {
   std::vector<std::string> row_class;         // HTML row class per row ("pass", "fail" or "")
   // Optional, per cell (same shape as rows when present): HTML class and hover text (title).
   std::vector<std::vector<std::string>> cell_class, cell_title;
+  // Optional, per row: a path relative to report.html that the row's first cell links to in HTML
+  // (a scenario's directory); "" for none. Markdown prints no link: it is posted where none resolves.
+  std::vector<std::string> row_href;
+  // HTML only: the table's class, and a column shown as the hover text (title) of another column's
+  // cell instead of as a column of its own (-1: none), so a wide table fits the page.
+  std::string html_class;
+  int html_title_column = -1, html_title_into = -1;
 };
 
 // Tables print every cell escaped for their format: HTML by markup_escape, Markdown by md_cell.
@@ -84,17 +91,38 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs);
 Table disk_table(const RunData& run, const std::vector<Combo>& combos);
 Table environment_table(const RunData& run);
 
+// The verdict of a run in numbers, every scenario counted once: met = exact + tolerance + diverged
+// + refused, and scenarios = met + failed. Only scenarios that met their expectation count as
+// exact / tolerance / diverged / refused (a bit-exact resume that was declared to diverge failed).
+struct StatusCounts {
+  size_t scenarios = 0, met = 0;
+  size_t exact = 0;       // identical, bit for bit
+  size_t tolerance = 0;   // within its declared tolerance
+  size_t diverged = 0;    // diverged as declared (a fault or lossy policy caught)
+  size_t refused = 0;     // the checkpoint was refused, as declared
+  size_t failed = 0;      // did not meet its expectation
+  bool passed() const { return failed == 0; }
+};
+StatusCounts status_counts(const RunData& run);
+// "PASSED: 5 scenarios, 5 met their expectation: 3 bit for bit, ...; 0 failed" (or FAILED).
+std::string status_line(const StatusCounts& c);
+
 // How a scenario ended, as a reader sorts it: "identical", "within tolerance", "diverged as
 // expected" (a fault or lossy policy caught as declared), or "failed" (did not meet its
 // expectation, whatever it found).
 std::string outcome_class(const SummaryRow& r);
-// The outcome grid of one scenario group: its canonical names "group/a=1,b=2,..." split into axes;
-// rows are the first axis's values, columns the combinations of the others (in order of first
-// appearance); each cell is the outcome_class of that scenario, with its verdict and first
-// divergence as hover text ("—" where no scenario has that combination). A name part without '='
-// is its own value of an axis called "scenario". A group whose grid would hold more than 16 cells
-// per scenario (most of them empty) is a list instead, one row per scenario (its row value, its
-// columns and its outcome), and `note` says so.
+// The outcome grid of one scenario group: its canonical names "group/a=1,b=2,..." split into axes
+// (a name part without '=' is its own value of an axis called "scenario"). The axes that every
+// scenario of the group names are candidates for columns: the columns are the combinations of the
+// candidate subset with the most combinations, at most kMaxGridColumns (ties: fewer axes, then the
+// later ones), and never every axis; the other axes make the rows, so a grid stays narrow enough
+// to read at 1280 px however many axes a group has. Rows and columns are in order of first
+// appearance; each cell is the outcome_class of that scenario, with its verdict and first
+// divergence as hover text ("—" where no scenario has that combination). A group of one scenario
+// is one row that names it. A group whose grid would hold more than 16 cells per scenario (most
+// of them empty) is a list instead, one row per scenario (its row value, its columns and its
+// outcome), and `note` says so.
+constexpr size_t kMaxGridColumns = 6;
 struct OutcomeGrid {
   std::string group;
   Table table;

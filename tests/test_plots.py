@@ -134,6 +134,12 @@ def labelled_series(ax):
     return ax.get_legend_handles_labels()[1]
 
 
+def bit_exact_text(fig):
+    """The text of the figure's "bit-exact groups" line, or None."""
+    texts = [t.get_text() for t in fig.findobj(lambda a: getattr(a, "get_gid", lambda: None)() == "bit-exact-groups")]
+    return texts[0] if texts else None
+
+
 def build_figures(run_dir):
     import matplotlib
     matplotlib.use("Agg")
@@ -171,6 +177,13 @@ class PlotsTest(unittest.TestCase):
             self.assertGreater(h, 200, name)
         with open(os.path.join(self.dir, "report.html")) as f:
             self.assertEqual(f.read().count('src="data:image/png;base64,'), 4)
+        with open(os.path.join(self.dir, "report.md")) as f:
+            md = f.read()
+        for name in PNGS:   # named, not linked: report.md is posted where a relative link breaks
+            self.assertNotIn("](plots/%s)" % name, md)
+            self.assertIn("plots/%s in the run directory" % name, md)
+        p = subprocess.run([TOOL, "report", "--md-image-links", self.dir], env=self.env, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr + p.stdout)
         with open(os.path.join(self.dir, "report.md")) as f:
             md = f.read()
         for name in PNGS:
@@ -249,8 +262,11 @@ class PlotsTest(unittest.TestCase):
         plt, figs = build_figures(self.dir)
         try:
             axes = {ax.get_title().split(" (")[0]: ax for ax in figs["dloss.png"].axes if ax.get_visible()}
-            self.assertEqual(set(axes), {"states", "faults"})
-            for group, expected_its in (("states", set(range(5, 11))), ("faults", {5})):
+            # states is bit-exact throughout: one line of text names it instead of a panel of zeros.
+            self.assertEqual(set(axes), {"faults"})
+            self.assertEqual(bit_exact_text(figs["dloss.png"]),
+                             "Bit-exact at every iteration after resume (|d loss| = 0, no panel drawn): states (2)")
+            for group, expected_its in (("faults", {5}),):
                 ax = axes[group]
                 ticks = [t.get_text() for t in ax.get_yticklabels()]
                 self.assertIn("0 (bit-exact)", ticks, group)
@@ -326,6 +342,79 @@ class PlotsTest(unittest.TestCase):
         self.assertEqual(plots.size_change_text({"is_reference": "0", "reduction_pct": "21.05"}), "21.05 % smaller")
         self.assertEqual(plots.size_change_text({"is_reference": "0", "reduction_pct": "-3.10"}), "3.10 % larger")
         self.assertEqual(plots.size_change_text({"is_reference": "0", "reduction_pct": ""}), "no fp32 reference")
+
+
+# A real resume that went NaN: dead-expert/master=fp32,guard=off,policy=per_key of the default
+# matrix (tests/data/nan_resume: its baseline and resumed metrics.csv and metrics_compare.csv as the
+# harness wrote them). Saved at 10, the resumed lm loss is finite at 11 and -nan from 12 on; its
+# |d loss| is inf from 12.
+NAN_DATA = os.path.join(HERE, "data", "nan_resume")
+NAN_SCENARIO = ("dead-expert/policy=per_key", "dead-expert__policy=per_key", "per_key", "BF16", 1.0, 3)
+
+
+class NonFiniteAndBitExactTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="rh_plots_nan_")
+        make_run(self.dir, SCENARIOS + [NAN_SCENARIO])
+        d = os.path.join(self.dir, "scenarios", NAN_SCENARIO[1])
+        for rel in ("baseline/metrics.csv", "resumed/metrics.csv", "metrics_compare.csv"):
+            shutil.copy(os.path.join(NAN_DATA, rel), os.path.join(d, rel))
+        env = dict(os.environ, RH_PYTHON="/bin/false")   # plot inputs only; the figures are built here
+        subprocess.run([TOOL, "report", self.dir], env=env, check=True, capture_output=True)
+        self.plt, self.figs = build_figures(self.dir)
+
+    def tearDown(self):
+        close_all(self.plt, self.figs)
+        shutil.rmtree(self.dir)
+
+    def panel(self, png, group):
+        found = [ax for ax in self.figs[png].axes if ax.get_title().startswith(group + " (")]
+        self.assertEqual(len(found), 1, [ax.get_title() for ax in self.figs[png].axes])
+        return found[0]
+
+    def test_a_nan_run_is_drawn_up_to_where_it_became_nan_and_marked_there(self):
+        import math
+        ax = self.panel("loss_curves.png", "dead-expert")
+        self.assertIn("policy=per_key (nan from iteration 12)", labelled_series(ax))
+        marks = [ln for ln in ax.get_lines() if ln.get_gid() == "nonfinite:policy=per_key"]
+        self.assertEqual(len(marks), 1)
+        self.assertEqual(list(marks[0].get_xdata()), [12])
+        self.assertTrue(any("nan from 12" in t.get_text() for t in ax.texts), [t.get_text() for t in ax.texts])
+        # The finite prefix is drawn: the resumed point at 11 (4.14344168 in metrics.csv) and the
+        # whole baseline, no line reaches a non-finite value.
+        points = [(x, y) for ln in ax.get_lines() if not (ln.get_gid() or "").startswith("nonfinite")
+                  for x, y in zip(ln.get_xdata(), ln.get_ydata()) if math.isfinite(y)]
+        self.assertIn((11, float.fromhex("0x1.092e26p+2")), points)
+        self.assertEqual(len([p for p in points if p[0] == 20]), 1)   # the baseline's 20; the resumed 20 is nan
+        # |d loss| after resume: inf from 12, triangles along the top with the same gid.
+        ax = self.panel("dloss.png", "dead-expert")
+        bad = [ln for ln in ax.get_lines() if ln.get_gid() == "nonfinite:policy=per_key"]
+        self.assertEqual(len(bad), 1)
+        self.assertEqual(list(bad[0].get_xdata()), list(range(12, 21)))
+        self.assertTrue(any(t.get_text() == "not finite" for t in ax.texts))
+
+    def test_bit_exact_groups_are_one_line_not_a_panel_each(self):
+        titles = [ax.get_title() for ax in self.figs["dloss.png"].axes if ax.get_visible()]
+        self.assertFalse(any(t.startswith("states (") for t in titles), titles)
+        self.assertTrue(any(t.startswith("faults (") for t in titles), titles)
+        self.assertEqual(bit_exact_text(self.figs["dloss.png"]),
+                         "Bit-exact at every iteration after resume (|d loss| = 0, no panel drawn): states (2)")
+        # The loss panels still show every group: their curves are not empty.
+        self.panel("loss_curves.png", "states")
+
+    def test_a_run_where_every_group_is_bit_exact_draws_one_line(self):
+        close_all(self.plt, self.figs)
+        d = os.path.join(self.dir, "exact")
+        make_run(d, SCENARIOS[:2])
+        with open(os.path.join(d, "summary.csv")) as f:   # drop the errored row make_run adds
+            rows = [r for r in f if not r.startswith("faults/crash")]
+        write(os.path.join(d, "summary.csv"), "".join(rows))
+        subprocess.run([TOOL, "report", d], env=dict(os.environ, RH_PYTHON="/bin/false"), check=True,
+                       capture_output=True)
+        self.plt, self.figs = build_figures(d)
+        self.assertEqual([ax for ax in self.figs["dloss.png"].axes if ax.get_visible() and ax.axison], [])
+        self.assertEqual(bit_exact_text(self.figs["dloss.png"]),
+                         "Bit-exact at every iteration after resume (|d loss| = 0, no panel drawn): states (2)")
 
 
 class UlpCapTest(unittest.TestCase):

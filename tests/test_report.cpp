@@ -15,6 +15,7 @@
 #include "reports/projection.h"
 #include "reports/report.h"
 #include "reports/report_writer.h"
+#include "harness/verify/scenario_name.h"
 
 namespace {
 
@@ -170,7 +171,9 @@ TEST_F(ReportOnFixture, OutcomeGridsFollowTheAxesAndSeparateExpectedDivergence) 
   const Table& ft = grids[1].table;
   EXPECT_EQ(grids[1].group, "faults");
   ASSERT_EQ(ft.rows.size(), 2u);
-  EXPECT_EQ(ft.rows[0], (std::vector<std::string>{"exp_avg", "diverged as expected"}));
+  // Two axes, each named by one scenario only: both label the rows, as axis=value.
+  EXPECT_EQ(ft.header, (std::vector<std::string>{"skip, scenario", "outcome"}));
+  EXPECT_EQ(ft.rows[0], (std::vector<std::string>{"skip=exp_avg", "diverged as expected"}));
   EXPECT_EQ(ft.rows[1], (std::vector<std::string>{"scenario=crash", "failed"}));
   EXPECT_EQ(ft.cell_class[0][1], "o-diverged-as-expected");
   EXPECT_EQ(ft.cell_class[1][1], "o-failed");
@@ -187,7 +190,7 @@ TEST_F(ReportOnFixture, KeyFindingsShareOneLinePerModelAndDtypes) {
   const std::string md = slurp(*dir_ / "report.md");
   const size_t at = md.find("## Key findings");
   ASSERT_NE(at, std::string::npos);
-  std::istringstream in(md.substr(at, md.find("\n## ", at + 1) - at));
+  std::istringstream in(md.substr(at, md.find("<details>", at) - at));
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);)
     if (l.rfind("- ", 0) == 0) lines.push_back(l);
@@ -204,6 +207,149 @@ TEST_F(ReportOnFixture, KeyFindingsShareOneLinePerModelAndDtypes) {
   EXPECT_EQ(shared, 1u) << md.substr(at, 2000);   // only DeepSeek-V2-Lite has published sizes
 }
 
+// The verdict comes before everything: report.html opens its body with the status banner, report.md
+// puts the same line under its title, and the counts add up (fixture: 3 bit-exact, 1 fault caught,
+// 1 errored).
+TEST_F(ReportOnFixture, StatusBannerOpensBothReportsWithCountsThatAddUp) {
+  const std::string md = slurp(*dir_ / "report.md"), html = slurp(*dir_ / "report.html");
+  const std::string line = "FAILED: 5 scenarios, 4 met their expectation (3 bit for bit, 0 within tolerance, "
+                           "1 diverged as declared, 0 refused as declared), 1 failed";
+  const size_t body = html.find("<body>\n");
+  ASSERT_NE(body, std::string::npos);
+  EXPECT_EQ(html.find("<div id=\"status\" class=\"status fail\"><strong>"), body + 7) << html.substr(body, 200);
+  EXPECT_NE(html.find("<strong>" + line + "</strong></div>\n<h1>"), std::string::npos) << html.substr(body, 400);
+  EXPECT_EQ(md.find("**" + line + "**"), md.find("\n\n") + 2) << md.substr(0, 400);
+  EXPECT_LT(md.find("**" + line + "**"), md.find("## Scenarios that did not meet their expectation"));
+
+  RunData run = load_run(dir_->string());
+  const StatusCounts c = status_counts(run);
+  EXPECT_EQ(c.exact + c.tolerance + c.diverged + c.refused, c.met);
+  EXPECT_EQ(c.met + c.failed, c.scenarios);
+  EXPECT_FALSE(c.passed());
+  // A scenario that met a declared refusal is counted as refused, one within tolerance as such.
+  run.scenarios[0].row.outcome = rh::Outcome::load_refused;
+  run.scenarios[1].row.outcome = rh::Outcome::within_tolerance;
+  EXPECT_EQ(status_line(status_counts(run)),
+            "FAILED: 5 scenarios, 4 met their expectation (1 bit for bit, 1 within tolerance, 1 diverged as declared, "
+            "1 refused as declared), 1 failed");
+}
+
+// report.md as a PR comment or CI step summary: verdict, failures and key findings open, every
+// later section folded in <details>, and no image link (a relative link breaks once posted)
+// unless --md-image-links asks for them.
+TEST_F(ReportOnFixture, MarkdownFoldsDetailsAndLinksNoImagesByDefault) {
+  const std::string md = slurp(*dir_ / "report.md");
+  const size_t failing = md.find("## Scenarios that did not meet their expectation");
+  const size_t findings = md.find("## Key findings");
+  const size_t first_fold = md.find("<details><summary>");
+  ASSERT_NE(failing, std::string::npos);
+  ASSERT_NE(first_fold, std::string::npos);
+  EXPECT_LT(failing, findings);
+  EXPECT_LT(findings, first_fold);
+  EXPECT_EQ(md.find("\n## ", findings + 1), std::string::npos) << "a level-2 section outside a fold";
+  for (const char* section : {"Outcomes", "Matrix", "Loss after resume", "Checkpoint size per key",
+                              "Projection to real model sizes", "Scenario notes", "Environment"})
+    EXPECT_NE(md.find(std::string("<details><summary>") + section + "</summary>\n\n"), std::string::npos) << section;
+  size_t open = 0, close = 0;
+  for (size_t p = md.find("<details>"); p != std::string::npos; p = md.find("<details>", p + 1)) ++open;
+  for (size_t p = md.find("</details>"); p != std::string::npos; p = md.find("</details>", p + 1)) ++close;
+  EXPECT_EQ(open, 7u);
+  EXPECT_EQ(close, open);
+  EXPECT_EQ(md.find("!["), std::string::npos);
+  EXPECT_EQ(md.find("](plots/"), std::string::npos);
+  EXPECT_NE(md.find("plots/" + std::string(kLossPlot) + " in the run directory"), std::string::npos);
+  // The matrix table is still a table inside its fold.
+  EXPECT_EQ(md_row(md, "faults/skip=exp_avg").size(), md_row(md, "states/exp_avg=fp32,policy=fp32").size());
+
+  const fs::path dir = report_fixture::temp_dir("imagelinks");
+  report_fixture::write_run(dir);
+  std::ostringstream log;
+  unsetenv("RH_PYTHON");
+  generate_report(dir.string(), "", log, /*md_image_links=*/true);
+  const std::string linked = slurp(dir / "report.md");
+  for (const char* name : {kLossPlot, kDlossPlot, kDiskPlot, kUlpPlot})
+    EXPECT_NE(linked.find(std::string("](plots/") + name + ")"), std::string::npos) << name;
+  fs::remove_all(dir);
+}
+
+// Each matrix row of report.html links the scenario's directory, the one summary.json names for it
+// and safe_name gives (scenarios/NAME, / as __, , as +), which holds its result.json.
+TEST_F(ReportOnFixture, MatrixRowsLinkEachScenarioDirectory) {
+  const std::string html = slurp(*dir_ / "report.html");
+  const RunData run = load_run(dir_->string());
+  size_t with_files = 0;
+  for (const auto& s : run.scenarios) {
+    EXPECT_EQ(s.rel_dir, "scenarios/" + rh::safe_name(s.row.scenario)) << s.row.scenario;
+    const size_t link = html.find("<a href=\"" + s.rel_dir + "/\">" + rh::markup_escape(s.row.scenario) + "</a>");
+    if (!fs::exists(*dir_ / s.rel_dir)) {   // faults/crash wrote nothing: no link to a missing directory
+      EXPECT_EQ(link, std::string::npos) << s.row.scenario;
+      EXPECT_EQ(html.find("href=\"" + s.rel_dir), std::string::npos) << s.row.scenario;
+      continue;
+    }
+    EXPECT_NE(link, std::string::npos) << s.row.scenario;
+    ++with_files;
+    const auto result = nlohmann::json::parse(slurp(*dir_ / s.rel_dir / "result.json"));
+    EXPECT_EQ(result.at("name"), s.row.scenario);
+  }
+  EXPECT_EQ(with_files, 4u);
+  // The matrix in report.html: the verdict is the outcome cell's hover text, not a column of its
+  // own (sixteen columns do not fit 1280 px); report.md keeps the column.
+  EXPECT_NE(html.find("<td title=\"PASS: difference caught as expected: after load: w/exp_avg\">diverged</td>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("<th>verdict</th>"), std::string::npos);
+  EXPECT_NE(html.find("<th>max ULP exp_<wbr>avg_<wbr>sq</th>"), std::string::npos);
+  EXPECT_EQ(md_row(slurp(*dir_ / "report.md"), "faults/skip=exp_avg")[3],
+            "PASS: difference caught as expected: after load: w/exp_avg");
+  // A directory name that is not URL-safe is percent-encoded in the link, never left to end it.
+  Table t;
+  t.header = {"scenario"};
+  t.rows = {{"x"}};
+  t.row_href = {"scenarios/a\"b c#d/"};
+  EXPECT_NE(to_html(t).find("<a href=\"scenarios/a%22b%20c%23d/\">x</a>"), std::string::npos) << to_html(t);
+}
+
+// Grids pick their columns by the axes' sizes: a group of four axes (2, 3, 2 and 4 values) gets at
+// most kMaxGridColumns columns (here b x c = 6: the largest product that fits, ties to the later
+// axes), its rows the rest (a x d = 8), and every scenario exactly one cell. A single-scenario
+// group is one row naming the scenario.
+TEST(ReportGrids, ColumnsFollowTheAxesSizesAndSingleScenarioGroupsAreNamed) {
+  RunData run;
+  auto add = [&run](const std::string& name, const std::string& group) {
+    ScenarioData s;
+    s.row.scenario = name;
+    s.row.passed = true;
+    s.row.outcome = rh::Outcome::identical;
+    s.row.verdict = "PASS";
+    s.group = group;
+    run.scenarios.push_back(s);
+  };
+  add("seed-protocol", "seed-protocol");
+  size_t n = 0;
+  for (const char* a : {"x", "y"})
+    for (const char* b : {"1", "2", "3"})
+      for (const char* c : {"p", "q"})
+        for (const char* d : {"k", "l", "m", "n"}) {
+          add(std::string("wide/a=") + a + ",b=" + b + ",c=" + c + ",d=" + d, "wide");
+          ++n;
+        }
+  const auto grids = outcome_grids(run);
+  ASSERT_EQ(grids.size(), 2u);
+  EXPECT_EQ(grids[0].table.header, (std::vector<std::string>{"scenario", "outcome"}));
+  ASSERT_EQ(grids[0].table.rows.size(), 1u);
+  EXPECT_EQ(grids[0].table.rows[0], (std::vector<std::string>{"seed-protocol", "identical"}));
+  const Table& w = grids[1].table;
+  EXPECT_TRUE(grids[1].note.empty());
+  EXPECT_EQ(w.header.size() - 1, kMaxGridColumns);
+  EXPECT_EQ(w.header[0], "a, d \\ b, c");
+  EXPECT_EQ(w.header[1], "b=1, c=p");
+  EXPECT_EQ(w.rows.size(), 8u);
+  EXPECT_EQ(w.rows[0][0], "a=x, d=k");
+  size_t cells = 0;
+  for (const auto& r : w.rows)
+    for (size_t c = 1; c < r.size(); ++c) cells += r[c] == "identical";
+  EXPECT_EQ(cells, n);
+}
+
 TEST(ReportFailingList, SaysNoneWhenEveryScenarioMetItsExpectation) {
   const fs::path dir = report_fixture::temp_dir("allpass");
   report_fixture::write_run(dir);
@@ -216,6 +362,9 @@ TEST(ReportFailingList, SaysNoneWhenEveryScenarioMetItsExpectation) {
   const std::string md = report_fixture::slurp(dir / "report.md");
   EXPECT_NE(md.find("None: every scenario met its expectation."), std::string::npos);
   EXPECT_EQ(md.find("reproduce:"), std::string::npos);
+  EXPECT_NE(md.find("**PASSED: 4 scenarios, 4 met their expectation"), std::string::npos);
+  EXPECT_NE(report_fixture::slurp(dir / "report.html").find("<div id=\"status\" class=\"status pass\">"),
+            std::string::npos);
   fs::remove_all(dir);
 }
 

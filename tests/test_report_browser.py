@@ -7,8 +7,10 @@ From the DOM (a probe script is appended to a copy of the page; Chromium runs it
 first section and starts on the first screen, with one item per failing row of summary.csv, each
 naming its reproduce command; the outcome grid has one coloured cell per scenario, failed cells
 exactly for the failing rows and expected divergences in their own class; every image decoded,
-shown at its natural aspect ratio, at least 300 px wide and not wider than the page; nothing
-overflows the window sideways.
+shown at its natural aspect ratio, at least 300 px wide and not wider than the page; the page opens
+with the status banner whose counts match summary.csv; no table is wider than its container and
+no element scrolls sideways (a scrolled wrapper is sideways scrolling too), also for a wide matrix
+of four axes; each matrix row links its scenario's directory.
 From the screenshot (full page, 1280 px wide): the grid's colours are on the page and the first
 screen is not blank. The screenshot is kept as build/report_screenshot.png.
 
@@ -49,7 +51,19 @@ window.addEventListener('load', () => {
   const titled = [...document.querySelectorAll('td[class^="o-"][title]')].length;
   const images = [...document.images].map(i => ({complete: i.complete, nw: i.naturalWidth, nh: i.naturalHeight,
                                                  w: box(i).w, h: box(i).h}));
-  const out = {h2, items, cells, titled, images, scrollWidth: document.documentElement.scrollWidth,
+  const first = document.body.firstElementChild;
+  const banner = first && first.id === 'status' ? {className: first.className, text: first.textContent,
+                                                    top: box(first).top, h: box(first).h} : null;
+  // Every table must fit its container as laid out: a wrapper that scrolls sideways hides the
+  // overflow from the page's scrollWidth, so each table is measured, and no element may scroll.
+  const tables = [...document.querySelectorAll('table')].map(t => ({
+      scrollWidth: t.scrollWidth, container: t.parentElement.clientWidth,
+      right: t.getBoundingClientRect().right, head: t.querySelector('th') ? t.querySelector('th').textContent : ''}));
+  const scrollers = [...document.querySelectorAll('body *')].filter(e => {
+      const o = getComputedStyle(e).overflowX; return o === 'auto' || o === 'scroll'; }).map(e => e.tagName + '.' + e.className);
+  const links = [...document.querySelectorAll('td > a[href]')].map(a => ({text: a.textContent, href: a.getAttribute('href')}));
+  const out = {h2, items, cells, titled, images, banner, tables, scrollers, links,
+               scrollWidth: document.documentElement.scrollWidth,
                innerWidth: innerWidth, height: document.documentElement.scrollHeight};
   const pre = document.createElement('pre'); pre.id = 'rh-probe'; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
@@ -72,25 +86,73 @@ def load_fixture():
     return mod
 
 
+def probe(run_dir):
+    """The probe's findings on run_dir/report.html, laid out at WIDTH x FIRST_SCREEN."""
+    with open(os.path.join(run_dir, "report.html")) as f:
+        html = f.read()
+    probe_page = os.path.join(run_dir, "probe.html")
+    with open(probe_page, "w") as f:
+        f.write(html.replace("</body>", PROBE + "</body>"))
+    p = chromium("--window-size=%d,%d" % (WIDTH, FIRST_SCREEN), "--dump-dom", "file://" + probe_page)
+    found = re.search(r'<pre id="rh-probe">(.*?)</pre>', p.stdout, re.S)
+    assert found, "no probe output from Chromium: " + p.stderr[-2000:]
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+                      .replace("&amp;", "&"))
+
+
+# A wide matrix as the default one names its cells: one group of four axes (3 x 2 x 4 x 2 = 48 cells,
+# long values), one of two, and single-scenario groups. Its report is drawn without plots (they
+# are not what is measured here).
+WIDE_AXES = [("moments", ["fp32", "bf16", "fp8"]), ("master", ["fp32", "remainders"]),
+             ("policy", ["dp_reshardable", "fully_reshardable", "dp_zero", "per_key"]), ("sizes", ["1", "2"])]
+
+
+def wide_scenarios():
+    out = []
+    for a in WIDE_AXES[0][1]:
+        for b in WIDE_AXES[1][1]:
+            for c in WIDE_AXES[2][1]:
+                for d in WIDE_AXES[3][1]:
+                    name = "formats/moments=%s,master=%s,policy=%s,sizes=%s" % (a, b, c, d)
+                    out.append((name, name.replace("/", "__").replace(",", "+"), "per_key", "BF16",
+                                2.0 ** -9 if a == "fp8" else 0.0, 3 if a == "fp8" else 0))
+    for lr in ("constant", "linear", "cosine"):
+        for wd in ("constant", "linear", "cosine"):
+            name = "schedule/lr=%s,wd=%s" % (lr, wd)
+            out.append((name, name.replace("/", "__").replace(",", "+"), "native", "BF16", 0.0, 0))
+    for single in ("seed-protocol", "approx/fp32-moments-saved-bf16"):
+        out.append((single, single.replace("/", "__"), "fp32", "F32", 0.0, 0))
+    return out
+
+
+def status_counts(rows):
+    """The banner's counts, from summary.csv: every scenario once."""
+    met = [r for r in rows if r["passed"] == "1"]
+    return {"scenarios": len(rows), "met": len(met), "bit for bit": sum(r["outcome"] == "identical" for r in met),
+            "within tolerance": sum(r["outcome"] == "within-tolerance" for r in met),
+            "refused as declared": sum(r["outcome"] == "load-refused" for r in met),
+            "diverged as declared": sum(r["outcome"] not in ("identical", "within-tolerance", "load-refused")
+                                        for r in met),
+            "failed": len(rows) - len(met)}
+
+
 class ReportInChromium(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="rh_browser_")
-        load_fixture().make_run(cls.dir)
+        fixture = load_fixture()
+        fixture.make_run(cls.dir)
         p = subprocess.run([TOOL, "report", cls.dir], capture_output=True, text=True)
         assert p.returncode == 0, p.stdout + p.stderr
         with open(os.path.join(cls.dir, "summary.csv"), newline="") as f:
             cls.rows = list(csv.DictReader(f))
-        with open(os.path.join(cls.dir, "report.html")) as f:
-            html = f.read()
-        probe_page = os.path.join(cls.dir, "probe.html")
-        with open(probe_page, "w") as f:
-            f.write(html.replace("</body>", PROBE + "</body>"))
-        p = chromium("--window-size=%d,%d" % (WIDTH, FIRST_SCREEN), "--dump-dom", "file://" + probe_page)
-        found = re.search(r'<pre id="rh-probe">(.*?)</pre>', p.stdout, re.S)
-        assert found, "no probe output from Chromium: " + p.stderr[-2000:]
-        cls.dom = json.loads(found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                             .replace("&amp;", "&"))
+        cls.dom = probe(cls.dir)
+        cls.wide = os.path.join(cls.dir, "wide")
+        fixture.make_run(cls.wide, wide_scenarios())
+        p = subprocess.run([TOOL, "report", cls.wide], capture_output=True, text=True,
+                           env=dict(os.environ, RH_PYTHON="/bin/false"))
+        assert p.returncode == 0, p.stdout + p.stderr
+        cls.wide_dom = probe(cls.wide)
         cls.shot = os.path.join(cls.dir, "screenshot.png")
         p = chromium("--window-size=%d,%d" % (WIDTH, cls.dom["height"] + 20), "--screenshot=" + cls.shot,
                      "file://" + os.path.join(cls.dir, "report.html"))
@@ -131,6 +193,46 @@ class ReportInChromium(unittest.TestCase):
             self.assertLessEqual(im["w"], WIDTH, im)
             self.assertAlmostEqual(im["w"] / im["h"], im["nw"] / im["nh"], delta=0.02 * im["nw"] / im["nh"])
         self.assertLessEqual(self.dom["scrollWidth"], self.dom["innerWidth"])
+
+    def test_status_banner_is_the_first_thing_with_counts_that_add_up(self):
+        for run_dir, dom in ((self.dir, self.dom), (self.wide, self.wide_dom)):
+            with open(os.path.join(run_dir, "summary.csv"), newline="") as f:
+                rows = list(csv.DictReader(f))
+            banner = dom["banner"]
+            self.assertIsNotNone(banner, "report.html does not open with the status banner")
+            self.assertLess(banner["top"], 100)
+            counts = status_counts(rows)
+            verdict = "FAILED" if counts["failed"] else "PASSED"
+            self.assertEqual(banner["className"], "status " + ("fail" if counts["failed"] else "pass"))
+            self.assertTrue(banner["text"].startswith(verdict + ": "), banner["text"])
+            for key, n in counts.items():
+                label = {"scenarios": "scenarios", "met": "met their expectation"}.get(key, key)
+                self.assertIn("%d %s" % (n, label), banner["text"])
+            self.assertLess(banner["top"], self.dom["h2"][0]["top"])
+
+    def test_no_table_is_wider_than_its_container_and_nothing_scrolls_sideways(self):
+        for dom in (self.dom, self.wide_dom):
+            self.assertEqual(dom["scrollers"], [])
+            self.assertGreater(len(dom["tables"]), 5)
+            for t in dom["tables"]:
+                self.assertLessEqual(t["scrollWidth"], t["container"], t)
+                self.assertLessEqual(t["right"], dom["innerWidth"], t)
+            self.assertLessEqual(dom["scrollWidth"], dom["innerWidth"])
+
+    def test_wide_groups_get_a_grid_of_at_most_six_columns_and_single_groups_are_named(self):
+        with open(os.path.join(self.wide, "report.md")) as f:
+            md = f.read()
+        formats = md[md.index("### formats"):]
+        header = [l for l in formats.splitlines() if l.startswith("| ")][0]
+        self.assertLessEqual(header.count(" | "), 6, header)   # the corner cell and at most 6 columns
+        self.assertIn("| seed-protocol | identical |", md)
+        self.assertIn("| approx/fp32-moments-saved-bf16 | identical |", md)
+
+    def test_each_matrix_row_links_its_scenario_directory(self):
+        links = {l["text"]: l["href"] for l in self.wide_dom["links"]}
+        for name, safe, *_ in wide_scenarios():
+            self.assertEqual(links.get(name), "scenarios/%s/" % safe, name)
+            self.assertTrue(os.path.isdir(os.path.join(self.wide, "scenarios", safe)), safe)
 
     def test_screenshot_shows_the_grid_colours_and_a_first_screen(self):
         import matplotlib.image

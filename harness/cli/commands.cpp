@@ -243,7 +243,7 @@ int run_merge_command(const ReportCommand& rc) {
   const std::filesystem::path out = rc.merge.front();
   std::vector<std::filesystem::path> shards(rc.merge.begin() + 1, rc.merge.end());
   const MergeResult m = merge_shards(out, shards, std::cout);   // MergeError: exit 2 (bad input)
-  if (write_report(out.string(), rc.models_file, std::cout) == 2) return 2;
+  if (write_report(out.string(), rc.models_file, std::cout, rc.md_image_links) == 2) return 2;
   return m.failed ? 1 : 0;
 }
 
