@@ -43,13 +43,22 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
   if (path_exists((p / kManifestFile).string())) return p.string();
   const fs::path ptr = p / kPointerFile;
   if (!path_exists(ptr.string())) {
-    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0)
-      throw CheckpointError("checkpoint " + p.string() + ": no " + kManifestFile +
-                            " (an incomplete save; not a checkpoint)");
+    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0) {
+      CheckpointError e("checkpoint " + p.string() + ": no " + kManifestFile + " (an incomplete save; not a checkpoint)",
+                        (p / kManifestFile).string());
+      e.damaged = true;   // as inspect says: an iter_ directory without its manifest is damage
+      throw e;
+    }
     throw CheckpointError(p.string() + ": neither a checkpoint directory (no " + kManifestFile +
                           ") nor a checkpoint root (no " + kPointerFile + ")");
   }
-  const int64_t it = read_pointer_file(ptr.string());
+  int64_t it = 0;
+  try {
+    it = read_pointer_file(ptr.string());
+  } catch (CheckpointError& e) {
+    e.damaged = true;
+    throw;
+  }
   const std::string name = iter_dir_name(it);
   const fs::path dir = p / name;
   if (path_exists((dir / kManifestFile).string())) return dir.string();
@@ -62,8 +71,11 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
     if (n.rfind(".old." + name + ".", 0) == 0 && path_exists((e.path() / kManifestFile).string()))
       return e.path().string();
   }
-  throw CheckpointError(ptr.string() + " names iteration " + std::to_string(it) + " but " +
-                        dir.string() + " has no " + kManifestFile);
+  CheckpointError e(ptr.string() + " names iteration " + std::to_string(it) + " but " + dir.string() + " has no " +
+                        kManifestFile,
+                    ptr.string());
+  e.damaged = true;
+  throw e;
 }
 
 namespace {
