@@ -203,12 +203,23 @@ int run_train_command(CommandState& st, int argc, char** argv) {
   return run_train(job);
 }
 
+// A scenario file or golden directory as given (relative to the working directory), else the
+// installed copy beside the tool: share/resume-harness/<given>, then .../scenarios/<given>, so
+// `check -f ci.toml` and `--golden scenarios/golden/ci` work from any directory.
+std::string installed_or_given(const std::string& given) {
+  std::error_code ec;
+  if (given.empty() || std::filesystem::path(given).is_absolute() || std::filesystem::exists(given, ec)) return given;
+  for (const std::string& cand : {data_file(given), data_file("scenarios/" + given)})
+    if (cand != given && std::filesystem::exists(cand, ec)) return cand;
+  return given;   // refused later, naming what was given
+}
+
 int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   if (o.file.empty())
     throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
-  // check's default file: ./scenarios/default.toml, else the copy beside the tool (an install).
-  if (cmd == st.check_cmd && o.file == kDefaultScenarioFile && !std::filesystem::exists(o.file))
-    o.file = data_file(kDefaultScenarioFile);
+  // ./scenarios/default.toml or ./FILE, else the copy beside the tool (an install).
+  o.file = installed_or_given(o.file);
+  if (!o.update_golden) o.golden_dir = installed_or_given(o.golden_dir);
   o.tool = self_executable();
   o.progress_tty = isatty(STDOUT_FILENO) != 0;
   // Resumed runs start from a worker forked now, before any scenario is read or trained
