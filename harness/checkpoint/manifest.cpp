@@ -232,6 +232,12 @@ SafetensorsFile open_verified(const Want& w) {
 // (master_param, remainder, exp_avg, exp_avg_sq) must also have the elements its shard's range of
 // its param has, before anything is decoded: a manifest resealed to agree with a bomb's table
 // still disagrees with its own layout (the same check as check_shard_files, made early).
+// Over the caller's decode budget only: a checkpoint for a larger model, refused by this load but
+// not damaged (inspect, whose budget is the machine's memory, accepts it).
+struct OverBudget : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
 void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants, uint64_t budget) {
   std::map<std::string, Want*> by_name;
   for (Want& w : wants)
@@ -273,8 +279,10 @@ void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Wa
     fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
                     std::to_string(phys) + ")");
   if (budget > 0 && total > budget)
-    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than the " +
-                    std::to_string(budget) + " bytes this load's model and optimizer state can hold; refused before decoding");
+    throw OverBudget("checkpoint file " + mpath + ": the compressed files' tensors need " + std::to_string(total) +
+                         " bytes decoded, more than the " + std::to_string(budget) +
+                         " bytes this load's model and optimizer state can hold; refused before decoding",
+                     mpath);
 }
 
 // Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
@@ -329,7 +337,7 @@ void match_tensors(const JsonField& mf, const Verified& v) {
 
 }  // namespace
 
-Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) {
+Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) try {
   Verified v;
   v.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifestFile).string();
@@ -343,6 +351,11 @@ Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) {
   open_all(wants, v);
   match_tensors(mf, v);
   return v;
+} catch (const OverBudget&) {
+  throw;
+} catch (CheckpointError& e) {
+  e.damaged = true;   // the files, checksums, schema: what inspect refuses
+  throw;
 }
 
 ShardIndex shard_index(const Verified& v) {
