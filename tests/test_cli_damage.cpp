@@ -77,6 +77,15 @@ const fs::path& pristine() {
   return root;
 }
 
+// Removes the suite's directory (the pristine checkpoint) after the last test.
+struct RemoveSuiteDir : ::testing::Environment {
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(fs::temp_directory_path() / ("rh_cli_damage_" + std::to_string(::getpid())), ec);
+  }
+};
+const auto* const kRemoveSuiteDir = ::testing::AddGlobalTestEnvironment(new RemoveSuiteDir);
+
 struct Damage {
   const char* name;
   const char* file;   // in iter_0000001/, the file the damage is in and the message names
