@@ -7,8 +7,10 @@
 
 namespace rh::report {
 
-// Writes the Markdown to out. Returns 0, or 1 when a scenario present in both runs passed in A
-// and fails in B (a regression). Throws ReportError for a missing or malformed summary.csv.
-int compare_runs(const std::string& run_a, const std::string& run_b, std::ostream& out);
+// Writes the Markdown to out, or with json one JSON object with the same content (keys in
+// docs/running.md, "report --compare --json"). Returns 0, or 1 when a scenario present in both
+// runs passed in A and fails in B (a regression). Throws ReportError for a missing or malformed
+// summary.csv.
+int compare_runs(const std::string& run_a, const std::string& run_b, std::ostream& out, bool json = false);
 
 }  // namespace rh::report

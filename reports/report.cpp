@@ -316,6 +316,9 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
           "fails in RUN_B")
       ->expected(2)
       ->excludes(dir);
+  rc.cmd->add_flag("--json", rc.json,
+                   "with --compare: print the comparison as one JSON object (keys in docs/running.md) instead of "
+                   "Markdown");
   rc.cmd
       ->add_option("--merge", rc.merge,
                    "OUT_DIR SHARD_DIR...: merge the run directories of `matrix --shard I/N` runs into OUT_DIR "
@@ -323,7 +326,8 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
                    "then write the report there; exit 1 if a merged cell failed, 2 if the shards are not one matrix")
       ->expected(2, 4096)
       ->excludes(dir)
-      ->excludes("--compare");
+      ->excludes("--compare")
+      ->excludes("--json");
   rc.cmd->footer("Exit codes: 0 written (or no regression), 1 --compare found a regression or --merge a failed "
                  "cell, 2 missing or malformed run directory, or --merge shards that are not one matrix.");
 }
@@ -331,11 +335,15 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
 int run_report_command(const ReportCommand& rc, std::ostream& out) {
   if (!rc.compare_a.empty()) {
     try {
-      return report::compare_runs(rc.compare_a, rc.compare_b, out);
+      return report::compare_runs(rc.compare_a, rc.compare_b, out, rc.json);
     } catch (const std::exception& e) {
       std::cerr << kErrorPrefix << e.what() << "\n";
       return 2;
     }
+  }
+  if (rc.json) {
+    std::cerr << kErrorPrefix << "report: --json needs --compare RUN_A RUN_B\n";
+    return 2;
   }
   if (rc.run_dir.empty()) {
     std::cerr << kErrorPrefix << "report: give RUN_DIR, or --compare RUN_A RUN_B\n";

@@ -18,6 +18,7 @@ struct ReportCommand {
   std::string compare_a, compare_b;   // --compare RUN_A RUN_B
   std::string models_file;            // projection models (default reports/models.toml)
   bool md_image_links = false;        // --md-image-links: report.md links plots/*.png as images
+  bool json = false;                  // --compare --json: one JSON object instead of Markdown
   std::vector<std::string> merge;     // --merge OUT_DIR SHARD_DIR...: run by the cli room (harness/verify/merge.h),
                                       // which then writes the report into OUT_DIR
   bool active() const;

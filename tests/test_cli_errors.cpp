@@ -392,14 +392,15 @@ TEST(CliErrors, ModelSizeOutOfRangeShowsTheValueAndTheRange) {
                    "model.seq_len must be in [1, 65536], got 100000");
 }
 
-// A bad generator state of rank 1 at --nproc 2 (issue 32): refused by every rank before anything
-// is restored, load_result.json says "refused" naming the field, and the exit code is the same
-// every time. A 16-byte (CUDA) state on a CPU run said "loaded", then failed in set_state with a
+// A bad generator state of rank 1 at --nproc 2: refused by every rank before anything is
+// restored, load_result.json says "refused" naming the field, and the exit code is the same every
+// time (1 where inspect calls the checkpoint damaged too, else 2). A 16-byte (CUDA) state on a CPU run said "loaded", then failed in set_state with a
 // LibTorch backtrace, exit 3; a readers' check (inspect) accepts it, the load knows the device.
 struct BadRankState {
   const char* name;
   const char* corpus_case;
   std::string needle;
+  int code;   // 1 damaged (inspect refuses it too), 2 refused by this run
 };
 class HostileLoad : public ::testing::TestWithParam<BadRankState> {};
 TEST_P(HostileLoad, BadRankStateAtTwoRanksIsRefusedBeforeTheLoadIsReported) {
@@ -409,7 +410,7 @@ TEST_P(HostileLoad, BadRankStateAtTwoRanksIsRefusedBeforeTheLoadIsReported) {
     const fs::path out = d / ("out" + std::to_string(run));
     const ToolRun r = tool(d, with_tiny({"train", "--quiet", "--nproc", "2", "--train-iters", "2", "--load", ckpt.string(),
                                          "--out", out.string()}));
-    EXPECT_EQ(r.code, 2) << "bad input, every time (run " << run << "): " << r.log;
+    EXPECT_EQ(r.code, GetParam().code) << "the same code every time (run " << run << "): " << r.log;
     EXPECT_NE(r.log.find("field /rank_states/1/rng_states/dropout: " + GetParam().needle), std::string::npos) << r.log;
     EXPECT_EQ(r.log.find("Exception raised from"), std::string::npos) << r.log;   // a LibTorch backtrace
     const std::string result = slurp(out / "load_result.json");
@@ -420,9 +421,9 @@ TEST_P(HostileLoad, BadRankStateAtTwoRanksIsRefusedBeforeTheLoadIsReported) {
 }
 INSTANTIATE_TEST_SUITE_P(
     Hostile, HostileLoad,
-    ::testing::Values(BadRankState{"OneByte", "rng_one_byte_rank_state", "1 bytes is not a generator state"},
+    ::testing::Values(BadRankState{"OneByte", "rng_one_byte_rank_state", "1 bytes is not a generator state", 1},
                       BadRankState{"CudaStateOnACpuRun", "accept_cuda_rank_state",
-                                   "16 bytes is a CUDA generator's state, but this run's generators are on the CPU"}),
+                                   "16 bytes is a CUDA generator's state, but this run's generators are on the CPU", 2}),
     [](const auto& i) { return std::string(i.param.name); });
 
 // Run directories and checkpoint paths need not be UTF-8 (issue 32): a load from and into such

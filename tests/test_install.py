@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """`cmake --install` makes a relocatable tool: installed into a temporary prefix, run from an
-unrelated directory, `check` finds its default scenario file and `report` its plot script and
+unrelated directory, `check` finds its default scenario file, `check -f ci.toml` the installed
+ci.toml and `--golden scenarios/golden/ci` its installed goldens, `report` its plot script and
 projection models under PREFIX/share/resume-harness (relative to the binary, not the source tree),
-and the source tree is not consulted (RH_DATA_DIR, RH_PLOTS_SCRIPT unset; the build tree's
-share/ is not on the path).
+and the installed Python package (PREFIX/share/resume-harness/python) reads a checkpoint the
+installed tool wrote; the source tree is not consulted (RH_DATA_DIR, RH_PLOTS_SCRIPT, PYTHONPATH
+unset; the build tree's share/ is not on the path). Every scenario file, golden and example
+trainer of the source tree is installed.
 
 Usage: test_install.py PATH_TO_resume-harness   (CTest passes it; the build dir is its folder)
 """
@@ -59,11 +62,49 @@ class Install(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             tool = os.path.join(prefix, "bin", "resume-harness")
             share = os.path.join(prefix, "share", "resume-harness")
-            for rel in ("reports/plots.py", "reports/models.toml", "scenarios/default.toml", "scenarios/ci.toml"):
+            src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+            wanted = ["reports/plots.py", "reports/models.toml", "scenarios/README.md",
+                      "python/pyproject.toml", "python/rhckpt/__init__.py", "python/rhckpt/torch_tensors.py"]
+            for sub, ext in (("scenarios", ".toml"), ("scenarios/golden/ci", ".csv"), ("examples/tiny_lm", ".py")):
+                found = sorted(f for f in os.listdir(os.path.join(src, sub)) if f.endswith(ext))
+                self.assertTrue(found, sub)
+                wanted += [sub + "/" + f for f in found]
+            for rel in wanted:
                 self.assertTrue(os.path.isfile(os.path.join(share, rel)), rel)
             elsewhere = os.path.join(tmp, "elsewhere")
             os.makedirs(elsewhere)
-            env = {k: v for k, v in os.environ.items() if k not in ("RH_DATA_DIR", "RH_PLOTS_SCRIPT")}
+            env = {k: v for k, v in os.environ.items() if k not in ("RH_DATA_DIR", "RH_PLOTS_SCRIPT", "PYTHONPATH")}
+            # An installed scenario file by its name alone, with its installed goldens.
+            r = subprocess.run([tool, "check", "-f", "ci.toml", "--list", "seed-protocol"], cwd=elsewhere,
+                               capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(r.stdout.split(), ["seed-protocol"])
+            ci_run = os.path.join(tmp, "ci-run")
+            r = subprocess.run([tool, "check", "-f", "ci.toml", "seed-protocol", "--golden", "scenarios/golden/ci",
+                                "--run-dir", ci_run], cwd=elsewhere, capture_output=True, text=True, env=env,
+                               timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("seed-protocol: PASS", r.stdout)   # a golden not found fails: "no golden metrics"
+            r = subprocess.run([tool, "check", "-f", "no-such.toml", "seed-protocol"], cwd=elsewhere,
+                               capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertEqual((r.stdout + r.stderr).count("\n"), 1, r.stdout + r.stderr)
+            self.assertIn("no-such.toml", r.stderr)
+            # The installed Python package reads a checkpoint the installed tool wrote.
+            ck = os.path.join(tmp, "ck")
+            r = subprocess.run([tool, "train", "--quiet", "--train-iters", "2", "--save-at", "2", "--save", ck,
+                                "--out", os.path.join(tmp, "train"), "--hidden-size", "16", "--num-layers", "1"],
+                               cwd=elsewhere, capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            penv = dict(env, PYTHONPATH=os.path.join(share, "python"))
+            r = subprocess.run(["/usr/bin/python3", "-c", "import rhckpt, sys; print(rhckpt.__file__); "
+                                "print(len(rhckpt.open(sys.argv[1]).keys()))", ck],
+                               cwd=elsewhere, capture_output=True, text=True, env=penv, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertTrue(r.stdout.startswith(os.path.join(share, "python", "rhckpt")), r.stdout)
+            r = subprocess.run(["/usr/bin/python3", "-m", "rhckpt", ck], cwd=elsewhere, capture_output=True,
+                               text=True, env=penv, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             run_dir = os.path.join(tmp, "run")
             # No -f: the default scenario file is the installed copy of scenarios/default.toml.
             r = subprocess.run([tool, "check", "seed-protocol", "--run-dir", run_dir], cwd=elsewhere,

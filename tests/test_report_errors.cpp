@@ -1,14 +1,17 @@
 // The report's failure paths and compare mode: a malformed CSV is an error naming file and line
 // (exit 2); a missing interpreter or matplotlib still writes the tables; an errored scenario's
-// missing files are noted, not fatal; `--compare` on two runs that differ in one verdict; the
-// tool's exit codes.
+// missing files are noted, not fatal; `--compare` on two runs that differ in one verdict, as
+// Markdown and as JSON (`--compare --json`); the tool's exit codes.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "report_fixture.h"
 #include "reports/compare_runs.h"
@@ -260,6 +263,76 @@ TEST(ReportCompare, AddedAndRemovedScenariosAreListed) {
   compare_runs(r.a.string(), r.b.string(), out);
   EXPECT_NE(out.str().find("### Only in A (removed)\n\n- faults/crash: FAIL (error)"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("### Only in B (added)\n\n- faults/new: PASS (identical)"), std::string::npos);
+}
+
+// --json: the same changes as the Markdown, as values a CI script reads without parsing a table.
+TEST(ReportCompare, JsonHoldsTheSameChangesAsValues) {
+  TwoRuns r;
+  replace_line(r.b / "summary.csv", 6, "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
+                                       "native,none,bf16,bf16,fp32,1");
+  std::ostringstream out;
+  EXPECT_EQ(compare_runs(r.a.string(), r.b.string(), out, /*json=*/true), 1);
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["a"]["dir"], r.a.string());
+  EXPECT_EQ(j["a"]["scenarios"], 5);
+  EXPECT_EQ(j["a"]["failed"], 1);   // faults/crash
+  EXPECT_EQ(j["b"]["scenarios"], 5);
+  EXPECT_EQ(j["b"]["failed"], 1);   // the regression; faults/crash is gone
+  EXPECT_EQ(j["regressions"], 1);
+  EXPECT_EQ(j["fixed"], 0);
+  ASSERT_EQ(j["verdicts"].size(), 1u) << j.dump(2);
+  const auto& v = j["verdicts"][0];
+  EXPECT_EQ(v["scenario"], "states/exp_avg=bf16,policy=per_key");
+  EXPECT_EQ(v["change"], "regression");
+  EXPECT_EQ(v["a"]["passed"], true);
+  EXPECT_EQ(v["a"]["outcome"], "identical");
+  EXPECT_EQ(v["b"]["passed"], false);
+  EXPECT_EQ(v["b"]["outcome"], "diverged");
+  EXPECT_NE(v["b"]["verdict"].get<std::string>().find("FAIL: expected bit-exact resume"), std::string::npos);
+  ASSERT_EQ(j["first_divergences"].size(), 1u);
+  EXPECT_TRUE(j["first_divergences"][0]["a"].is_null());
+  EXPECT_EQ(j["first_divergences"][0]["b"], "iteration 5: metric lm_loss");
+  ASSERT_EQ(j["checkpoint_bytes"].size(), 1u);
+  EXPECT_EQ(j["checkpoint_bytes"][0]["a"], 1800);
+  EXPECT_EQ(j["checkpoint_bytes"][0]["b"], 1900);
+  EXPECT_NEAR(j["checkpoint_bytes"][0]["change_percent"].get<double>(), 100.0 / 18.0, 1e-9);
+  ASSERT_EQ(j["only_in_a"].size(), 1u);
+  EXPECT_EQ(j["only_in_a"][0]["scenario"], "faults/crash");
+  EXPECT_EQ(j["only_in_a"][0]["outcome"], "error");
+  ASSERT_EQ(j["only_in_b"].size(), 1u);
+  EXPECT_EQ(j["only_in_b"][0]["scenario"], "faults/new");
+  EXPECT_EQ(j["only_in_b"][0]["passed"], true);
+
+  std::ostringstream same;
+  EXPECT_EQ(compare_runs(r.a.string(), r.a.string(), same, /*json=*/true), 0);
+  const nlohmann::json s = nlohmann::json::parse(same.str());
+  EXPECT_EQ(s["regressions"], 0);
+  for (const char* k : {"verdicts", "first_divergences", "checkpoint_bytes", "only_in_a", "only_in_b"})
+    EXPECT_TRUE(s[k].is_array() && s[k].empty()) << k;
+}
+
+// The command line: report --compare A B --json prints the object on stdout with the same exit
+// code; --json without --compare is refused in one line.
+TEST(ReportCli, CompareJsonOnStdoutWithTheSameExitCode) {
+  TwoRuns r;
+  const std::string cmd = std::string(RH_TOOL) + " report --compare " + r.a.string() + " " + r.b.string() + " --json";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1) << text;
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["regressions"], 1);
+  EXPECT_EQ(j["verdicts"][0]["change"], "regression");
+  const fs::path log = r.a / "json_alone.log";
+  const int alone = std::system((std::string(RH_TOOL) + " report " + r.a.string() + " --json > " + log.string() +
+                                 " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(alone), 2);
+  EXPECT_EQ(slurp(log), "resume-harness: error: report: --json needs --compare RUN_A RUN_B\n");
 }
 
 // The command line: report RUN_DIR, report --compare A B, and exit codes 0 / 1 / 2.

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The rhckpt package (python/rhckpt) on checkpoints the tool wrote: every storage mode (fp32
 master, fp16 master, bf16 weight + int16 remainder; fp32/bf16/fp16/fp8 moments), every save
-policy, two data-parallel ranks and a compressed checkpoint. Values are compared bit for bit with
+policy (master() for each), two data-parallel ranks and a compressed checkpoint, and the torch
+tensors to_torch()/state_dict() give in the stored dtypes. Values are compared bit for bit with
 the tool's own lossless dump of the same state (`train --dump-states` writes state_at_save/),
 which the package reads independently; negative controls: a flipped byte in a plain and in a
 compressed file, a compressed block damaged under a resealed manifest, a missing path.
@@ -36,6 +37,9 @@ MODES = {
                                "--save-compress", "zstd"],
     "bf16-policy-fp32": PA + ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--save-policy", "fp32"],
     "bf16-policy-per_key": PA + ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--save-policy", "per_key"],
+    "bf16-policy-fully_reshardable": PA + ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+                                           "--save-policy", "fully_reshardable"],
+    "bf16-policy-dp_zero": PA + ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16", "--save-policy", "dp_zero"],
     "fp16-policy-fp32": PA + ["--no-store-param-remainders", "--exp-avg-dtype", "fp16", "--exp-avg-sq-dtype", "fp16",
                               "--save-policy", "fp32"],
 }
@@ -129,6 +133,61 @@ class Written(unittest.TestCase):
             for s in STATES:
                 self.assertEqual(ck.dtype(p + "/" + s), "BF16")
                 np.testing.assert_array_equal(bits(ck.value(p + "/" + s)), bits(dump.unscaled(p + "/" + s)))
+
+    def test_master_works_for_every_save_policy(self):
+        # per_key, fully_reshardable and dp_zero widen the int16 remainder into an F32 container
+        # (master() raised a KeyError for them); the master is the dump's, bit for bit, in each.
+        for name in ("bf16-remainders", "bf16-policy-fp32", "bf16-policy-per_key", "bf16-policy-fully_reshardable",
+                     "bf16-policy-dp_zero", "fp16-policy-fp32", "fp32-states", "fp8-fp16master"):
+            with self.subTest(mode=name):
+                ck, dump = self.opened(name)
+                params = self.params(ck)
+                self.assertTrue(params)
+                for p in params:
+                    m = ck.master(p)
+                    self.assertEqual(m.dtype, np.float32, p)
+                    np.testing.assert_array_equal(bits(m), bits(dump.master(p)), p)
+        ck, _ = self.opened("bf16-policy-per_key")
+        p = self.params(ck)[0]
+        self.assertEqual(ck.dtype(p + "/remainder"), "F32")
+
+    def test_to_torch_and_state_dict_keep_the_stored_dtypes(self):
+        import torch
+        want = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I16": torch.int16,
+                "U8": torch.uint8, "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8)}
+        seen = set()
+        for name in ("bf16-remainders", "fp16-fp32master", "fp8-fp16master", "bf16-fp8-dp2-zstd", "bf16-policy-per_key"):
+            with self.subTest(mode=name):
+                ck, _ = self.opened(name)
+                sd = ck.state_dict()
+                self.assertEqual(sorted(sd), ck.keys())
+                for key, t in sd.items():
+                    dt = ck.dtype(key)
+                    seen.add(dt)
+                    self.assertIsInstance(t, torch.Tensor, key)
+                    self.assertEqual(t.dtype, want[dt], key)
+                    stored = ck.stored(key)
+                    self.assertEqual(tuple(t.shape), stored.shape, key)
+                    # the same bits as stored(): reinterpreted, never converted
+                    tb = t.view(torch.int16) if dt == "BF16" else t.view(torch.uint8) if dt == "F8_E4M3" else t
+                    np.testing.assert_array_equal(bits(tb.numpy()), bits(stored), key)
+                    if dt in ("BF16", "F16", "F32"):   # and the values torch computes with are decode()'s
+                        np.testing.assert_array_equal(bits(t.float().numpy()), bits(ck.value(key).astype(np.float32)))
+                p = self.params(ck)[0]
+                self.assertTrue(torch.equal(ck.to_torch(p), sd[p]))
+        self.assertTrue({"BF16", "F16", "F32", "I16", "F8_E4M3"} <= seen, seen)
+
+    def test_to_torch_without_torch_says_what_to_install(self):
+        ck, _ = self.opened("bf16-remainders")
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = None   # import torch raises ImportError
+        try:
+            with self.assertRaises(ImportError) as e:
+                ck.state_dict()
+            self.assertIn("need torch", str(e.exception))
+        finally:
+            sys.modules["torch"] = saved
+        self.assertEqual(ck.stored(self.params(ck)[0]).dtype, np.uint16)   # numpy needs no torch
 
     def copy(self, name):
         d = tempfile.mkdtemp(prefix="rh_rhckpt_bad_", dir=self.root)

@@ -16,6 +16,9 @@ struct CheckpointError : std::runtime_error {
       : std::runtime_error(message), file(std::move(file_)), tensor(std::move(tensor_)) {}
   // Where known, for load_result.json: the file (its path) and the tensor or key the error is about.
   std::string file, tensor;
+  // The checkpoint itself is damaged (what `inspect` refuses: a checksum, a truncated, missing or
+  // malformed file; exit 1), not a valid checkpoint this run refuses (exit 2).
+  bool damaged = false;
 };
 
 }  // namespace rh::ckpt

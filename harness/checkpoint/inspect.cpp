@@ -67,9 +67,59 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
   out.unsetf(std::ios::fixed);
 }
 
+// inspect --json: the same content as the listing, one object (docs/running.md, "inspect --json").
+nlohmann::json listing_json(const std::string& d, const detail::Verified& v) {
+  const nlohmann::json& m = v.manifest;
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& t : m["tensors"]) {
+    const uint64_t raw = t["bytes"].get<uint64_t>();
+    tensors.push_back({{"key", printable_text(t["key"].get<std::string>())},
+                       {"kind", t["kind"]},
+                       {"dtype", t["dtype"]},
+                       {"shape", t["shape"]},
+                       {"bytes", raw},
+                       {"stored_bytes", t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw},
+                       {"file", t["file"]}});
+  }
+  const auto& disk = m["disk"];
+  const uint64_t total = disk["total_bytes"].get<uint64_t>();
+  return {{"schema_version", 1},
+          {"status", "ok"},
+          {"exit_code", 0},
+          {"checkpoint", printable_text(d)},
+          {"iteration", m.value("iteration", int64_t(-1))},
+          {"save_policy", m["save_policy"].value("kind", std::string("?"))},
+          {"compress", m["save_policy"].value("compress", std::string("none"))},
+          {"harness_version", m.value("harness_version", std::string("?"))},
+          {"files_verified", v.files.size()},
+          {"tensors", tensors},
+          {"bytes_per_key", disk["bytes_per_key"]},
+          {"bytes_per_dtype", disk["bytes_per_dtype"]},
+          {"bytes_per_file", disk["bytes_per_file"]},
+          {"total_bytes", total},
+          {"raw_total_bytes", disk.contains("raw_total_bytes") ? disk["raw_total_bytes"].get<uint64_t>() : total},
+          {"num_params", disk["num_params"]},
+          {"bytes_per_param", disk["bytes_per_param"]},
+          {"raw_bytes_per_param", disk.contains("raw_bytes_per_param") ? disk["raw_bytes_per_param"] : disk["bytes_per_param"]}};
+}
+
+// A refusal as JSON: status "damaged" (1) or "bad_input" (2), the message, the file and tensor where known.
+int refusal_json(std::ostream& out, const std::string& dir, int code, const std::string& message,
+                 const std::string& file = "", const std::string& tensor = "") {
+  nlohmann::json j = {{"schema_version", 1},
+                      {"status", code == 1 ? "damaged" : "bad_input"},
+                      {"exit_code", code},
+                      {"checkpoint", printable_text(dir)},
+                      {"error", printable_text(message)}};
+  if (!file.empty()) j["file"] = printable_text(file);
+  if (!tensor.empty()) j["tensor"] = printable_text(tensor);
+  out << dump_text(j, 2) << "\n";
+  return code;
+}
+
 }  // namespace
 
-int inspect_checkpoint(const std::string& dir, std::ostream& out) {
+int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json) {
   // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
   // checkpoint (1): an iter_ directory without its manifest or a dangling pointer is damage.
   std::error_code ec;
@@ -77,18 +127,23 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
   const bool is_dir = fs::is_directory(p, ec);
   if (!is_dir || (!fs::exists(p / detail::kManifestFile, ec) && !fs::exists(p / detail::kPointerFile, ec) &&
                   p.filename().string().rfind("iter_", 0) != 0)) {
-    out << kErrorPrefix << printable_text(dir) << ": "
-        << (!fs::exists(p, ec) ? "no such file or directory"
-            : !is_dir          ? "not a directory"
-                               : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
-                                     ") nor a checkpoint root (no " + detail::kPointerFile + ")")
-        << "\n";
+    const std::string why = !fs::exists(p, ec) ? "no such file or directory"
+                            : !is_dir          ? "not a directory"
+                                               : std::string("neither a checkpoint directory (no ") +
+                                                     detail::kManifestFile + ") nor a checkpoint root (no " +
+                                                     detail::kPointerFile + ")";
+    if (json) return refusal_json(out, dir, 2, printable_text(dir) + ": " + why);
+    out << kErrorPrefix << printable_text(dir) << ": " << why << "\n";
     return 2;
   }
   try {
     const std::string d = detail::resolve_checkpoint_dir(dir);
     detail::Verified v = detail::verify_checkpoint_dir(d);   // files, checksums, schema: as load
     (void)detail::check_consistency(v, nullptr);            // counters, generators, shards: as load
+    if (json) {
+      out << dump_text(listing_json(d, v), 2) << "\n";
+      return 0;
+    }
     out << "checkpoint " << printable_text(d) << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
         << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
@@ -100,6 +155,10 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out) {
                 : ")\n");
     return 0;
   } catch (const std::exception& e) {
+    if (json) {
+      const auto* ce = dynamic_cast<const CheckpointError*>(&e);
+      return refusal_json(out, dir, 1, e.what(), ce ? ce->file : "", ce ? ce->tensor : "");
+    }
     out << "DAMAGED: " << printable_text(e.what()) << "\n";   // a path that is not UTF-8 as \xNN
     return 1;
   }

@@ -329,11 +329,28 @@ uint64_t decode_budget(const torch::nn::Module& model) {
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config) {
   VerifiedLoad vl;
-  vl.v = verify_checkpoint_dir(dir, decode_budget(model));
+  vl.v = verify_checkpoint_dir(dir, decode_budget(model));   // marks what inspect refuses as damage
   vl.mpath = (fs::path(dir) / kManifestFile).string();
-  check_model(vl.v, model, run_config);
-  check_optimizer(vl.v, opt);
-  Consistent c = check_consistency(vl.v, run_config);   // what inspect checks too
+  Consistent c;
+  try {
+    check_model(vl.v, model, run_config);
+    check_optimizer(vl.v, opt);
+    c = check_consistency(vl.v, run_config);   // what inspect checks too
+  } catch (const std::exception& e) {
+    // Damage is damage whatever else this run refuses: the message stays the first refusal (the
+    // order above), the exit code is inspect's, so both commands give a damaged checkpoint one code.
+    bool damaged = false;
+    try {
+      (void)check_consistency(vl.v, nlohmann::json());
+    } catch (const std::exception&) {
+      damaged = true;
+    }
+    const auto* ce = dynamic_cast<const CheckpointError*>(&e);
+    if (!damaged && ce == nullptr) throw;
+    CheckpointError out = ce ? *ce : CheckpointError(e.what(), vl.mpath);
+    out.damaged = out.damaged || damaged;
+    throw out;
+  }
   check_generators_for_device(vl.v, c.train_state, run_config, vl.mpath);
   vl.train_state = std::move(c.train_state);
   vl.ix = std::move(c.ix);

@@ -43,13 +43,22 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
   if (path_exists((p / kManifestFile).string())) return p.string();
   const fs::path ptr = p / kPointerFile;
   if (!path_exists(ptr.string())) {
-    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0)
-      throw CheckpointError("checkpoint " + p.string() + ": no " + kManifestFile +
-                            " (an incomplete save; not a checkpoint)");
+    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0) {
+      CheckpointError e("checkpoint " + p.string() + ": no " + kManifestFile + " (an incomplete save; not a checkpoint)",
+                        (p / kManifestFile).string());
+      e.damaged = true;   // as inspect says: an iter_ directory without its manifest is damage
+      throw e;
+    }
     throw CheckpointError(p.string() + ": neither a checkpoint directory (no " + kManifestFile +
                           ") nor a checkpoint root (no " + kPointerFile + ")");
   }
-  const int64_t it = read_pointer_file(ptr.string());
+  int64_t it = 0;
+  try {
+    it = read_pointer_file(ptr.string());
+  } catch (CheckpointError& e) {
+    e.damaged = true;
+    throw;
+  }
   const std::string name = iter_dir_name(it);
   const fs::path dir = p / name;
   if (path_exists((dir / kManifestFile).string())) return dir.string();
@@ -62,8 +71,11 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
     if (n.rfind(".old." + name + ".", 0) == 0 && path_exists((e.path() / kManifestFile).string()))
       return e.path().string();
   }
-  throw CheckpointError(ptr.string() + " names iteration " + std::to_string(it) + " but " +
-                        dir.string() + " has no " + kManifestFile);
+  CheckpointError e(ptr.string() + " names iteration " + std::to_string(it) + " but " + dir.string() + " has no " +
+                        kManifestFile,
+                    ptr.string());
+  e.damaged = true;
+  throw e;
 }
 
 namespace {
@@ -220,6 +232,12 @@ SafetensorsFile open_verified(const Want& w) {
 // (master_param, remainder, exp_avg, exp_avg_sq) must also have the elements its shard's range of
 // its param has, before anything is decoded: a manifest resealed to agree with a bomb's table
 // still disagrees with its own layout (the same check as check_shard_files, made early).
+// Over the caller's decode budget only: a checkpoint for a larger model, refused by this load but
+// not damaged (inspect, whose budget is the machine's memory, accepts it).
+struct OverBudget : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
 void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Want>& wants, uint64_t budget) {
   std::map<std::string, Want*> by_name;
   for (Want& w : wants)
@@ -261,8 +279,10 @@ void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Wa
     fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
                     std::to_string(phys) + ")");
   if (budget > 0 && total > budget)
-    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than the " +
-                    std::to_string(budget) + " bytes this load's model and optimizer state can hold; refused before decoding");
+    throw OverBudget("checkpoint file " + mpath + ": the compressed files' tensors need " + std::to_string(total) +
+                         " bytes decoded, more than the " + std::to_string(budget) +
+                         " bytes this load's model and optimizer state can hold; refused before decoding",
+                     mpath);
 }
 
 // Every file, hashed concurrently (hashing is most of a load's CPU time); the first failure in
@@ -317,7 +337,7 @@ void match_tensors(const JsonField& mf, const Verified& v) {
 
 }  // namespace
 
-Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) {
+Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) try {
   Verified v;
   v.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifestFile).string();
@@ -331,6 +351,11 @@ Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) {
   open_all(wants, v);
   match_tensors(mf, v);
   return v;
+} catch (const OverBudget&) {
+  throw;
+} catch (CheckpointError& e) {
+  e.damaged = true;   // the files, checksums, schema: what inspect refuses
+  throw;
 }
 
 ShardIndex shard_index(const Verified& v) {

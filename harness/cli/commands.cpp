@@ -47,6 +47,7 @@ struct CommandState {
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
   bool inspect_quiet = false, report_quiet = false;   // -q: the exit code alone
+  bool inspect_json = false;                           // inspect --json
   MatrixOptions check, matrix;
   std::string shard;   // matrix --shard I/N
   bool list = false;   // check/matrix --list
@@ -202,12 +203,23 @@ int run_train_command(CommandState& st, int argc, char** argv) {
   return run_train(job);
 }
 
+// A scenario file or golden directory as given (relative to the working directory), else the
+// installed copy beside the tool: share/resume-harness/<given>, then .../scenarios/<given>, so
+// `check -f ci.toml` and `--golden scenarios/golden/ci` work from any directory.
+std::string installed_or_given(const std::string& given) {
+  std::error_code ec;
+  if (given.empty() || std::filesystem::path(given).is_absolute() || std::filesystem::exists(given, ec)) return given;
+  for (const std::string& cand : {data_file(given), data_file("scenarios/" + given)})
+    if (cand != given && std::filesystem::exists(cand, ec)) return cand;
+  return given;   // refused later, naming what was given
+}
+
 int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   if (o.file.empty())
     throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
-  // check's default file: ./scenarios/default.toml, else the copy beside the tool (an install).
-  if (cmd == st.check_cmd && o.file == kDefaultScenarioFile && !std::filesystem::exists(o.file))
-    o.file = data_file(kDefaultScenarioFile);
+  // ./scenarios/default.toml or ./FILE, else the copy beside the tool (an install).
+  o.file = installed_or_given(o.file);
+  if (!o.update_golden) o.golden_dir = installed_or_given(o.golden_dir);
   o.tool = self_executable();
   o.progress_tty = isatty(STDOUT_FILENO) != 0;
   // Resumed runs start from a worker forked now, before any scenario is read or trained
@@ -265,7 +277,12 @@ void register_commands(CLI::App& app, CommandState& st) {
   register_train(app, st);
   st.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
   st.inspect_cmd->add_option("CKPT_DIR", st.inspect_dir, "checkpoint root or iter_ directory")->required();
-  st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
+  auto* iq = st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
+  st.inspect_cmd
+      ->add_flag("--json", st.inspect_json,
+                 "print what inspect finds as one JSON object on stdout (keys in docs/running.md, "
+                 "\"inspect --json\"); the exit code is the same")
+      ->excludes(iq);
   register_check_and_matrix(app, st);
   register_report_command(app, st.report);
   st.report.cmd->add_flag("-q,--quiet", st.report_quiet, "print nothing but errors");
@@ -273,6 +290,16 @@ void register_commands(CLI::App& app, CommandState& st) {
 
 // inspect; with -q only a damaged or bad-input verdict is printed (the exit code says the rest).
 int run_inspect_command(CommandState& st) {
+  if (st.inspect_json) {   // the object on stdout; a refusal's one line on stderr too, as without --json
+    std::ostringstream doc;
+    const int rc = ckpt::inspect_checkpoint(st.inspect_dir, doc, /*json=*/true);
+    std::cout << doc.str();
+    if (rc != 0) {
+      const nlohmann::json j = nlohmann::json::parse(doc.str());
+      std::cerr << kErrorPrefix << j.value("error", std::string()) << "\n";
+    }
+    return rc;
+  }
   if (!st.inspect_quiet) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
   std::ostringstream listing;
   const int rc = ckpt::inspect_checkpoint(st.inspect_dir, listing);
@@ -337,6 +364,11 @@ int tool_main(int argc, char** argv) {
   } catch (const dist::DistError& e) {   // a peer failed: not this rank's input
     std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";
     return is_disk_error_message(e.what()) ? kExitDisk : 3;
+  } catch (const ckpt::CheckpointError& e) {
+    // A damaged checkpoint exits 1 as `inspect` does; a valid one this run refuses is bad input.
+    std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";
+    if (is_disk_error_message(e.what())) return kExitDisk;
+    return e.damaged ? 1 : 2;
   } catch (const std::exception& e) {
     // The disk (ENOSPC, EDQUOT, EIO, EROFS), also when a save passed the error between ranks as
     // text, is not bad input.

@@ -268,17 +268,22 @@ ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
   if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
   if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");
   ckpt::LoadReport report;
-  std::string err;
+  std::string err;   // "D" (damaged) or "R" (refused), then the message
   try {
     report = ckpt::load_checkpoint(job.load, run.tr->model(), run.tr->optimizer(), st, to_json(job.cfg), opts);
   } catch (const std::exception& e) {
     if (!run.group) throw;
-    err = e.what();
+    const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e);
+    err = std::string(ce && ce->damaged ? "D" : "R") + e.what();
   }
   if (run.group) {
     const auto all = run.group->all_gather_strings(err);
     for (size_t r = 0; r < all.size(); ++r)
-      if (!all[r].empty()) throw ckpt::CheckpointError("rank " + std::to_string(r) + ": " + all[r]);
+      if (!all[r].empty()) {
+        ckpt::CheckpointError e("rank " + std::to_string(r) + ": " + all[r].substr(1));
+        e.damaged = all[r][0] == 'D';
+        throw e;
+      }
     run.tr->optimizer().sync_params();   // a conversion may have written only the owned parts
   }
   return report;
@@ -345,6 +350,7 @@ void load_and_restore(Run& run) {
   } catch (const std::exception& e) {
     nlohmann::json refused = {{"status", "refused"}, {"error_kind", error_kind(e)}, {"message", e.what()}};
     if (const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e)) {
+      refused["damaged"] = ce->damaged;   // what inspect refuses too (exit 1), not this run's refusal (2)
       if (!ce->file.empty()) refused["file"] = ce->file;
       if (!ce->tensor.empty()) refused["tensor"] = ce->tensor;
     }

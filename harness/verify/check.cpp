@@ -45,8 +45,8 @@ bool is_optimizer_key(const std::string& k) {
 }
 
 // The resumed run: a new process of the tool that loads the cell's checkpoint and trains K+1..N.
-// Returns false when it refused the load (load_result.json says so, and it exited with 2);
-// throws when it failed any other way.
+// Returns false when it refused the load (load_result.json says so, and it exited with 2, or 1
+// for a damaged checkpoint); throws when it failed any other way.
 bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, CheckResult& r) {
   const fs::path dir(o.work_dir), cfg = dir / "config.json", log = dir / "resumed.log";
   write_text(cfg.string(), to_json(s.cfg).dump(2) + "\n");
@@ -58,7 +58,7 @@ bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, Chec
   if (s.resume_dp() > 1) argv.insert(argv.end(), {"--nproc", std::to_string(s.resume_dp())});
   const auto e = run_process(argv, log.string(), o.timeout_s, /*prestarted=*/true);
   const fs::path result = dir / "resumed" / kLoadResultFile;
-  const bool exited_bad_input = e.exit_code == 2 && !e.killed && fs::exists(result);
+  const bool exited_bad_input = (e.exit_code == 2 || e.exit_code == 1) && !e.killed && fs::exists(result);
   const LoadResult load = exited_bad_input ? read_load_result(result.string()) : LoadResult{};
   if (exited_bad_input && !load.loaded) {
     r.outcome = Outcome::load_refused;

@@ -8,6 +8,8 @@ python3-zstandard), verifying everything the tool's own load verifies about the 
     ck.unscaled("P/exp_avg")                # fp16: decode * scale, fp8: decode * scale_inv, per shard
     ck.master("P")                          # the fp32 master: stored, or bf16 weight + int16 remainder
     ck.stored("P/exp_avg")                  # stored elements (BF16 bits as uint16, F8_E4M3 codes)
+    ck.to_torch("P/exp_avg")                # the stored elements as a torch tensor in its own dtype
+    ck.state_dict()                         # {key: ck.to_torch(key)} for every key
 
 Raises rhckpt.BadInput (not a checkpoint) or rhckpt.Damaged (bytes disagree with the manifest),
 each naming the file and, where it applies, the tensor.
@@ -362,13 +364,45 @@ class Checkpoint:
         if any(k == param + "/master_param" for _, k in self._pieces):
             return self.unscaled(param + "/master_param").astype(np.float32)
         weight = self.stored(param)
+        has_remainder = any(k == param + "/remainder" for _, k in self._pieces)
+        if not has_remainder and self.dtype(param) == "F32":   # fp32 training: the weight is the master
+            return weight.astype(np.float32)
         if self.dtype(param) != "BF16":
             raise NoTensor("%s: '%s' has no master_param and a %s weight" % (self.dir, param, self.dtype(param)))
-        rem = self.stored(param + "/remainder").reshape(weight.shape)
-        if rem.dtype != np.int16:
-            raise NoTensor("%s: '%s/remainder' is %s, not I16" % (self.dir, param, self.dtype(param + "/remainder")))
+        rem = self._remainder(param).reshape(weight.shape)
         bits = (weight.astype(np.int64) << 16) + rem.astype(np.int64)
         return (bits & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+    def _remainder(self, param):
+        """`param/remainder` as int16: stored as I16 (native, dp_reshardable) or widened into an
+        F32 container (per_key, fully_reshardable, dp_zero), whose values must then be int16's."""
+        key = param + "/remainder"
+        dt = self.dtype(key)
+        rem = self.stored(key)
+        if dt == "I16":
+            return rem
+        if dt != "F32":
+            raise Damaged(self.dir, "tensor '%s': %s, expected I16 or an F32 container of int16 values" % (key, dt))
+        ok = np.isfinite(rem) & (rem == np.round(rem)) & (rem >= -32768) & (rem <= 32767)
+        if not np.all(ok):
+            bad = int(np.argmin(ok.reshape(-1)))
+            raise Damaged(self.dir, "tensor '%s': element %d is %r, expected an int16 value in an F32 container"
+                          % (key, bad, float(rem.reshape(-1)[bad])))
+        return rem.astype(np.int16)
+
+    def to_torch(self, key):
+        """The stored elements of `key` (shards joined, as stored()) as a torch tensor in the
+        checkpoint's own dtype: BF16 -> torch.bfloat16, F16 -> float16, F32 -> float32, I16 -> int16,
+        U8 -> uint8, F8_E4M3 -> torch.float8_e4m3fn where torch has it (2.1 and later), else its
+        uint8 codes. Scales are not applied (a scaled state's .scale/.scale_inv are keys of their
+        own). Needs torch; raises ImportError naming what to install without it."""
+        from .torch_tensors import as_torch
+        return as_torch(self.dtype(key), self.stored(key), key)
+
+    def state_dict(self):
+        """{key: to_torch(key)} for every key of keys(): the model's tensors and every optimizer
+        state as stored, in their own dtypes."""
+        return {k: self.to_torch(k) for k in self.keys()}
 
     def tensor_rows(self):
         """[(file, key, dtype, shape, bytes)] of every stored piece, sorted."""
