@@ -1,4 +1,4 @@
-// Benchmark (issue 16): wall time of one `check` (baseline + resumed process + comparisons) as a
+// Benchmark: wall time of one `check` (baseline + resumed process + comparisons) as a
 // ratio to the bare training of N + (N-K) iterations in this process, and the wall time of whole
 // matrices at -j 2 (ci.toml, and default.toml with --default), the way the tool runs them: resumed
 // runs start from the pre-started worker (dist/prestart.h), unless --exec. Prints figures; never

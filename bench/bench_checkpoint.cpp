@@ -11,7 +11,7 @@
 // --cold every side's files are evicted from it (fdatasync + POSIX_FADV_DONTNEED) before each
 // load or read, as after a restart on another node (the VM's disk makes cold figures noisy).
 //   bench_checkpoint [--gb 1.0] [--reps 5] [--dir /tmp] [--cold]
-// Targets (issue 4): save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch; issue 15
+// Targets: save >= 0.8x plain write, load >= 0.9x plain read, both >= 3x torch; and
 // (verify while copying into staging, then adopt): load >= 0.85x plain read. The first load of a
 // process allocates its staging fresh (later loads reuse the pool the previous state returns to),
 // so it is printed on its own, with the peak memory a load adds over the state already held.

@@ -14,7 +14,7 @@
 // by tensor (1e-4 .. 1e-2) and by element (log-normal), so moments and remainders come from the
 // real update rule. A tiny model's entropy may not match a real one's.
 //   bench_compress [--gb 1.0] [--reps 3] [--steps 4] [--dir /tmp]
-// Targets (issue 15): bf16 moments + remainders <= 6.5 B/param, fp8 moments <= 5.0, >= 10 %
+// Targets: bf16 moments + remainders <= 6.5 B/param, fp8 moments <= 5.0, >= 10 %
 // smaller than plain zstd default level on the same bytes, compressed save and load >= 0.5x.
 #include <zstd.h>
 

@@ -1,4 +1,4 @@
-// Benchmark (issue 7): the data-parallel trainer at 1, 2 and 4 ranks on this machine. Each size
+// Benchmark: the data-parallel trainer at 1, 2 and 4 ranks on this machine. Each size
 // runs as real processes (this binary re-executes itself as the ranks over c10d Gloo): the
 // median step time of 6 iterations after 2 of warm-up, the median time of 3 sharded checkpoint
 // saves, and the bytes each rank's optimizer shard takes. Prints ratios to one rank; never

@@ -1,5 +1,5 @@
 // Benchmark: `resume-harness report` on long matrix summaries, in rows (scenarios) per second
-// (issue 32 item 8: 100,000 rows took 326 s). For each N it writes a synthetic run directory and
+// (100,000 rows once took 326 s). For each N it writes a synthetic run directory and
 // times, separately:
 //  - the C++ part, in this process: generate_report with the plot script pointed at a path that
 //    does not exist, so it writes its tables, plot inputs, report.md and report.html and skips the

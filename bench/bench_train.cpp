@@ -1,4 +1,4 @@
-// Benchmark (issue 2): wall time of the default 20-iteration run (bf16 parameters computed in
+// Benchmark: wall time of the default 20-iteration run (bf16 parameters computed in
 // fp32 with bf16-rounded outputs) beside the same run with plain fp32 parameters and compute,
 // and the native bf16 compute path for reference. Prints times and ratios; never fails on time.
 #include <chrono>

@@ -34,7 +34,7 @@ MAX_SERIES = 8          # labelled series per axes, the "+N more" entry included
 PANEL_COLS = 3
 ULP_ROWS_PER_BLOCK = 70  # heat map rows per column block; longer matrices get blocks side by side
 # Heat map rows drawn at most (4 blocks): every cell is a text object, and 1,000 rows took 80 s to
-# draw (issue 32: a 100,000-row summary ran past the plot step's limit); past this the map shows
+# draw (a 100,000-row summary ran past the plot step's limit); past this the map shows
 # the rows that missed their expectation, then the largest differences, and says so.
 MAX_ULP_ROWS = 4 * ULP_ROWS_PER_BLOCK
 REST_COLOR = "0.72"

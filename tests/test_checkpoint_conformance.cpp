@@ -1,4 +1,4 @@
-// The conformance corpus (tests/conformance, issue 32) against the tool's reader: every case gets
+// The conformance corpus (tests/conformance) against the tool's reader: every case gets
 // the verdict the corpus names from inspect_checkpoint (what `resume-harness inspect` runs: every
 // check load makes without a model), the exit code and a message holding the expected substring and
 // naming the case's directory. tests/test_rhckpt_conformance.py holds python/rhckpt to the same
@@ -104,7 +104,7 @@ TEST_P(Conformance, ToolReaderGivesTheCorpusVerdict) {
   }
 }
 
-// The corpus is all of issue 32's reader-disagreement inputs and more: a smaller table means a
+// The corpus is every reader-disagreement input found so far and more: a smaller table means a
 // generator that failed to list its cases.
 TEST(ConformanceTable, HasEveryCase) {
   if (std::getenv("RH_CONFORMANCE_CORPUS")) GTEST_SKIP() << "another corpus";

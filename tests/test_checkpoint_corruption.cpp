@@ -244,7 +244,7 @@ TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
   fs::remove_all(root);
 }
 
-// Verify while copying (issue 15): load reads every file into staging memory while hashing it
+// Verify while copying: load reads every file into staging memory while hashing it
 // and the state adopts the staging tensors only after every block of every file is verified.
 // A damaged last byte of the file listed last is seen after everything else was read: the
 // state is still bit-identical and still in the same tensors (nothing adopted, nothing copied).

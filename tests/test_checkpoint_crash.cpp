@@ -26,7 +26,7 @@ TEST(CrashSafety, SigkillDuringSaveNeverBreaksThePointer) {
   // The first checkpoint is what the pointer names whenever a kill lands before the child's first
   // save (every trial on a slow machine): it must be one load accepts. It used to be the state
   // after two steps labelled iteration 1, which the counter check refuses (step 2 > iteration 1),
-  // so the test failed on a fresh machine (issue 32). Checked here, without any timing.
+  // so the test failed on a fresh machine. Checked here, without any timing.
   ASSERT_EQ(a.state.iteration, 2);
   save_checkpoint(root.str(), save_input(a));
   {

@@ -1,4 +1,4 @@
-// Hostile input (issue 17): each case is an input that crashed, hung, exhausted memory, read
+// Hostile input: each case is an input that crashed, hung, exhausted memory, read
 // outside the checkpoint or slipped past a checksum before; now every one is refused with a
 // CheckpointError naming the file and what was expected, and the target state is untouched.
 #include <fcntl.h>
@@ -493,7 +493,7 @@ TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
   EXPECT_EQ(rh::ckpt::toml_nesting_position("s = \"\"\"\n" + key + "\\\"\"\"\"\n"), "");   // escaped quote inside
 }
 
-// ------------------------------------------------------------------ issue 32, round four
+// ------------------------------------------------------------ names, counters, budgets, disks
 
 namespace round4 {
 
@@ -587,7 +587,7 @@ TEST(CsvParse, MalformedTextIsRefusedWithItsLine) {
   EXPECT_EQ(recs[1].line, 3u);
 }
 
-// I/O failures of the disk are not bad input (issue 32): ENOSPC (here /dev/full) raises DiskError,
+// I/O failures of the disk are not bad input: ENOSPC (here /dev/full) raises DiskError,
 // whose message names the path and says it is the disk; the tool exits 4 on it
 // (CliErrors' HostileDisk.SaveOnAFullDiskExitsFourNamingThePathAndTheDisk does it with a tmpfs).
 TEST(HostileDisk, NoSpaceIsADiskErrorNamingThePath) {
@@ -609,7 +609,7 @@ TEST(HostileDisk, NoSpaceIsADiskErrorNamingThePath) {
   EXPECT_FALSE(rh::is_disk_error_message(error_of([] { write_file_durable("/nonexistent-rh/x", "x"); })));
 }
 
-// A load may decode at most what its model and optimizer state can hold (issue 32, item 6): the
+// A load may decode at most what its model and optimizer state can hold: the
 // budget refuses a compressed checkpoint before any block is decoded, and a real checkpoint of the
 // model is always within it.
 TEST(DecodeBudget, CompressedTablesBeyondTheBudgetAreRefusedBeforeDecoding) {

@@ -382,7 +382,7 @@ TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
   train(a, 2);
   save_checkpoint(dir.str(), save_input(a));
   // Same iteration, different content; the scheduler counts samples too, and load checks that
-  // the two agree (issue 32).
+  // the two agree.
   a.state.consumed_samples = a.state.opt_param_scheduler.num_steps = 12345;
   save_checkpoint(dir.str(), save_input(a));
   Rig c = make_rig(mode_named("remainders_bf16moments"), 2);

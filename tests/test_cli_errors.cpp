@@ -1,4 +1,4 @@
-// The command line as a new user meets it (issue 14): every bad input exits 2 with one line that
+// The command line as a new user meets it: every bad input exits 2 with one line that
 // starts with the tool's error prefix and names the file, flag or key; nothing is written before
 // the flags are checked; --version and --help say what the tool and its options are.
 #include <gtest/gtest.h>
@@ -305,7 +305,7 @@ fault = "reset_lr_schedule"
   EXPECT_EQ(std::count(bad.log.begin(), bad.log.end(), '\n'), 1) << bad.log;
 }
 
-// ---- Hostile input, round three (issue 32): messages that name the file and field -------------
+// ---- Hostile input: messages that name the file and field -------------
 
 namespace hostile4 {
 
@@ -426,7 +426,7 @@ INSTANTIATE_TEST_SUITE_P(
                                    "16 bytes is a CUDA generator's state, but this run's generators are on the CPU", 2}),
     [](const auto& i) { return std::string(i.param.name); });
 
-// Run directories and checkpoint paths need not be UTF-8 (issue 32): a load from and into such
+// Run directories and checkpoint paths need not be UTF-8: a load from and into such
 // paths works, load_result.json is valid UTF-8 JSON naming the path with \xNN escapes, and a
 // refusal names it the same way instead of failing with nlohmann's type_error 316.
 TEST(HostilePaths, NonUtf8PathsLoadAndAreNamedReadably) {

@@ -177,7 +177,7 @@ TEST(RunCaptured, TimeoutKillsTheWholeProcessGroup) {
   const fs::path d = temp_dir("timeout");
   auto c = spec_in(d, {"sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"});
   // 5 s, not 1: under load the shell had not yet written grandchild.pid when the timeout struck,
-  // and std::stoi("") ended the test with an exception (issue 32, timing-dependent tests).
+  // and std::stoi("") ended the test with an exception.
   c.timeout_s = 5;
   const auto t0 = std::chrono::steady_clock::now();
   const auto e = run_captured(c);

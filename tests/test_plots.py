@@ -418,7 +418,7 @@ class NonFiniteAndBitExactTest(unittest.TestCase):
 
 
 class UlpCapTest(unittest.TestCase):
-    """A summary longer than MAX_ULP_ROWS draws MAX_ULP_ROWS rows (issue 32: 1,000 rows took 80 s,
+    """A summary longer than MAX_ULP_ROWS draws MAX_ULP_ROWS rows (1,000 rows took 80 s,
     100,000 ran past the plot step's limit): the failed rows and the largest differences, in
     summary order, and the title says how many of how many."""
 

@@ -379,7 +379,7 @@ TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
 
 }  // namespace
 
-// ---- issue 32: the run directory's own files read back, and summary.json as hostile input ----
+// ---- The run directory's own files read back, and summary.json as hostile input ----
 
 namespace round4 {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fuzzing `python3 -m rhckpt` (issue 32, item 7): hostile input must end in exit 1 or 2 with one
+"""Fuzzing `python3 -m rhckpt`: hostile input must end in exit 1 or 2 with one
 line naming the file, never a traceback, an internal error (exit 3) or a hang. A deterministic
 mutation loop over the conformance bases (tests/conformance/base): each input changes one thing
 and RESEALS the checksums, so it reaches the parser or rule behind them instead of stopping at the

@@ -1,4 +1,4 @@
-// Refusing to write or delete through a symbolic link the tool did not create (issue 32, item 1).
+// Refusing to write or delete through a symbolic link the tool did not create.
 // A run directory, a `train --out` directory or a golden directory is named by the user and may
 // itself be a link; everything the tool places below it (scenarios/, baselines/, a cell, the
 // summaries, the report, plots/, the state dumps) must be a real file or directory, or absent.

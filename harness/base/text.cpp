@@ -29,8 +29,8 @@ void throw_if_disk_errno(const std::string& what, const std::string& path, int e
 bool is_disk_error_message(const std::string& message) { return message.find(kDiskErrorTag) != std::string::npos; }
 
 void write_text(const std::string& path, const std::string& text) {
-  // O_NOFOLLOW: a symbolic link planted where the file goes is refused, not written through
-  // (issue 32); the link's target is never opened.
+  // O_NOFOLLOW: a symbolic link planted where the file goes is refused, not written through;
+  // the link's target is never opened.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     if (errno == ELOOP) throw SymlinkRefused(path);

@@ -64,7 +64,7 @@ std::string dump_text(const nlohmann::json& j, int indent = -1);
 std::string non_ascii_position(const std::string& text);
 
 // toml++ recurses once per part of a dotted key or table header and once per nested array or
-// inline table: a header of 50,000 parts overflowed the stack (issue 32). Checked before parsing,
+// inline table: a header of 50,000 parts overflowed the stack. Checked before parsing,
 // as JSON's depth is: more than kMaxTomlKeyParts parts in one key or header, or arrays / inline
 // tables nested deeper than kMaxJsonDepth, are refused. Returns "" when within bounds, else
 // "L: column C: ..." (to follow "file:"). Strings and comments are skipped.

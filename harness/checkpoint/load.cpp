@@ -312,7 +312,7 @@ std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::jso
   return out;
 }
 
-// The most a load of this model and optimizer may decode (issue 32, item 6): the model's
+// The most a load of this model and optimizer may decode: the model's
 // parameters and buffers as they are, and per parameter element at most 16 bytes of optimizer
 // state (master or remainder, exp_avg, exp_avg_sq: at most 4 bytes each in every save policy,
 // fp32; one spare), plus 64 KiB per parameter for the per-shard scales. A manifest resealed to

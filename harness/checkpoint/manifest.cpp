@@ -132,8 +132,8 @@ std::vector<Want> listed_files(const JsonField& mf, const std::string& dir, cons
 // A compressed file's table (rh_tensors) against the manifest's tensors of that file, before
 // SafetensorsFile::decoded() allocates or decodes anything: each entry the table lists must be a
 // tensor the manifest lists there, with its dtype, shape and raw bytes, so a load decodes at most
-// what the manifest says (issue 32: two 3 GiB zero tables of 6.4 MB were decoded before the
-// refusal). An entry decoded() refuses as malformed (raw_bytes not numel x itemsize, ...) is left
+// what the manifest says (a table claiming two 3 GiB zero tensors in 6.4 MB would otherwise be
+// decoded before the refusal). An entry decoded() refuses as malformed (raw_bytes not numel x itemsize, ...) is left
 // to its message, which it gives before allocating anything.
 void match_table(const Want& w, const SafetensorsFile& sf) {
   auto tt = sf.metadata().find("rh_tensors");

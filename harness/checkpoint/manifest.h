@@ -70,7 +70,7 @@ ShardIndex shard_index(const Verified& v);
 // (train_state and rank_states, each of a length a generator accepts), the shard index, and the
 // shard files against it (each named by one shard, the file of its dp_rank, every state tensor in
 // a range of its shard with that range's length). load and inspect both call it, so inspect says
-// OK only where load's model-free checks pass (issue 32). Throws CheckpointError naming the field.
+// OK only where load's model-free checks pass. Throws CheckpointError naming the field.
 struct Consistent {
   ShardIndex ix;
   TrainState train_state;   // rank 0's generators

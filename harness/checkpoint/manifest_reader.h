@@ -31,7 +31,7 @@ int64_t read_pointer_file(const std::string& path);   // regular file, <= kMaxPo
 nlohmann::json parse_manifest_text(const std::string& text, const std::string& path);
 nlohmann::json read_manifest_file(const std::string& path);   // regular file, <= kMaxManifestBytes
 
-// The manifest's own checksum (issue 32): "<16 lower-case hex digits of XXH3-64>\n" of the
+// The manifest's own checksum: "<16 lower-case hex digits of XXH3-64>\n" of the
 // manifest's bytes, in a sidecar beside it, written before the directory is published and checked
 // before the manifest is parsed. Every other byte of a checkpoint has its checksum in the
 // manifest; this covers the manifest itself (a step edited from 10 to 9, a digit of an RNG state).

@@ -72,7 +72,7 @@ class SafetensorsFile {
       const std::string& path,
       const std::function<void(const uint8_t* data, uint64_t size)>& check_bytes = {});
 
-  // The loader's path (issue 15, "verify while copying"): reads the whole file with pread() into
+  // The loader's path ("verify while copying"): reads the whole file with pread() into
   // pooled anonymous memory (an Arena, reused from the previous load where one is free) and
   // hashes it while copying: each 256 KiB piece is fed to its block's XXH3-64 right after pread()
   // put it there, while it is still in cache, so the bytes are read once. Blocks of block_bytes

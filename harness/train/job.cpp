@@ -201,7 +201,7 @@ void check_job(const TrainJob& job, int64_t stop) {
       throw std::invalid_argument("--load " + job.load + ": no such file or directory");
   }
   // Everything this job writes into --out (the state dumps are checkpoint roots): a planted link
-  // there would have its target overwritten (issue 32).
+  // there would have its target overwritten.
   if (!job.out_dir.empty())
     refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", "phases.json", kLoadResultFile,
                                         "state_at_save", "state_after_load", "state_final"});

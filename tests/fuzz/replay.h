@@ -1,6 +1,6 @@
 // Replays a fuzz corpus directory through an entry point (tests/fuzz/entries.h), as CTest runs
 // it. File names say what each input must do: "ok-*" must parse, "refuse-*" (the inputs that
-// crashed, hung or passed wrongly before issue 17, and what the fuzzer found) must be refused;
+// crashed, hung or passed wrongly before they were fixed, and what the fuzzer found) must be refused;
 // any other name (inputs the fuzzer kept) must only not crash. Anything but the parser's own
 // error escaping is a failure.
 #pragma once
