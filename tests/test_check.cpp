@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kTiny = R"(
+const char* kCheckTinyToml = R"(
 [defaults]
 save_at = 3
 [defaults.model]
@@ -125,7 +125,7 @@ class Check : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("rh_check_test_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    std::ofstream(dir_ / "tiny.toml") << kTiny;
+    std::ofstream(dir_ / "tiny.toml") << kCheckTinyToml;
     all_ = new std::vector<rh::Scenario>(rh::load_scenarios((dir_ / "tiny.toml").string()));
   }
   static void TearDownTestSuite() {

@@ -22,24 +22,15 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/dist/process.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct ToolRun {
-  int code = -1;
-  std::string log;   // stdout and stderr
-};
-
-ToolRun tool(const fs::path& dir, std::vector<std::string> args) {
-  std::vector<std::string> argv{RH_TOOL};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const std::string log = (dir / "log").string();
-  fs::remove(log);
-  const auto r = rh::run_process(argv, log, 120);
-  return {r.exit_code, rh::tail_of_file(log, 200000)};
-}
+using rh::testutil::ToolRun;
+using rh::testutil::run_tool;
+using rh::testutil::slurp;
 
 // stdout and stderr into two files; the exit code. Paths here hold no quote.
 int run_split(const std::vector<std::string>& args, const fs::path& out, const fs::path& err) {
@@ -49,17 +40,12 @@ int run_split(const std::vector<std::string>& args, const fs::path& out, const f
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-const std::vector<std::string> kTiny = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8",
+const std::vector<std::string> kTinyModelFlags = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8",
                                         "--num-layers", "1", "--num-attention-heads", "2", "--num-experts", "2",
                                         "--moe-router-topk", "1", "--moe-ffn-hidden-size", "8", "--quiet"};
 
 std::vector<std::string> tiny(std::vector<std::string> args) {
-  args.insert(args.end(), kTiny.begin(), kTiny.end());
+  args.insert(args.end(), kTinyModelFlags.begin(), kTinyModelFlags.end());
   return args;
 }
 
@@ -69,7 +55,7 @@ const fs::path& pristine() {
     const fs::path d = fs::temp_directory_path() / ("rh_cli_damage_" + std::to_string(::getpid()));
     fs::remove_all(d);
     fs::create_directories(d);
-    const ToolRun r = tool(d, tiny({"train", "--train-iters", "2", "--stop-at", "1", "--save", (d / "ck").string(),
+    const ToolRun r = run_tool(d, tiny({"train", "--train-iters", "2", "--stop-at", "1", "--save", (d / "ck").string(),
                                     "--out", (d / "out").string()}));
     EXPECT_EQ(r.code, 0) << r.log;
     return d / "ck";
@@ -134,8 +120,8 @@ TEST_P(DamagedCheckpoint, InspectAndTrainLoadGiveTheSameExitCode) {
   fs::copy(pristine(), d / "ck", fs::copy_options::recursive);
   dmg.apply(d / "ck" / "iter_0000001");
   for (const fs::path& ck : {d / "ck", d / "ck" / "iter_0000001"}) {
-    const ToolRun ins = tool(d, {"inspect", ck.string()});
-    const ToolRun load = tool(d, tiny({"train", "--train-iters", "2", "--load", ck.string(), "--out", (d / "out").string()}));
+    const ToolRun ins = run_tool(d, {"inspect", ck.string()});
+    const ToolRun load = run_tool(d, tiny({"train", "--train-iters", "2", "--load", ck.string(), "--out", (d / "out").string()}));
     EXPECT_EQ(ins.code, 1) << ck << "\n" << ins.log;
     EXPECT_EQ(load.code, ins.code) << ck << "\ninspect: " << ins.log << "train --load: " << load.log;
     EXPECT_NE(ins.log.find("DAMAGED: "), std::string::npos) << ins.log;
@@ -161,8 +147,8 @@ TEST(DamagedCheckpointRoot, DanglingPointerIsDamageToBoth) {
   fs::create_directories(d);
   fs::copy(pristine(), d / "ck", fs::copy_options::recursive);
   std::ofstream(d / "ck" / "latest_checkpointed_iteration.txt", std::ios::trunc) << "7\n";
-  const ToolRun ins = tool(d, {"inspect", (d / "ck").string()});
-  const ToolRun load = tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "ck").string(), "--out",
+  const ToolRun ins = run_tool(d, {"inspect", (d / "ck").string()});
+  const ToolRun load = run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "ck").string(), "--out",
                                      (d / "out").string()}));
   EXPECT_EQ(ins.code, 1) << ins.log;
   EXPECT_EQ(load.code, 1) << load.log;
@@ -176,17 +162,17 @@ TEST(RefusedCheckpoint, AnIncompatibleOrAbsentCheckpointIsBadInputNotDamage) {
   const fs::path d = pristine().parent_path() / "refused";
   fs::remove_all(d);
   fs::create_directories(d);
-  EXPECT_EQ(tool(d, {"inspect", pristine().string()}).code, 0);
+  EXPECT_EQ(run_tool(d, {"inspect", pristine().string()}).code, 0);
   std::vector<std::string> other = tiny({"train", "--train-iters", "2", "--load", pristine().string(), "--out",
                                          (d / "out").string()});
   *std::find(other.begin(), other.end(), "8") = "16";   // --hidden-size 16: not the saved model
-  const ToolRun load = tool(d, other);
+  const ToolRun load = run_tool(d, other);
   EXPECT_EQ(load.code, 2) << load.log;
   EXPECT_NE(load.log.find("config mismatch"), std::string::npos) << load.log;
   EXPECT_EQ(std::count(load.log.begin(), load.log.end(), '\n'), 1) << load.log;
-  const ToolRun ins = tool(d, {"inspect", (d / "absent").string()});
+  const ToolRun ins = run_tool(d, {"inspect", (d / "absent").string()});
   const ToolRun load2 =
-      tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "absent").string(), "--out", (d / "out2").string()}));
+      run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "absent").string(), "--out", (d / "out2").string()}));
   EXPECT_EQ(ins.code, 2) << ins.log;
   EXPECT_EQ(load2.code, 2) << load2.log;
   fs::remove_all(d);
@@ -227,7 +213,7 @@ TEST(InspectJson, ListsTheCheckpointAsValuesAndRefusalsWithTheSameCodes) {
   EXPECT_EQ(j["raw_total_bytes"], j["total_bytes"]);
   EXPECT_GT(j["num_params"].get<uint64_t>(), 0u);
   // The text listing says the same total.
-  const ToolRun text = tool(d, {"inspect", pristine().string()});
+  const ToolRun text = run_tool(d, {"inspect", pristine().string()});
   EXPECT_NE(text.log.find("total " + std::to_string(j["total_bytes"].get<uint64_t>()) + " bytes"), std::string::npos)
       << text.log;
 

@@ -309,12 +309,12 @@ fault = "reset_lr_schedule"
 
 namespace hostile4 {
 
-const std::string kTiny[] = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8", "--num-layers", "1",
+const std::string kTinyModelArgs[] = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8", "--num-layers", "1",
                              "--num-attention-heads", "2", "--num-experts", "2", "--moe-router-topk", "1",
                              "--moe-ffn-hidden-size", "8"};   // the conformance bases' model (tests/conformance/base)
 
 std::vector<std::string> with_tiny(std::vector<std::string> args) {
-  args.insert(args.end(), std::begin(kTiny), std::end(kTiny));
+  args.insert(args.end(), std::begin(kTinyModelArgs), std::end(kTinyModelArgs));
   return args;
 }
 

@@ -25,7 +25,7 @@ namespace {
 
 // Three baseline groups of different sizes (one of three cells, one of two, one of one) and a
 // cell that fails (a fault declared exact).
-const char* kTiny = R"(
+const char* kShardTinyToml = R"(
 [defaults]
 save_at = 3
 [defaults.model]
@@ -70,7 +70,7 @@ class Shards : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("rh_shard_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream(dir_ / "m.toml") << kTiny;
+    std::ofstream(dir_ / "m.toml") << kShardTinyToml;
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -127,7 +127,7 @@ std::string junit_without_times(std::string x) {
 TEST(ShardPlan, KeepsBaselineGroupsTogetherAndAssignsEveryCellOnce) {
   const fs::path d = fs::temp_directory_path() / ("rh_shard_plan_" + std::to_string(::getpid()));
   fs::create_directories(d);
-  std::ofstream(d / "m.toml") << kTiny;
+  std::ofstream(d / "m.toml") << kShardTinyToml;
   const auto sel = rh::load_scenarios((d / "m.toml").string());
   fs::remove_all(d);
   const auto plan = rh::plan_checks(sel, "baselines");
@@ -192,7 +192,7 @@ TEST_F(Shards, MergedShardsEqualAnUnshardedRun) {
 
 TEST_F(Shards, ShardsThatAreNotOneMatrixAreRefused) {
   ASSERT_NE(matrix("r1", "1/2").code, 2);
-  std::ofstream(dir_ / "other.toml") << std::string(kTiny) + "\n# changed\n";
+  std::ofstream(dir_ / "other.toml") << std::string(kShardTinyToml) + "\n# changed\n";
   ASSERT_NE(matrix("other2", "2/2", "other.toml").code, 2);
   const auto merge = [&](std::vector<std::string> shards) {
     std::vector<std::string> a{"report", "--merge", (dir_ / "bad").string()};

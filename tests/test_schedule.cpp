@@ -292,7 +292,7 @@ namespace cli {
 
 namespace fs = std::filesystem;
 
-const std::string kTiny =
+const std::string kScheduleTinyFlags =
     " --vocab-size 32 --seq-length 16 --hidden-size 32 --num-layers 1 --num-attention-heads 2"
     " --moe-ffn-hidden-size 32 --train-iters 6 --global-batch-size 4 --micro-batch-size 2"
     " --lr-decay-iters 6 --quiet";   // the default decay style: cosine
@@ -331,10 +331,10 @@ TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideW
   const fs::path d = fs::temp_directory_path() / ("rh_sched_cli_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  ASSERT_EQ(tool(kTiny + " --out " + (d / "full").string(), d / "full.log"), 0) << slurp(d / "full.log");
-  ASSERT_EQ(tool(kTiny + " --stop-at 3 --save " + (d / "ck").string() + " --out " + (d / "a").string(), d / "a.log"), 0)
+  ASSERT_EQ(tool(kScheduleTinyFlags + " --out " + (d / "full").string(), d / "full.log"), 0) << slurp(d / "full.log");
+  ASSERT_EQ(tool(kScheduleTinyFlags + " --stop-at 3 --save " + (d / "ck").string() + " --out " + (d / "a").string(), d / "a.log"), 0)
       << slurp(d / "a.log");
-  const std::string resume = kTiny + " --load " + (d / "ck").string() + " --lr-decay-style linear";
+  const std::string resume = kScheduleTinyFlags + " --load " + (d / "ck").string() + " --lr-decay-style linear";
   EXPECT_EQ(tool(resume + " --out " + (d / "refused").string(), d / "refused.log"), 2);
   EXPECT_NE(slurp(d / "refused.log").find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
                                            "value linear and checkpoint value cosine"),
