@@ -1,6 +1,7 @@
 // Data parallel end to end through the tool: `train --nproc N` runs, sharded checkpoints that
 // reshard on load (2->1, 1->2, 2->4, 4->2) with the joined state after load equal to the saved one
 // bit for bit, and a rank that dies or hangs is reported by the launcher instead of hanging.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -87,16 +88,21 @@ INSTANTIATE_TEST_SUITE_P(Sizes, Reshard, ::testing::Values(Sizes{2, 1}, Sizes{1,
                          [](const auto& i) { return std::to_string(i.param.from) + "to" + std::to_string(i.param.to); });
 
 // The worker of the launcher `launcher` whose RANK is `rank` (read from /proc), or -1.
+// The launcher starts its ranks in order, each a fork of itself (or an exec, whose RANK is in
+// /proc/PID/environ; a forked rank sets RANK after the fork, which environ does not show).
 pid_t worker_pid(pid_t launcher, int rank) {
   std::ifstream f("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+  std::vector<pid_t> children;
   pid_t child;
   while (f >> child) {
     std::ifstream env("/proc/" + std::to_string(child) + "/environ", std::ios::binary);
     std::string e((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
     const std::string var = "RANK=" + std::to_string(rank) + std::string(1, '\0');
     if (e.rfind(var, 0) == 0 || e.find(std::string(1, '\0') + var) != std::string::npos) return child;
+    children.push_back(child);
   }
-  return -1;
+  std::sort(children.begin(), children.end());
+  return rank < static_cast<int>(children.size()) ? children[static_cast<size_t>(rank)] : -1;
 }
 
 // Starts a long `train --nproc 2`, does `act` to rank 1 once rank 0 has trained a few

@@ -323,6 +323,7 @@ int run_command(CommandState& st, int argc, char** argv) {
 }  // namespace
 
 int tool_main(int argc, char** argv) {
+  set_tool_entry(&tool_main);   // the launcher's ranks run it in forks of this process (process.h)
   CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return describe(runtime_info()); },

@@ -44,6 +44,7 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
     c.env = {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(nproc)},
              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
     c.die_with_parent = true;
+    c.fork_entry = true;   // a fork of this process runs the tool's entry: no second LibTorch start
   }
   int first = -1;
   ChildExit first_exit;

@@ -13,8 +13,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
@@ -22,6 +26,42 @@ namespace rh {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+int (*g_tool_entry)(int, char**) = nullptr;
+
+// One thread in this process: a fork may then run more than async-signal-safe code.
+bool single_threaded() {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    ++n;
+  return !ec && n == 1;
+}
+
+// The child of a fork_entry spec: its environment and output, then the tool's entry, then _exit
+// once the streams are flushed (as a pre-started child, prestart.cpp, for the same reason).
+[[noreturn]] void run_entry_child(const ChildSpec& c, int log_fd, pid_t parent) {
+  if (c.die_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);
+  }
+  if (log_fd >= 0) {
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    ::close(log_fd);
+  }
+  for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
+  std::vector<std::string> args(c.argv);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = g_tool_entry(static_cast<int>(args.size()), argv.data());
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  _exit(rc);
+}
 
 // Forks and execs one child; returns its pid. Everything the child needs is prepared before the
 // fork (argv, environment strings, the log descriptor), so between fork and exec it only calls
@@ -45,11 +85,16 @@ pid_t start_child(const ChildSpec& c) {
     if (fd < 0) throw std::runtime_error("cannot open log " + c.log_path + ": " + std::strerror(errno));
   }
   const pid_t parent = ::getpid();
+  const bool by_entry = c.fork_entry && g_tool_entry != nullptr && single_threaded();
+  std::cout.flush();   // a forked entry must not write this process's buffered output again
+  std::cerr.flush();
+  std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) {
     if (fd >= 0) ::close(fd);
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
+  if (pid == 0 && by_entry) run_entry_child(c, fd, parent);
   if (pid == 0) {
     if (c.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -81,6 +126,8 @@ ChildExit exit_of(int status, Clock::time_point t0) {
 }
 
 }  // namespace
+
+void set_tool_entry(int (*entry)(int, char**)) { g_tool_entry = entry; }
 
 std::string ChildExit::describe() const {
   std::string s = signal ? "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")"

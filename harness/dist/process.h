@@ -21,7 +21,14 @@ struct ChildSpec {
   // (the worker runs the tool's entry in a fork of itself); else, or if that fails, fork + exec.
   // Needs a log_path; env and die_with_parent are not supported that way (exec is used).
   bool prestarted = false;
+  // Run the tool's entry (set_tool_entry) in a fork of this process, with env set and argv[1..] as
+  // its arguments, instead of exec'ing argv[0]: the launcher's ranks skip loading LibTorch again.
+  // Used only while this process has a single thread (else, or without an entry, fork + exec).
+  bool fork_entry = false;
 };
+
+// The tool's entry point (main without the numerics pinning), for ChildSpec::fork_entry.
+void set_tool_entry(int (*entry)(int argc, char** argv));
 
 struct ChildExit {
   int exit_code = -1;        // exit status, or 128 + signal
