@@ -83,6 +83,42 @@ TEST(RunConfig, StrictJsonNamesTheKey) {
   expect_error(R"({"optimizer": {"exp_avg_dtype": "fp64"}})", "exp_avg_dtype");
 }
 
+// Config and scenario files accept each setting's Megatron name (its flag, "--train-iters" ->
+// train_iters) beside its key; the key is the name written back. Independent expectation: the
+// same values given by key.
+TEST(RunConfig, MegatronNamesAreAcceptedAndTheKeyIsWrittenBack) {
+  const auto by_name = rh::run_config_from_json(
+      nlohmann::json::parse(R"({"model": {"hidden_size": 48, "moe_aux_loss_coeff": 0.5},
+                                "optimizer": {"adam_beta2": 0.9},
+                                "train": {"train_iters": 7, "micro_batch_size": 2, "override_opt_param_scheduler": true}})"),
+      "names.json");
+  const auto by_key = rh::run_config_from_json(
+      nlohmann::json::parse(R"({"model": {"d_model": 48, "aux_loss_coeff": 0.5}, "optimizer": {"beta2": 0.9},
+                                "train": {"iterations": 7, "micro_batch": 2, "override_opt_param_scheduler": true}})"),
+      "keys.json");
+  EXPECT_EQ(rh::to_json(by_name), rh::to_json(by_key));
+  EXPECT_EQ(by_name.train.iterations, 7);
+  EXPECT_TRUE(rh::to_json(by_name)["train"].contains("iterations"));
+  EXPECT_FALSE(rh::to_json(by_name)["train"].contains("train_iters"));
+}
+
+TEST(RunConfig, OneSettingNamedTwiceOrMisspelledIsRefused) {
+  try {
+    rh::run_config_from_json(nlohmann::json::parse(R"({"train": {"iterations": 7, "train_iters": 8}})"), "twice.json");
+    FAIL() << "accepted a setting given under both names";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("twice.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("'train.iterations' and 'train.train_iters' name one setting"), std::string::npos) << m;
+  }
+  try {
+    rh::run_config_from_json(nlohmann::json::parse(R"({"train": {"train_itres": 7}})"), "typo.json");
+    FAIL() << "accepted a misspelled key";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'train_iters'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RunConfig, ValidateNamesTheField) {
   rh::RunConfig cfg;
   cfg.train.global_batch = 10;

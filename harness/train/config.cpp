@@ -2,6 +2,7 @@
 // which the command-line flags, JSON and TOML forms are derived.
 #include "harness/train/config.h"
 
+#include "harness/base/suggest.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/train/schedule.h"
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <tuple>
 #include <sstream>
 #include <stdexcept>
@@ -292,6 +294,23 @@ nlohmann::json to_json(const RunConfig& cfg) {
   return j;
 }
 
+// A field's Megatron name: its flag without the dashes, '-' as '_' ("--train-iters" ->
+// "train_iters"). Config and scenario files accept it beside the key; the key is the one name
+// the tool writes (config.json, manifests, --print-config).
+std::string megatron_name(const Field& f) {
+  std::string n = std::string(f.flag).substr(2);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+// The field `key` names in `section` (its key or its Megatron name), or null.
+const Field* find_field(const std::vector<Field>& fs, const std::string& section, const std::string& key) {
+  for (const auto& f : fs)
+    if (section == f.section && (key == f.key || key == megatron_name(f))) return &f;
+  return nullptr;
+}
+
 void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where) {
   require(j.is_object(), where + ": expected a table of sections model/optimizer/train");
   auto fs = fields(cfg);
@@ -301,12 +320,19 @@ void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& wher
     require(known_section, where + ": unknown section '" + section +
                                "' (expected model, optimizer or train)");
     require(body.is_object(), where + ": section '" + section + "' must be a table");
+    std::map<const Field*, std::string> seen;   // one setting named twice (key and Megatron name)
     for (const auto& [key, value] : body.items()) {
-      const Field* hit = nullptr;
-      for (const auto& f : fs)
-        if (section == f.section && key == f.key) hit = &f;
-      require(hit != nullptr, where + ": unknown key '" + section + "." + key + "'");
-      field_from_json(hit->ptr, value, where, section + "." + key);
+      const Field* hit = find_field(fs, section, key);
+      if (hit == nullptr) {
+        std::vector<std::string> names;
+        for (const auto& f : fs)
+          if (section == f.section) names.insert(names.end(), {f.key, megatron_name(f)});
+        require(false, where + ": unknown key '" + section + "." + key + "'" + did_you_mean(key, names));
+      }
+      const auto [first, fresh] = seen.emplace(hit, key);
+      require(fresh, where + ": '" + section + "." + first->second + "' and '" + section + "." + key +
+                         "' name one setting (" + hit->key + ", flag " + hit->flag + "): give it once");
+      field_from_json(hit->ptr, value, where, section + "." + hit->key);
     }
   }
 }
@@ -327,9 +353,12 @@ RunConfig load_run_config_file(const std::string& path, std::set<std::string>* k
   // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
   const nlohmann::json j = ckpt::parse_json_unique(text, path);
   RunConfig cfg = run_config_from_json(j, path);   // validates the shape before keys are listed
-  if (keys_given)
+  if (keys_given) {   // by their keys, whichever name the file used
+    const auto fs = fields(cfg);
     for (const auto& [section, body] : j.items())
-      for (const auto& [key, value] : body.items()) keys_given->insert(section + "." + key);
+      for (const auto& [key, value] : body.items())
+        if (const Field* f = find_field(fs, section, key)) keys_given->insert(section + "." + f->key);
+  }
   return cfg;
 }
 
