@@ -83,15 +83,7 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
   dup2(fd, 1);
   dup2(fd, 2);
   ::close(fd);
-  std::vector<std::string> args(req.begin() + 1, req.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int rc = entry(static_cast<int>(args.size()), argv.data());
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  _exit(rc);
+  run_entry_and_exit(entry, std::vector<std::string>(req.begin() + 1, req.end()));
 }
 
 // The worker's loop: one request, one double fork. The middle process exits at once, so the
@@ -133,6 +125,17 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
 }
 
 }  // namespace
+
+void run_entry_and_exit(ToolEntry entry, std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = entry(static_cast<int>(args.size()), argv.data());
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  _exit(rc);
+}
 
 bool start_prestarted_worker(ToolEntry entry) {
   if (prestarted_worker_running()) return true;   // (the fork below must not hold g_mu)

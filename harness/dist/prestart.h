@@ -18,6 +18,10 @@ namespace rh {
 // The tool's entry point (main without the numerics pinning): runs argv, returns the exit code.
 using ToolEntry = int (*)(int argc, char** argv);
 
+// In a forked child: runs entry(args) (args[0] names the tool), flushes every stream and ends
+// the process with _exit, skipping static destructors (prestart.cpp says why).
+[[noreturn]] void run_entry_and_exit(ToolEntry entry, std::vector<std::string> args);
+
 // Forks the worker now. Call it before starting threads. Returns false (and children start by
 // exec as before) when it cannot start; a second call while one runs returns true.
 bool start_prestarted_worker(ToolEntry entry);

@@ -52,15 +52,7 @@ bool single_threaded() {
     ::close(log_fd);
   }
   for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<std::string> args(c.argv);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int rc = g_tool_entry(static_cast<int>(args.size()), argv.data());
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  _exit(rc);
+  run_entry_and_exit(g_tool_entry, c.argv);
 }
 
 // Forks and execs one child; returns its pid. Everything the child needs is prepared before the
