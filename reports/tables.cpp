@@ -152,7 +152,7 @@ std::string url_path(const std::string& p) {
 
 std::string to_html(const Table& t) {
   std::string o = t.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + t.html_class + "\">\n<thead><tr>";
-  const auto hidden = [&t](size_t c) { return t.html_title_column >= 0 && c == static_cast<size_t>(t.html_title_column); };
+  const auto hidden = [&t](size_t c) { return t.html_hidden_column >= 0 && c == static_cast<size_t>(t.html_hidden_column); };
   for (size_t c = 0; c < t.header.size(); ++c) {
     if (hidden(c)) continue;
     // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
@@ -182,9 +182,6 @@ std::string to_html(const Table& t) {
       }
       if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
         o += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
-      else if (t.html_title_into >= 0 && c == static_cast<size_t>(t.html_title_into) && t.html_title_column >= 0 &&
-               static_cast<size_t>(t.html_title_column) < t.rows[i].size())
-        o += " title=\"" + markup_escape(t.rows[i][static_cast<size_t>(t.html_title_column)]) + "\"";
       o += '>';
       const std::string* href = c == 0 && i < t.row_href.size() && !t.row_href[i].empty() ? &t.row_href[i] : nullptr;
       if (href) o += "<a href=\"" + url_path(*href) + "\">";
@@ -325,8 +322,7 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   for (size_t c = 0; c < 5; ++c) t.right[c] = false;
   // In report.html the verdict is the outcome's hover text: sixteen columns do not fit 1280 px.
   t.html_class = "matrix";
-  t.html_title_column = 3;
-  t.html_title_into = 2;
+  t.html_hidden_column = 3;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
     const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused &&
@@ -346,6 +342,9 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     } else {
       row.push_back(kDash);
     }
+    std::vector<std::string> title(row.size());
+    title[2] = r.verdict;   // the outcome's hover text: the verdict column is hidden in HTML
+    t.cell_title.push_back(std::move(title));
     t.rows.push_back(row);
     t.row_class.push_back(r.passed ? "pass" : "fail");
     // A scenario that errored before writing anything has no directory to link.

@@ -24,10 +24,10 @@ struct Table {
   // Optional, per row: a path relative to report.html that the row's first cell links to in HTML
   // (a scenario's directory); "" for none. Markdown prints no link: it is posted where none resolves.
   std::vector<std::string> row_href;
-  // HTML only: the table's class, and a column shown as the hover text (title) of another column's
-  // cell instead of as a column of its own (-1: none), so a wide table fits the page.
+  // HTML only: the table's class, and a column left out (-1: none), so a wide table fits the page
+  // (its text can be another cell's cell_title).
   std::string html_class;
-  int html_title_column = -1, html_title_into = -1;
+  int html_hidden_column = -1;
 };
 
 // Tables print every cell escaped for their format: HTML by markup_escape, Markdown by md_cell.

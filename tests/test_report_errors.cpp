@@ -381,7 +381,7 @@ TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
 
 // ---- The run directory's own files read back, and summary.json as hostile input ----
 
-namespace round4 {
+namespace {
 
 // A failure text with a line break, a quote and a comma, written as the harness writes summary.csv
 // (csv_field, RFC 4180), is read back unchanged and the report is written: the line-based reader
@@ -448,4 +448,4 @@ INSTANTIATE_TEST_SUITE_P(
         BadSummary{"DuplicateKey", R"("failed":1,)", R"("failed":1,"failed":0,)", "duplicate key 'failed'"}),
     [](const auto& i) { return std::string(i.param.name); });
 
-}  // namespace round4
+}  // namespace

@@ -39,25 +39,11 @@ bool single_threaded() {
   return !ec && n == 1;
 }
 
-// The child of a fork_entry spec: its environment and output, then the tool's entry, then _exit
-// once the streams are flushed (as a pre-started child, prestart.cpp, for the same reason).
-[[noreturn]] void run_entry_child(const ChildSpec& c, int log_fd, pid_t parent) {
-  if (c.die_with_parent) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(137);
-  }
-  if (log_fd >= 0) {
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    ::close(log_fd);
-  }
-  for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
-  run_entry_and_exit(g_tool_entry, c.argv);
-}
-
 // Forks and execs one child; returns its pid. Everything the child needs is prepared before the
 // fork (argv, environment strings, the log descriptor), so between fork and exec it only calls
-// async-signal-safe functions.
+// async-signal-safe functions. A fork_entry child of a single-threaded process runs the tool's
+// entry instead of exec: its environment set, then _exit once the streams are flushed (as a
+// pre-started child, prestart.cpp, for the same reason).
 pid_t start_child(const ChildSpec& c) {
   if (c.argv.empty()) throw std::runtime_error("run_children: empty argv");
   if (c.prestarted && c.env.empty() && !c.die_with_parent && !c.log_path.empty() && prestarted_worker_running()) {
@@ -78,15 +64,16 @@ pid_t start_child(const ChildSpec& c) {
   }
   const pid_t parent = ::getpid();
   const bool by_entry = c.fork_entry && g_tool_entry != nullptr && single_threaded();
-  std::cout.flush();   // a forked entry must not write this process's buffered output again
-  std::cerr.flush();
-  std::fflush(nullptr);
+  if (by_entry) {   // the forked entry must not write this process's buffered output again
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+  }
   const pid_t pid = fork();
   if (pid < 0) {
     if (fd >= 0) ::close(fd);
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
-  if (pid == 0 && by_entry) run_entry_child(c, fd, parent);
   if (pid == 0) {
     if (c.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -95,6 +82,11 @@ pid_t start_child(const ChildSpec& c) {
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
+    }
+    if (by_entry) {
+      if (fd >= 0) ::close(fd);
+      for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
+      run_entry_and_exit(g_tool_entry, c.argv);
     }
     execve(args[0], args.data(), envp.data());
     const char msg[] = "exec failed\n";
