@@ -241,7 +241,7 @@ void notes_section(Document& d, const RunData& run) {
 }  // namespace
 
 ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log,
-                            bool md_image_links) {
+                            bool md_image_links, bool verbose) {
   // What this writes below the run directory (plots.py writes only inside plots/, whose old
   // files write_plot_inputs removes first): a planted link is refused, never followed.
   std::vector<std::string> outputs = {"report.md", "report.html", "projection.csv", "plots", "plots/index.csv",
@@ -251,6 +251,13 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   const RunData run = load_run(run_dir);
   const std::string models = models_file.empty() ? default_models_file() : models_file;
   if (!models_file.empty() && !fs::exists(models_file)) throw ReportError(models_file + ": models file not found");
+  if (verbose) {
+    log << "report: read " << run.scenarios.size() << " scenarios from " << (fs::path(run_dir) / "summary.csv").string()
+        << (run.matrix_file.empty() ? std::string() : " (matrix file " + run.matrix_file + ")")
+        << (run.has_summary_json ? "" : "; no summary.json") << "\n";
+    log << "report: projection models from " << models << (fs::exists(models) ? "" : " (not found: no projection)")
+        << "\n";
+  }
   const auto refs = fp32_references(run);
   const auto combos = storage_combos(run, refs);
   if (fs::exists(models)) load_models(models);   // a malformed models file fails before any plotting
@@ -288,6 +295,10 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   out.html = (fs::path(run_dir) / "report.html").string();
   write_report_file(out.markdown, render_markdown(d, md_image_links));
   write_report_file(out.html, render_html(d, run_dir));
+  if (verbose) {
+    for (const auto& p : out.plots.written) log << "report: wrote " << (fs::path(run_dir) / p).string() << "\n";
+    if (fs::exists(models)) log << "report: wrote " << (fs::path(run_dir) / "projection.csv").string() << "\n";
+  }
   log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size()
       << " plots)\n";
   return out;
@@ -349,14 +360,15 @@ int run_report_command(const ReportCommand& rc, std::ostream& out) {
     std::cerr << kErrorPrefix << "report: give RUN_DIR, or --compare RUN_A RUN_B\n";
     return 2;
   }
-  return write_report(rc.run_dir, rc.models_file, out, rc.md_image_links);
+  return write_report(rc.run_dir, rc.models_file, out, rc.md_image_links, rc.verbose);
 }
 
 int write_report(const std::string& run_dir, std::ostream& out) { return write_report(run_dir, "", out); }
 
-int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out, bool md_image_links) {
+int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out, bool md_image_links,
+                 bool verbose) {
   try {
-    report::generate_report(run_dir, models_file, out, md_image_links);
+    report::generate_report(run_dir, models_file, out, md_image_links, verbose);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << kErrorPrefix << "report: " << e.what() << "\n";

@@ -19,6 +19,7 @@ struct ReportCommand {
   std::string models_file;            // projection models (default reports/models.toml)
   bool md_image_links = false;        // --md-image-links: report.md links plots/*.png as images
   bool json = false;                  // --compare --json: one JSON object instead of Markdown
+  bool verbose = false;               // -v: also name what was read and every file written
   std::vector<std::string> merge;     // --merge OUT_DIR SHARD_DIR...: run by the cli room (harness/verify/merge.h),
                                       // which then writes the report into OUT_DIR
   bool active() const;
@@ -31,8 +32,9 @@ int run_report_command(const ReportCommand& rc, std::ostream& out);
 // (the error names the file and line).
 int write_report(const std::string& run_dir, std::ostream& out);
 // The same with the projection models taken from models_file ("" = reports/models.toml); with
-// md_image_links, report.md links the plots as images (see render_markdown in document.h).
+// md_image_links, report.md links the plots as images (see render_markdown in document.h); with
+// verbose, out also gets what was read and every file written.
 int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out,
-                 bool md_image_links = false);
+                 bool md_image_links = false, bool verbose = false);
 
 }  // namespace rh

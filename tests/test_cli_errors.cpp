@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+#include <cstdio>
+#include <sstream>
 #include "harness/base/suggest.h"
 #include "harness/dist/process.h"
 #include "harness/verify/scenario.h"
@@ -303,6 +306,84 @@ fault = "reset_lr_schedule"
   EXPECT_EQ(bad.code, 1) << bad.log;
   EXPECT_EQ(bad.log.rfind("DAMAGED", 0), 0u) << bad.log;
   EXPECT_EQ(std::count(bad.log.begin(), bad.log.end(), '\n'), 1) << bad.log;
+}
+
+// -v on train, inspect and report prints what their default output leaves out, each line checked
+// against what the files on disk say: a save's bytes per key add up to its total, inspect lists
+// every file of the manifest with its size and checksum and the saved training state, report names
+// every file it wrote (each one exists).
+TEST(CliVerbosity, VerboseTrainInspectReportPrintWhatTheFilesSay) {
+  const fs::path d = rh::testutil::fresh_dir("cli_errors", "verbose3");
+  const std::vector<std::string> tiny = {"--vocab-size", "32", "--seq-length", "16", "--hidden-size", "16",
+                                         "--num-layers", "1", "--num-attention-heads", "2", "--moe-ffn-hidden-size", "16",
+                                         "--train-iters", "3", "--global-batch-size", "4", "--micro-batch-size", "2"};
+  std::vector<std::string> args = {"train", "-v", "--out", (d / "out").string(), "--save-at", "2", "--save",
+                                   (d / "ck").string()};
+  args.insert(args.end(), tiny.begin(), tiny.end());
+  const ToolRun t = tool(d, args);
+  ASSERT_EQ(t.code, 0) << t.log;
+  uint64_t total = 0, sum = 0;
+  int keys = 0;
+  std::istringstream lines(t.log);
+  for (std::string line; std::getline(lines, line);) {
+    unsigned long long n = 0;
+    char key[64];
+    if (line.rfind("saved ", 0) == 0) total = std::stoull(line.substr(line.find(": ") + 2));
+    else if (std::sscanf(line.c_str(), " %63s %llu bytes", key, &n) == 2 && line.rfind("  ", 0) == 0) {
+      sum += n;
+      ++keys;
+    }
+  }
+  EXPECT_GT(total, 0u) << t.log;
+  EXPECT_EQ(sum, total) << "the bytes per key add up to the save's total\n" << t.log;
+  EXPECT_GE(keys, 4) << t.log;   // model, master_param, exp_avg, exp_avg_sq (and metadata)
+  const nlohmann::json phases = nlohmann::json::parse(slurp(d / "out" / "phases.json"));
+  ASSERT_NE(t.log.find("seconds per phase (this process):"), std::string::npos) << t.log;
+  for (auto it = phases["seconds"].begin(); it != phases["seconds"].end(); ++it)
+    EXPECT_NE(t.log.find(" " + it.key() + " "), std::string::npos) << it.key() << "\n" << t.log;
+  EXPECT_EQ(tool(d, {"train", "-q", "-v", "--train-iters", "1"}).code, 2) << "-q and -v exclude each other";
+  const ToolRun plain = tool(d, {"inspect", (d / "ck").string()});
+  const ToolRun v = tool(d, {"inspect", "-v", (d / "ck").string()});
+  ASSERT_EQ(v.code, 0) << v.log;
+  EXPECT_EQ(plain.log.find("files ("), std::string::npos) << plain.log;
+  const fs::path iter = d / "ck" / "iter_0000002";
+  const nlohmann::json m = nlohmann::json::parse(slurp(iter / "manifest.json"));
+  ASSERT_FALSE(m["files"].empty());
+  for (const auto& f : m["files"]) {
+    const std::string name = f["name"].get<std::string>();
+    const auto at = v.log.find("  " + name + " ", v.log.find("\nfiles ("));
+    ASSERT_NE(at, std::string::npos) << name << "\n" << v.log;
+    const std::string row = v.log.substr(at, v.log.find('\n', at) - at);
+    EXPECT_NE(row.find(" " + std::to_string(fs::file_size(iter / name)) + "  "), std::string::npos) << row;
+    EXPECT_NE(row.find(f["xxh3"].get<std::string>()), std::string::npos) << row;
+  }
+  // 2 iterations of 4 samples; the scheduler counts samples too (Megatron's increment is the batch).
+  EXPECT_NE(v.log.find("training state: iteration 2, consumed samples 8"), std::string::npos) << v.log;
+  EXPECT_NE(v.log.find(" num_steps=8"), std::string::npos) << v.log;
+  EXPECT_EQ(tool(d, {"inspect", "-v", "--json", (d / "ck").string()}).code, 2) << "--json and -v exclude each other";
+
+  std::ofstream(d / "m.toml") << R"([defaults]
+save_at = 2
+model = { vocab_size = 32, seq_len = 16, d_model = 16, n_layers = 1, n_heads = 2, ffn_hidden = 16 }
+train = { iterations = 4, global_batch = 4, micro_batch = 2, lr_decay_iters = 4 }
+[[scenario]]
+name = "one"
+)";
+  ASSERT_EQ(tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--run-dir", (d / "run").string()}).code, 0);
+  const ToolRun r = tool(d, {"report", "-v", (d / "run").string()});
+  ASSERT_EQ(r.code, 0) << r.log;
+  EXPECT_NE(r.log.find("report: read 1 scenarios from " + (d / "run" / "summary.csv").string()), std::string::npos)
+      << r.log;
+  int wrote = 0;
+  std::istringstream rl(r.log);
+  for (std::string line; std::getline(rl, line);)
+    if (line.rfind("report: wrote ", 0) == 0 && line.find(" and ") == std::string::npos) {
+      ++wrote;
+      const std::string path = line.substr(std::string("report: wrote ").size());
+      EXPECT_TRUE(fs::is_regular_file(path)) << path;
+    }
+  EXPECT_GE(wrote, 1) << r.log;   // projection.csv, and each plot matplotlib drew
+  EXPECT_EQ(tool(d, {"report", "-q", "-v", (d / "run").string()}).code, 2) << "-q and -v exclude each other";
 }
 
 // ---- Hostile input: messages that name the file and field -------------

@@ -107,8 +107,10 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 // Verifies structure and checksums of a checkpoint directory and prints every tensor (key,
 // dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; 1 (printing the
 // damaged file) if damaged; 2 if `dir` does not exist or names no checkpoint at all. With json,
-// prints the same as one JSON object instead (keys in docs/running.md, "inspect --json").
-int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json = false);
+// prints the same as one JSON object instead (keys in docs/running.md, "inspect --json"). With
+// verbose, the listing adds each file (bytes, XXH3-64, checksummed blocks) and the saved training
+// state (iteration, samples, scheduler, generators, data-parallel shards).
+int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json = false, bool verbose = false);
 
 // ---- Reading a checkpoint without a model or optimizer (the resume check, state comparison).
 

@@ -67,6 +67,52 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
   out.unsetf(std::ios::fixed);
 }
 
+// inspect -v: each verified file, and the training state the manifest carries (what a resume
+// restores besides the tensors). The manifest passed verify_checkpoint_dir's schema check.
+void print_files_and_state(const nlohmann::json& m, std::ostream& out) {
+  out << "files (bytes, XXH3-64 of the whole file, checksummed blocks):\n";
+  for (const auto& f : m["files"]) {
+    out << "  " << std::left << std::setw(36) << printable_text(f["name"].get<std::string>()) << std::right
+        << std::setw(14) << f["bytes"].get<uint64_t>() << "  " << f["xxh3"].get<std::string>();
+    if (f.contains("block_xxh3"))
+      out << "  " << f["block_xxh3"].size() << (f["block_xxh3"].size() == 1 ? " block" : " blocks") << " of "
+          << f["block_bytes"].get<uint64_t>() << " bytes";
+    if (f.contains("compress")) out << "  " << f["compress"].get<std::string>();
+    out << '\n';
+  }
+  if (!m.contains("train_state") || !m["train_state"].is_object()) return;
+  const auto& ts = m["train_state"];
+  out << "training state: iteration " << ts.value("iteration", int64_t(-1)) << ", consumed samples "
+      << ts.value("consumed_samples", int64_t(-1)) << '\n';
+  if (ts.contains("opt_param_scheduler") && ts["opt_param_scheduler"].is_object()) {
+    out << "  scheduler:";
+    for (auto it = ts["opt_param_scheduler"].begin(); it != ts["opt_param_scheduler"].end(); ++it)
+      out << ' ' << it.key() << '=' << (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    out << '\n';
+  }
+  const auto generators = [&out](const char* who, const nlohmann::json& rng) {
+    if (!rng.is_object()) return;
+    out << "  generators" << who << ':';
+    for (auto it = rng.begin(); it != rng.end(); ++it)
+      out << ' ' << it.key() << " (" << (it.value().is_string() ? it.value().get<std::string>().size() / 2 : 0)
+          << " bytes)";
+    out << '\n';
+  };
+  if (ts.contains("rng_states")) generators("", ts["rng_states"]);
+  if (m.contains("rank_states") && m["rank_states"].is_array() && m["rank_states"].size() > 1)
+    for (const auto& r : m["rank_states"])
+      if (r.contains("rng_states"))
+        generators((" of data-parallel rank " + std::to_string(r.value("dp_rank", -1))).c_str(), r["rng_states"]);
+  if (m.contains("shards") && m["shards"].is_array()) {
+    const int64_t dp = m.value("dp_size", int64_t(1));
+    out << "data parallel: " << dp << (dp == 1 ? " rank" : " ranks") << ", optimizer shards:";
+    for (const auto& sh : m["shards"])
+      out << ' ' << printable_text(sh.value("file", std::string("?"))) << " (rank " << sh.value("dp_rank", -1) << ", "
+          << (sh.contains("param_ranges") ? sh["param_ranges"].size() : 0) << " ranges)";
+    out << '\n';
+  }
+}
+
 // inspect --json: the same content as the listing, one object (docs/running.md, "inspect --json").
 nlohmann::json listing_json(const std::string& d, const detail::Verified& v) {
   const nlohmann::json& m = v.manifest;
@@ -119,7 +165,7 @@ int refusal_json(std::ostream& out, const std::string& dir, int code, const std:
 
 }  // namespace
 
-int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json) {
+int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, bool verbose) {
   // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
   // checkpoint (1): an iter_ directory without its manifest or a dangling pointer is damage.
   std::error_code ec;
@@ -149,6 +195,7 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json) {
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
     print_tensor_table(v.manifest, out);
+    if (verbose) print_files_and_state(v.manifest, out);
     out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure"
         << (v.manifest["save_policy"].value("compress", std::string("none")) != "none"
                 ? "; every compressed block's XXH3-64, stored and decoded)\n"

@@ -47,6 +47,7 @@ struct CommandState {
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
   bool inspect_quiet = false, report_quiet = false;   // -q: the exit code alone
+  bool inspect_verbose = false;                        // inspect -v: files and training state too
   bool inspect_json = false;                           // inspect --json
   MatrixOptions check, matrix;
   std::string shard;   // matrix --shard I/N
@@ -81,7 +82,10 @@ void register_train(CLI::App& app, CommandState& st) {
                   "weight <-> fp32/fp16 master, a widened fp32 remainder back to int16) where upstream "
                   "TransformerEngine fails its set_scaled_state dtype assertion");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
-  train->add_flag("-q,--quiet", job.quiet, "print nothing but errors");
+  auto* tq = train->add_flag("-q,--quiet", job.quiet, "print nothing but errors");
+  train->add_flag("-v,--verbose", job.verbose, "also print the bytes per key of each checkpoint saved and the "
+                                              "seconds per phase at the end")
+      ->excludes(tq);
   train->add_option("--nproc", st.nproc,
                     "data parallel: start N local worker processes (ranks) of this command; under "
                     "torchrun or srun leave it out, the ranks come from the environment")
@@ -244,7 +248,9 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
     const std::string dir =
         o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
     std::ostream nowhere(nullptr);
-    if (write_report(dir, o.verbosity == 0 ? nowhere : std::cout) == 2) return 2;
+    if (write_report(dir, "", o.verbosity == 0 ? nowhere : std::cout, /*md_image_links=*/false,
+                     /*verbose=*/o.verbosity == 2) == 2)
+      return 2;
   }
   return res.exit_code;
 }
@@ -255,7 +261,7 @@ int run_merge_command(const ReportCommand& rc) {
   const std::filesystem::path out = rc.merge.front();
   std::vector<std::filesystem::path> shards(rc.merge.begin() + 1, rc.merge.end());
   const MergeResult m = merge_shards(out, shards, std::cout);   // MergeError: exit 2 (bad input)
-  if (write_report(out.string(), rc.models_file, std::cout, rc.md_image_links) == 2) return 2;
+  if (write_report(out.string(), rc.models_file, std::cout, rc.md_image_links, rc.verbose) == 2) return 2;
   return m.failed ? 1 : 0;
 }
 
@@ -283,9 +289,17 @@ void register_commands(CLI::App& app, CommandState& st) {
                  "print what inspect finds as one JSON object on stdout (keys in docs/running.md, "
                  "\"inspect --json\"); the exit code is the same")
       ->excludes(iq);
+  st.inspect_cmd
+      ->add_flag("-v,--verbose", st.inspect_verbose,
+                 "also list each file (bytes, XXH3-64, checksummed blocks) and the saved training state "
+                 "(iteration, samples, scheduler, generators, data-parallel shards)")
+      ->excludes(iq)
+      ->excludes("--json");
   register_check_and_matrix(app, st);
   register_report_command(app, st.report);
-  st.report.cmd->add_flag("-q,--quiet", st.report_quiet, "print nothing but errors");
+  auto* rq = st.report.cmd->add_flag("-q,--quiet", st.report_quiet, "print nothing but errors");
+  st.report.cmd->add_flag("-v,--verbose", st.report.verbose, "also name what was read and every file written")
+      ->excludes(rq);
 }
 
 // inspect; with -q only a damaged or bad-input verdict is printed (the exit code says the rest).
@@ -300,7 +314,8 @@ int run_inspect_command(CommandState& st) {
     }
     return rc;
   }
-  if (!st.inspect_quiet) return ckpt::inspect_checkpoint(st.inspect_dir, std::cout);
+  if (!st.inspect_quiet)
+    return ckpt::inspect_checkpoint(st.inspect_dir, std::cout, /*json=*/false, /*verbose=*/st.inspect_verbose);
   std::ostringstream listing;
   const int rc = ckpt::inspect_checkpoint(st.inspect_dir, listing);
   std::istringstream lines(listing.str());

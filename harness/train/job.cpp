@@ -389,6 +389,9 @@ void save_all(Run& run) {
     if (!run.quiet)
       std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
                   static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
+    if (!run.quiet && run.job.verbose)
+      for (const auto& [key, bytes] : res.bytes_per_key)
+        std::printf("  %-16s %14llu bytes\n", key.c_str(), static_cast<unsigned long long>(bytes));
   }
 }
 
@@ -443,6 +446,12 @@ int run_train(const TrainJob& job) {
   }
   if (run.write_out) write_phases(run, rows.size(), std::chrono::steady_clock::now() - t0,
                                   ckpt::fsync_seconds() - fsync0);
+  if (!run.quiet && job.verbose) {   // the same seconds as phases.json
+    std::printf("seconds per phase (this process):");
+    for (const auto& [phase, sec] : run.phases.seconds()) std::printf(" %s %.3f", phase.c_str(), sec);
+    std::printf("; fsync %.3f; total %.3f\n", ckpt::fsync_seconds() - fsync0,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   return 0;
 }
 

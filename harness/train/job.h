@@ -75,6 +75,7 @@ struct TrainJob {
   bool exact_master_conversion = false;   // LoadOptions::exact_master_conversion
   bool dump_states = false;       // write state dumps (at save / right after load) for comparison
   bool quiet = false;
+  bool verbose = false;           // -v: also bytes per key of each save and seconds per phase
   bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect
   // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
   // `--nproc` launcher, see dist/group.h and dist/launcher.h); rendezvous and every collective
