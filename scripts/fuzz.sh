@@ -22,7 +22,8 @@ cxx=${FUZZ_CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (apt-get install -y clang-14 libclang-rt-14-dev)"; exit 2; }
 
 ckpt_srcs=(harness/checkpoint/json_guard.cpp harness/checkpoint/safetensors_format.cpp
-           harness/checkpoint/manifest_reader.cpp tests/fuzz/entries_checkpoint.cpp)
+           harness/checkpoint/manifest_reader.cpp harness/checkpoint/train_state.cpp harness/checkpoint/fsutil.cpp
+           harness/base/text.cpp harness/base/no_follow.cpp tests/fuzz/entries_checkpoint.cpp)
 case "$target" in
   safetensors) entry=safetensors_header;;
   manifest) entry=manifest;;

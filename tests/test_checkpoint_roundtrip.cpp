@@ -13,6 +13,7 @@
 
 #include "checkpoint_fixture.h"
 #include "python_reference.h"
+#include "harness/checkpoint/json_guard.h"
 #include "harness/checkpoint/policy.h"
 
 using namespace ckfix;
@@ -421,6 +422,150 @@ TEST(Checkpoint, FailingModelWriteKeepsThePreviousCheckpoint) {
   EXPECT_FALSE(fs::exists(dir.p / "iter_0000003"));
   Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
   EXPECT_EQ(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}).iteration, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// Every kind name, aliases included, parses and prints back; the alias prints as its kind.
+TEST(SavePolicyText, EveryNameRoundTripsAndTheAliasPrintsAsItsKind) {
+  EXPECT_EQ(save_policy_names(), (std::vector<std::string>{"native", "dp_reshardable", "fp32", "fully_reshardable",
+                                                           "dp_zero", "per_key"}));
+  EXPECT_EQ(save_policy_help(), "native | dp_reshardable (alias fp32) | fully_reshardable | dp_zero | per_key");
+  for (const char* n : {"native", "dp_reshardable", "fully_reshardable", "dp_zero", "per_key"})
+    EXPECT_EQ(to_string(parse_save_policy(n)), n);
+  EXPECT_EQ(parse_save_policy("fp32"), SavePolicyKind::dp_reshardable);
+  try {
+    parse_save_policy("fp64");
+    ADD_FAILURE() << "fp64 parsed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown save policy 'fp64' (expected native, dp_reshardable (alias fp32), "
+                           "fully_reshardable, dp_zero or per_key)");
+  }
+}
+
+TEST(SavePolicyText, OverrideKeysAreTheOptimizerStates) {
+  EXPECT_EQ(parse_override_key("master_param", "x"), rh::optim::StateKey::master_param);
+  EXPECT_EQ(parse_override_key("exp_avg", "x"), rh::optim::StateKey::exp_avg);
+  EXPECT_EQ(parse_override_key("exp_avg_sq", "x"), rh::optim::StateKey::exp_avg_sq);
+  for (const char* bad : {"remainder", "scale", "", "exp_avg "}) {
+    try {
+      parse_override_key(bad, "--save-override k");
+      ADD_FAILURE() << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "--save-override k: expected master_param, exp_avg or exp_avg_sq, got '" +
+                                           std::string(bad) + "'");
+    }
+  }
+}
+
+TEST(SavePolicyText, CommandLineJsonAndBackAgree) {
+  const SavePolicy p = parse_save_policy_args("fp32", {"exp_avg_sq=bf16", "master_param=fp16"});
+  EXPECT_EQ(p.kind, SavePolicyKind::dp_reshardable);
+  EXPECT_EQ(p.overrides.size(), 2u);
+  EXPECT_EQ(p.overrides.at("exp_avg_sq"), rh::optim::Dtype::bf16);
+  EXPECT_EQ(p.overrides.at("master_param"), rh::optim::Dtype::fp16);
+  SavePolicy z = p;
+  z.compress = Compression::zstd;
+  // The manifest's form and the save plan's (kind under "policy").
+  EXPECT_EQ(to_json(z).dump(),
+            R"({"compress":"zstd","kind":"dp_reshardable","overrides":{"exp_avg_sq":"bf16","master_param":"fp16"}})");
+  EXPECT_EQ(to_json(SavePolicy{}, "policy").dump(), R"({"compress":"none","overrides":{},"policy":"native"})");
+  for (const char* kind_key : {"kind", "policy"}) {
+    const nlohmann::json j = to_json(z, kind_key);
+    const SavePolicy back = parse_save_policy_json(JsonField(j, "t"), kind_key);
+    EXPECT_EQ(back.kind, z.kind);
+    EXPECT_EQ(back.compress, z.compress);
+    EXPECT_EQ(back.overrides, z.overrides);
+  }
+  // Absent fields are the defaults; a bad one is named by its JSON path.
+  const SavePolicy d = parse_save_policy_json(JsonField(nlohmann::json::object(), "t"));
+  EXPECT_EQ(d.kind, SavePolicyKind::native);
+  EXPECT_EQ(d.compress, Compression::none);
+  EXPECT_TRUE(d.overrides.empty());
+  const nlohmann::json bad = {{"overrides", {{"remainder", "bf16"}}}};
+  try {
+    parse_save_policy_json(JsonField(bad, "plan"));
+    ADD_FAILURE() << "remainder override parsed";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("/overrides/remainder"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_save_policy_args("native", {"exp_avg"}), std::invalid_argument);
+  EXPECT_THROW(parse_save_policy_args("native", {"exp_avg=int8"}), std::invalid_argument);
+}
+
+// A scheduler state whose every value differs from the defaults and from each other.
+OptParamSchedulerState distinct_scheduler() {
+  OptParamSchedulerState s;
+  s.max_lr = 3e-4;
+  s.lr_warmup_steps = 11;
+  s.num_steps = 12;
+  s.lr_decay_style = "WSD";
+  s.lr_decay_steps = 13;
+  s.min_lr = 3e-5;
+  s.start_wd = 0.01;
+  s.end_wd = 0.02;
+  s.wd_incr_style = "linear";
+  s.wd_incr_steps = 14;
+  return s;
+}
+
+TEST(TrainStateJson, EverySchedulerKeyIsWrittenReadBackAndCheckedAlone) {
+  const std::vector<std::string> keys = {"end_wd", "lr_decay_steps", "lr_decay_style", "lr_warmup_steps", "max_lr",
+                                         "min_lr", "num_steps", "start_wd", "wd_incr_steps", "wd_incr_style"};
+  const OptParamSchedulerState s = distinct_scheduler();
+  const nlohmann::json j = to_json(s);
+  std::vector<std::string> got;
+  for (auto it = j.begin(); it != j.end(); ++it) got.push_back(it.key());
+  EXPECT_EQ(got, keys);
+  EXPECT_EQ(j["max_lr"], 3e-4);
+  EXPECT_EQ(j["lr_warmup_steps"], 11);
+  EXPECT_EQ(j["num_steps"], 12);
+  EXPECT_EQ(j["lr_decay_style"], "WSD");
+  EXPECT_EQ(j["lr_decay_steps"], 13);
+  EXPECT_EQ(j["min_lr"], 3e-5);
+  EXPECT_EQ(j["start_wd"], 0.01);
+  EXPECT_EQ(j["end_wd"], 0.02);
+  EXPECT_EQ(j["wd_incr_style"], "linear");
+  EXPECT_EQ(j["wd_incr_steps"], 14);
+  EXPECT_EQ(to_json(parse_scheduler_state(JsonField(j, "m"), 1000)), j);
+  for (const std::string& k : keys) {
+    nlohmann::json missing = j;
+    missing.erase(k);
+    try {
+      parse_scheduler_state(JsonField(missing, "m"), 1000);
+      ADD_FAILURE() << "missing " << k << " parsed";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("/" + k), std::string::npos) << e.what();
+    }
+    nlohmann::json wrong = j;
+    wrong[k] = nlohmann::json::array();
+    EXPECT_THROW(parse_scheduler_state(JsonField(wrong, "m"), 1000), CheckpointError) << k;
+  }
+  nlohmann::json big = j;
+  big["num_steps"] = 1001;   // a counter beyond the cap
+  EXPECT_THROW(parse_scheduler_state(JsonField(big, "m"), 1000), CheckpointError);
+}
+
+TEST(TrainStateJson, TheTrainStateParsesOnceWithItsGenerators) {
+  TrainState t;
+  t.iteration = 4;
+  t.consumed_samples = 12;
+  t.opt_param_scheduler = distinct_scheduler();
+  t.rng_states["dropout"] = {0x00, 0x01, 0xab, 0xff};
+  const nlohmann::json j = to_json(t);
+  EXPECT_EQ(j["rng_states"]["dropout"], "0001abff");
+  const TrainState back = parse_train_state(JsonField(j, "m"), 4, 1000);
+  EXPECT_EQ(back.iteration, 4);
+  EXPECT_EQ(back.consumed_samples, 12);
+  EXPECT_EQ(to_json(back.opt_param_scheduler), to_json(t.opt_param_scheduler));
+  EXPECT_EQ(back.rng_states, t.rng_states);
+  EXPECT_THROW(parse_train_state(JsonField(j, "m"), 5, 1000), CheckpointError);   // differs from /iteration
+  nlohmann::json odd = j;
+  odd["rng_states"]["dropout"] = "abc";
+  EXPECT_THROW(parse_train_state(JsonField(odd, "m"), 4, 1000), CheckpointError);
+  EXPECT_EQ(parse_hex(JsonField(nlohmann::json("0001ABff"), "h")), (std::vector<uint8_t>{0x00, 0x01, 0xab, 0xff}));
 }
 
 }  // namespace

@@ -332,3 +332,94 @@ TEST(Grads, NormZerosScaleAndAccumulate) {
 }
 
 }  // namespace
+
+namespace {
+
+// One rank of a group of `size` in a test: all_gather_strings records what this rank sends and
+// hands back `world` (every rank's string, this one's in its place).
+class AgreeFakeGroup final : public Collectives {
+ public:
+  AgreeFakeGroup(int rank, std::vector<std::string> world) : rank_(rank), world_(std::move(world)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(world_.size()); }
+  void all_reduce_sum(torch::Tensor&) override {}
+  void all_reduce_max(torch::Tensor&) override {}
+  void all_gather_bytes(const torch::Tensor&, torch::Tensor&) override {}
+  std::vector<std::string> all_gather_strings(const std::string& mine) override {
+    sent = mine;
+    ++calls;
+    world_[static_cast<size_t>(rank_)] = mine;
+    return world_;
+  }
+  std::string sent;
+  int calls = 0;
+
+ private:
+  int rank_;
+  std::vector<std::string> world_;
+};
+
+// Every rank's Agreement for these outcomes: first what each rank sends (agree is a function of
+// its outcome), then each rank's agree over all of it.
+std::vector<Agreement> agree_all(const std::vector<RankOutcome>& outcomes) {
+  const size_t n = outcomes.size();
+  std::vector<std::string> wire(n);
+  for (size_t r = 0; r < n; ++r) {
+    AgreeFakeGroup g(static_cast<int>(r), std::vector<std::string>(n));
+    (void)agree(&g, outcomes[r]);
+    wire[r] = g.sent;
+  }
+  std::vector<Agreement> out;
+  for (size_t r = 0; r < n; ++r) {
+    AgreeFakeGroup g(static_cast<int>(r), wire);
+    out.push_back(agree(&g, outcomes[r]));
+    EXPECT_EQ(g.calls, 1) << "one collective per agreement";
+  }
+  return out;
+}
+
+RankOutcome agree_ok(const std::string& payload) {
+  RankOutcome o;
+  o.payload = payload;
+  return o;
+}
+RankOutcome agree_failed(const std::string& error, bool flag) {
+  RankOutcome o;
+  o.ok = false;
+  o.error = error;
+  o.flag = flag;
+  return o;
+}
+
+TEST(RankAgreement, AllSucceedEveryRankGetsEveryPayloadInRankOrder) {
+  for (const Agreement& a : agree_all({agree_ok("a"), agree_ok(""), agree_ok("ok:err:\n")})) {
+    EXPECT_TRUE(a.ok());
+    EXPECT_EQ(a.payloads, (std::vector<std::string>{"a", "", "ok:err:\n"}));
+  }
+}
+
+TEST(RankAgreement, AFailingRankIsNamedWithItsFlagOnEveryRank) {
+  const auto all = agree_all({agree_ok("p0"), agree_failed("disk full", true), agree_failed("later", false)});
+  for (const Agreement& a : all) {
+    EXPECT_FALSE(a.ok());
+    EXPECT_EQ(a.failed_rank, 1);   // the first failure in rank order
+    EXPECT_EQ(a.error, "disk full");
+    EXPECT_TRUE(a.flag);
+    EXPECT_EQ(a.failure(), "rank 1: disk full");
+    EXPECT_TRUE(a.payloads.empty());
+  }
+  const auto unflagged = agree_all({agree_failed("refused", false), agree_ok("p1")});
+  EXPECT_EQ(unflagged[1].failure(), "rank 0: refused");
+  EXPECT_FALSE(unflagged[1].flag);
+}
+
+TEST(RankAgreement, WithoutAGroupNothingIsSent) {
+  const Agreement ok = agree(nullptr, agree_ok("{\"k\": 1}"));
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.payloads, (std::vector<std::string>{"{\"k\": 1}"}));
+  const Agreement failed = agree(nullptr, agree_failed("bad input", true));
+  EXPECT_EQ(failed.failure(), "rank 0: bad input");
+  EXPECT_TRUE(failed.flag);
+}
+
+}  // namespace

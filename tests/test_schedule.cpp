@@ -217,6 +217,68 @@ TEST(Schedule, LoadChecksEveryKeyOrTakesTheSideTheFlagsName) {
   }
 }
 
+TEST(Schedule, LoadComparesTheKeysInUpstreamsOrderNamingEach) {
+  rh::RunConfig cfg;
+  const auto saved = rh::scheduler_from_config(cfg);
+  auto cls = saved;
+  cls.max_lr *= 2;
+  cls.min_lr *= 2;
+  cls.lr_warmup_steps += 1;
+  cls.lr_decay_steps += 1;
+  cls.lr_decay_style = "linear";
+  cls.start_wd = 0.5;
+  cls.end_wd = 0.5;
+  cls.wd_incr_steps += 1;
+  cls.wd_incr_style = "linear";
+  cls.num_steps = 7;   // added, never compared
+  // OptimizerParamScheduler.load_state_dict's order and _check_and_set's names.
+  const std::vector<std::pair<std::string, std::string>> order = {
+      {"max_lr", "learning rate"},
+      {"min_lr", "minimum learning rate"},
+      {"lr_warmup_steps", "warmup iterations"},
+      {"lr_decay_steps", "total number of iterations"},
+      {"lr_decay_style", "learning rate decay style"},
+      {"start_wd", "start weight decay"},
+      {"end_wd", "end weight decay"},
+      {"wd_incr_steps", "total number of weight decay iterations"},
+      {"wd_incr_style", "weight decay incr style"}};
+  const auto a = rh::scheduler_args_from_config(cfg);
+  for (size_t i = 0; i < order.size(); ++i) {
+    try {
+      rh::load_scheduler_state(cls, saved, a, "ckpt");
+      ADD_FAILURE() << order[i].first << " was not compared";
+    } catch (const std::invalid_argument& e) {
+      const std::string w = e.what();
+      EXPECT_EQ(w.rfind("ckpt: opt_param_scheduler." + order[i].first + ": ", 0), 0u) << w;
+      EXPECT_NE(w.find(" for " + order[i].second + " do not match"), std::string::npos) << w;
+    }
+    switch (i) {   // this key agrees now: the next one is named
+      case 0: cls.max_lr = saved.max_lr; break;
+      case 1: cls.min_lr = saved.min_lr; break;
+      case 2: cls.lr_warmup_steps = saved.lr_warmup_steps; break;
+      case 3: cls.lr_decay_steps = saved.lr_decay_steps; break;
+      case 4: cls.lr_decay_style = saved.lr_decay_style; break;
+      case 5: cls.start_wd = saved.start_wd; break;
+      case 6: cls.end_wd = saved.end_wd; break;
+      case 7: cls.wd_incr_steps = saved.wd_incr_steps; break;
+      case 8: cls.wd_incr_style = saved.wd_incr_style; break;
+    }
+  }
+  EXPECT_EQ(rh::load_scheduler_state(cls, saved, a, "ckpt").num_steps, 7 + saved.num_steps);
+}
+
+rh::RunConfig small_scheduled_config();
+
+TEST(Schedule, FingerprintsNameEverySchedulerKeyInStateDictOrder) {
+  rh::RunConfig cfg = small_scheduled_config();
+  rh::Trainer tr(cfg);
+  std::vector<std::string> got;
+  for (const auto& [k, h] : tr.fingerprints())
+    if (k.rfind("state/opt_param_scheduler.", 0) == 0) got.push_back(k.substr(26));
+  EXPECT_EQ(got, (std::vector<std::string>{"max_lr", "lr_warmup_steps", "num_steps", "lr_decay_style", "lr_decay_steps",
+                                           "min_lr", "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps"}));
+}
+
 rh::RunConfig small_scheduled_config() {
   rh::RunConfig cfg;
   cfg.model.d_model = 64;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "harness/train/env.h"
+#include "harness/train/fault.h"
 #include "harness/train/trainer.h"
 
 namespace {
@@ -130,6 +131,73 @@ TEST(CudaDevice, TwoRunsAreBitIdentical) {
   rh::Trainer a(cfg), b(cfg);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(same_bits(a.train_iteration(), b.train_iteration())) << "iteration " << i + 1;
 #endif
+}
+
+}  // namespace
+
+namespace {
+
+TEST(FaultTable, EveryNamePrintsAndParsesBackInTheEnumsOrder) {
+  const std::vector<std::string> names = {"none", "skip_rng_restore", "skip_data_position_restore",
+                                          "reset_step_counter", "skip_exp_avg_restore", "reset_lr_schedule",
+                                          "drop_remainders", "reset_wd_schedule", "wrong_lr_decay_style",
+                                          "skip_expert_bias_restore"};
+  EXPECT_EQ(rh::fault_names(), names);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const rh::Fault f = static_cast<rh::Fault>(i);
+    EXPECT_EQ(rh::to_string(f), names[i]);
+    EXPECT_EQ(rh::parse_fault(names[i]), f);
+    EXPECT_EQ(rh::spec_of(f).fault, f);
+    EXPECT_NE(std::string(rh::spec_of(f).what), "");
+  }
+  try {
+    rh::parse_fault("skip_everything");
+    ADD_FAILURE() << "parsed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown fault 'skip_everything' (expected one of: none, skip_rng_restore,"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(FaultTable, EachFaultActsWhereItSays) {
+  using rh::Fault;
+  EXPECT_EQ(rh::fault_skip_keys(Fault::skip_exp_avg_restore), (std::set<std::string>{"exp_avg"}));
+  EXPECT_EQ(rh::fault_skip_keys(Fault::drop_remainders), (std::set<std::string>{"remainder"}));
+  EXPECT_EQ(rh::fault_skip_keys(Fault::skip_expert_bias_restore), (std::set<std::string>{"buffers"}));
+  EXPECT_TRUE(rh::fault_skip_keys(Fault::none).empty());
+  EXPECT_TRUE(rh::fault_skip_keys(Fault::reset_lr_schedule).empty());
+  for (const auto& s : rh::fault_specs()) EXPECT_EQ(s.fresh_rng, s.fault == Fault::skip_rng_restore) << s.name;
+
+  rh::RunConfig cfg = small_config("fp32");
+  cfg.optim.weight_decay = 0.05;
+  cfg.train.start_weight_decay = 0.0;
+  cfg.train.end_weight_decay = 0.1;
+  cfg.train.weight_decay_incr_style = "linear";
+  rh::Trainer tr(cfg);
+  tr.train_iteration();
+  const rh::ckpt::TrainState saved = tr.state();
+  auto injected = [&](Fault f) {
+    rh::ckpt::TrainState st = saved;
+    rh::inject_state_fault(f, cfg, tr, st);
+    return st;
+  };
+  EXPECT_EQ(injected(Fault::skip_data_position_restore).consumed_samples, 0);
+  EXPECT_EQ(injected(Fault::reset_lr_schedule).opt_param_scheduler.num_steps, 0);
+  const auto wd = injected(Fault::reset_wd_schedule).opt_param_scheduler;
+  EXPECT_EQ(wd.start_wd, 0.05);
+  EXPECT_EQ(wd.end_wd, 0.05);
+  EXPECT_EQ(wd.wd_incr_style, "constant");
+  EXPECT_EQ(saved.opt_param_scheduler.lr_decay_style, "cosine");
+  EXPECT_EQ(injected(Fault::wrong_lr_decay_style).opt_param_scheduler.lr_decay_style, "linear");
+  // The faults that act elsewhere leave the state as it was.
+  for (Fault f : {Fault::none, Fault::skip_rng_restore, Fault::skip_exp_avg_restore, Fault::drop_remainders}) {
+    const auto st = injected(f);
+    EXPECT_EQ(st.consumed_samples, saved.consumed_samples);
+    EXPECT_EQ(st.opt_param_scheduler.num_steps, saved.opt_param_scheduler.num_steps);
+  }
+  EXPECT_EQ(tr.optimizer().step_count(0), 1);
+  injected(Fault::reset_step_counter);
+  for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) EXPECT_EQ(tr.optimizer().step_count(g), 0);
 }
 
 }  // namespace

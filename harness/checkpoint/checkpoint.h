@@ -17,6 +17,7 @@
 #include "harness/checkpoint/compress.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/checkpoint/save_policy.h"
 #include "harness/checkpoint/train_state.h"
 #include "harness/optim/precision_adam.h"
 
@@ -27,29 +28,7 @@ constexpr int kFormatVersion = 3;   // 2: data-parallel shards (param_ranges wit
 
 // CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
 
-// native: every state bit for bit as held (ours). per_key: Megatron PR 2790's text (open, not on
-// main). The others are Megatron's own distributed-optimizer formats (--dist-ckpt-optim-fully-
-// reshardable etc.; megatron/core/optimizer/distrib_optimizer.py @d98e8a6):
-//  dp_reshardable     get_parameter_state_dp_reshardable: the dtypes get_unscaled_state returns,
-//                     fp32 values and the int16 remainder as it is ("fp32" is accepted as an alias:
-//                     the harness's earlier name)
-//  fully_reshardable  sharded_param_state_fully_reshardable over get_parameter_state_dp_zero
-//  dp_zero            get_parameter_state_dp_zero (also what the legacy torch format's
-//                     save_parameter_state writes): world buffers of torch.float32 for every key,
-//                     the int16 remainder copied into fp32 (widened) too
-enum class SavePolicyKind { native, dp_reshardable, per_key, fully_reshardable, dp_zero };
-std::string to_string(SavePolicyKind k);
-SavePolicyKind parse_save_policy(const std::string& s);   // throws std::invalid_argument
-
-struct SavePolicy {
-  SavePolicyKind kind = SavePolicyKind::native;
-  // Per-key dtype overrides ("master_param", "exp_avg", "exp_avg_sq" -> dtype), applied on top
-  // of the policy; used for deliberate faults (e.g. fp32 moments written as bf16).
-  std::map<std::string, optim::Dtype> overrides;
-  // Orthogonal to the kind: every data file's tensors stored as byte planes + zstd blocks
-  // (compress.h), lossless; the loader decodes and checks every block before anything else.
-  Compression compress = Compression::none;
-};
+// SavePolicyKind and SavePolicy, with their text forms: save_policy.h.
 
 struct SaveInput {
   const torch::nn::Module* model = nullptr;       // weights written once, in their own dtype

@@ -128,30 +128,6 @@ void check_optimizer(const Verified& v, const optim::PrecisionAdam& opt) {
                             groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) + "'");
 }
 
-TrainState parse_train_state(const nlohmann::json& j, const std::string& mpath) {
-  TrainState s;
-  try {
-    s.iteration = j.at("iteration").get<int64_t>();
-    s.consumed_samples = j.at("consumed_samples").get<int64_t>();
-    const auto& sc = j.at("opt_param_scheduler");
-    auto& o = s.opt_param_scheduler;
-    o.max_lr = sc.at("max_lr").get<double>();
-    o.lr_warmup_steps = sc.at("lr_warmup_steps").get<int64_t>();
-    o.num_steps = sc.at("num_steps").get<int64_t>();
-    o.lr_decay_style = sc.at("lr_decay_style").get<std::string>();
-    o.lr_decay_steps = sc.at("lr_decay_steps").get<int64_t>();
-    o.min_lr = sc.at("min_lr").get<double>();
-    o.start_wd = sc.at("start_wd").get<double>();
-    o.end_wd = sc.at("end_wd").get<double>();
-    o.wd_incr_style = sc.at("wd_incr_style").get<std::string>();
-    o.wd_incr_steps = sc.at("wd_incr_steps").get<int64_t>();
-    s.rng_states = parse_rng_states(j.at("rng_states"), mpath);
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(mpath + ": bad train_state: " + e.what());
-  }
-  return s;
-}
-
 // Shards: each file named once, the file of its dp_rank (shard_file_name), one shard per rank
 // of dp_size; every state tensor of a shard file in one of that shard's ranges, with the range's
 // length (a boundary moved by one, swapped or doubled shard files are refused here, not at the
@@ -290,7 +266,7 @@ Consistent check_consistency(const Verified& v, const nlohmann::json& run_config
   const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
   Consistent c;
   check_counters(v.manifest, run_config, mpath);   // counters against each other and the run they resume
-  c.train_state = parse_train_state(v.manifest.at("train_state"), mpath);
+  c.train_state = v.train_state;
   check_generators(v, c.train_state, mpath);
   c.ix = shard_index(v);
   check_shard_files(v, mpath);

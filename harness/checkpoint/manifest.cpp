@@ -1,5 +1,4 @@
-// Checkpoint directory resolution, whole-checkpoint verification and disk accounting (see
-// manifest.h for the layout).
+// Whole-checkpoint verification and disk accounting (see manifest.h for the layout).
 #include "harness/checkpoint/manifest.h"
 
 #include <xxhash.h>
@@ -36,46 +35,6 @@ std::string shard_file_name(int dp_rank) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "optim_rank_%05d.safetensors", dp_rank);
   return buf;
-}
-
-std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
-  const fs::path p(root_or_dir);
-  if (path_exists((p / kManifestFile).string())) return p.string();
-  const fs::path ptr = p / kPointerFile;
-  if (!path_exists(ptr.string())) {
-    if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0) {
-      CheckpointError e("checkpoint " + p.string() + ": no " + kManifestFile + " (an incomplete save; not a checkpoint)",
-                        (p / kManifestFile).string());
-      e.damaged = true;   // as inspect says: an iter_ directory without its manifest is damage
-      throw e;
-    }
-    throw CheckpointError(p.string() + ": neither a checkpoint directory (no " + kManifestFile +
-                          ") nor a checkpoint root (no " + kPointerFile + ")");
-  }
-  int64_t it = 0;
-  try {
-    it = read_pointer_file(ptr.string());
-  } catch (CheckpointError& e) {
-    e.damaged = true;
-    throw;
-  }
-  const std::string name = iter_dir_name(it);
-  const fs::path dir = p / name;
-  if (path_exists((dir / kManifestFile).string())) return dir.string();
-  // Without RENAME_EXCHANGE a re-save of the same iteration moves the old directory aside
-  // (.old.<name>.<pid>) before renaming the new one in; a crash between the two renames leaves
-  // the complete old checkpoint there.
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(p, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".old." + name + ".", 0) == 0 && path_exists((e.path() / kManifestFile).string()))
-      return e.path().string();
-  }
-  CheckpointError e(ptr.string() + " names iteration " + std::to_string(it) + " but " + dir.string() + " has no " +
-                        kManifestFile,
-                    ptr.string());
-  e.damaged = true;
-  throw e;
 }
 
 namespace {
@@ -350,7 +309,7 @@ Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) t
   if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
   // The manifest's own checksum (its sidecar) before parsing, then size cap, regular file,
   // bounded depth, and the schema of every field read below.
-  v.manifest = read_checked_manifest(dir);
+  v.manifest = read_checked_manifest(dir, &v.train_state);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
   std::vector<Want> wants = listed_files(mf, dir, mpath);
   expect_tables(mf, mpath, wants, decode_budget);

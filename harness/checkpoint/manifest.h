@@ -1,5 +1,4 @@
-// Internal to the checkpoint room: the on-disk layout's names, finding the checkpoint a path
-// means, verifying a checkpoint directory as a whole (manifest version, file names, sizes,
+// Internal to the checkpoint room: the on-disk layout's names, verifying a checkpoint directory as a whole (manifest version, file names, sizes,
 // checksums, safetensors structure, manifest <-> file consistency), and disk accounting.
 //
 // Layout of root/:
@@ -20,6 +19,7 @@
 #include <map>
 #include <string>
 
+#include "harness/checkpoint/publish.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/checkpoint/train_state.h"
 
@@ -34,13 +34,12 @@ inline constexpr const char* kFormatName = "resume-harness-checkpoint";
 std::string iter_dir_name(int64_t iteration);   // iter_0000010
 std::string shard_file_name(int dp_rank);       // optim_rank_00000.safetensors
 
-// root_or_dir is either a checkpoint directory (has manifest.json) or a root with the pointer.
-// Returns the checkpoint directory; throws CheckpointError saying what is missing.
-std::string resolve_checkpoint_dir(const std::string& root_or_dir);
+// resolve_checkpoint_dir: publish.h, with the protocol whose directories it finds.
 
 struct Verified {
   std::string dir;
   nlohmann::json manifest;
+  TrainState train_state;                         // the manifest's, parsed with its schema check
   std::map<std::string, SafetensorsFile> files;   // by file name, every file the manifest lists
 };
 

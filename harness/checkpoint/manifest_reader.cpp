@@ -14,23 +14,13 @@
 
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/train_state.h"
 
 namespace rh::ckpt::detail {
 
 namespace {
 
-void hex_string(const JsonField& f, size_t exact_len = 0) {
-  const std::string s = f.str();
-  if (exact_len && s.size() != exact_len) f.fail("expected " + std::to_string(exact_len) + " hex digits, got '" + quote_text(s) + "'");
-  if (s.size() % 2) f.fail("expected hex digits of even length, got '" + quote_text(s) + "'");
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')))
-      f.fail("expected hex digits, got '" + quote_text(s) + "'");
-}
-
-void rng_states(const JsonField& f) {
-  f.each_member([](const std::string&, const JsonField& v) { hex_string(v); });
-}
+void hex_string(const JsonField& f, size_t exact_len = 0) { (void)ckpt::parse_hex(f, exact_len); }
 
 void u64_map(const JsonField& f) {
   f.each_member([](const std::string&, const JsonField& v) { (void)v.u64(); });
@@ -63,7 +53,7 @@ int64_t read_pointer_file(const std::string& path) {
   return parse_pointer_text(read_regular_file(path, kMaxPointerBytes), path);
 }
 
-nlohmann::json parse_manifest_text(const std::string& text, const std::string& path) {
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state) {
   // A key named twice in one object is refused (nlohmann keeps the last silently, Python's json
   // too: an edit appended after the original would win in both readers unseen).
   nlohmann::json j;
@@ -145,26 +135,12 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
     (void)g["name"].str();
     (void)g["step"].i64(0, kMaxCounter);
   });
-  const JsonField ts = m["train_state"];
-  const int64_t ts_iter = ts["iteration"].i64(0, kMaxCounter);
-  if (ts_iter != iteration) ts["iteration"].fail(std::to_string(ts_iter) + " differs from /iteration " + std::to_string(iteration));
-  (void)ts["consumed_samples"].i64(0, kMaxCounter);
-  const JsonField sc = ts["opt_param_scheduler"];   // upstream's state_dict keys
-  (void)sc["max_lr"].number();
-  (void)sc["lr_warmup_steps"].i64(0, kMaxCounter);
-  (void)sc["num_steps"].i64(0, kMaxCounter);
-  (void)sc["lr_decay_style"].str();
-  (void)sc["lr_decay_steps"].i64(0, kMaxCounter);
-  (void)sc["min_lr"].number();
-  (void)sc["start_wd"].number();
-  (void)sc["end_wd"].number();
-  (void)sc["wd_incr_style"].str();
-  (void)sc["wd_incr_steps"].i64(0, kMaxCounter);
-  rng_states(ts["rng_states"]);
+  const TrainState ts = ckpt::parse_train_state(m["train_state"], iteration, kMaxCounter);
+  if (train_state) *train_state = ts;
   if (m.has("rank_states"))
     m["rank_states"].each([](const JsonField& r) {
       (void)r["dp_rank"].i64(0, 4095);
-      rng_states(r["rng_states"]);
+      (void)ckpt::parse_rng_states(r["rng_states"]);
     });
   const JsonField d = m["disk"];
   (void)d["total_bytes"].u64();
@@ -209,7 +185,7 @@ void check_manifest_checksum(const std::string& manifest_text, const std::string
                           manifest_path);
 }
 
-nlohmann::json read_checked_manifest(const std::string& dir) {
+nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state) {
   const std::string mpath = (std::filesystem::path(dir) / "manifest.json").string();
   const std::string spath = (std::filesystem::path(dir) / kManifestChecksumFile).string();
   // Never through a symbolic link: nothing outside the checkpoint directory is read.
@@ -220,7 +196,7 @@ nlohmann::json read_checked_manifest(const std::string& dir) {
                           "before it existed have none; they cannot be verified, save them again with this version)",
                           spath);
   check_manifest_checksum(text, read_regular_file(spath, kMaxManifestChecksumBytes, /*no_follow=*/true), mpath, spath);
-  return parse_manifest_text(text, mpath);
+  return parse_manifest_text(text, mpath, train_state);
 }
 
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {

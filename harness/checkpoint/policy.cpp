@@ -7,27 +7,6 @@
 
 namespace rh::ckpt {
 
-std::string to_string(SavePolicyKind k) {
-  switch (k) {
-    case SavePolicyKind::native: return "native";
-    case SavePolicyKind::dp_reshardable: return "dp_reshardable";
-    case SavePolicyKind::per_key: return "per_key";
-    case SavePolicyKind::fully_reshardable: return "fully_reshardable";
-    case SavePolicyKind::dp_zero: return "dp_zero";
-  }
-  return "?";
-}
-
-SavePolicyKind parse_save_policy(const std::string& s) {
-  if (s == "native") return SavePolicyKind::native;
-  if (s == "dp_reshardable" || s == "fp32") return SavePolicyKind::dp_reshardable;
-  if (s == "per_key") return SavePolicyKind::per_key;
-  if (s == "fully_reshardable") return SavePolicyKind::fully_reshardable;
-  if (s == "dp_zero") return SavePolicyKind::dp_zero;
-  throw std::invalid_argument("unknown save policy '" + s +
-                              "' (expected native, dp_reshardable (alias fp32), fully_reshardable, dp_zero or per_key)");
-}
-
 bool is_scale_key(const std::string& key) {
   auto ends = [&](const std::string& suf) {
     return key.size() > suf.size() && key.compare(key.size() - suf.size(), suf.size(), suf) == 0;

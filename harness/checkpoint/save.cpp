@@ -1,17 +1,9 @@
-// save_checkpoint: writes model weights, one optimizer shard and the manifest into a temporary
-// directory, makes every byte durable, then publishes with renames (see manifest.h for the
-// layout). Crash safety rests on two facts: a published iter_ directory is only ever produced by
-// a rename of a complete, fsynced directory, and the pointer is replaced atomically after that.
-//
-// Re-saving an iteration that already exists: the new directory is swapped in with one
-// renameat2(RENAME_EXCHANGE) and the old one (now under the temp name) is deleted afterwards. Where
-// the file system cannot exchange, the old one is renamed aside to .old.iter_X.<pid> first; a
-// crash between the two renames leaves it there, complete, and load and the next save find it.
+// save_checkpoint: every rank writes and verifies its optimizer shard, rank 0 also the model and
+// then the manifest, into a temporary directory that publish.h's protocol makes durable and
+// publishes (temp dir, fsync, rename, pointer). The ranks agree after each phase (optim::agree),
+// so a failure on one fails the save on all and nothing is published.
 #include "harness/base/text.h"
 #include "harness/base/version.h"
-#include <signal.h>
-#include <unistd.h>
-
 #include <xxhash.h>
 
 #include <filesystem>
@@ -22,6 +14,7 @@
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/policy.h"
+#include "harness/checkpoint/publish.h"
 
 namespace rh::ckpt {
 
@@ -44,27 +37,6 @@ nlohmann::json optimizer_json(const optim::PrecisionAdam& opt) {
           {"weight_decay", c.weight_decay}, {"adam_w_mode", c.adam_w_mode}};
 }
 
-nlohmann::json train_state_json(const TrainState& s) {
-  nlohmann::json rng = nlohmann::json::object();
-  for (const auto& [name, bytes] : s.rng_states) rng[name] = hex_encode(bytes);
-  return {{"iteration", s.iteration},
-          {"consumed_samples", s.consumed_samples},
-          // Megatron's OptimizerParamScheduler.state_dict(), its keys and values
-          // (megatron/core/optimizer_param_scheduler.py state_dict; checkpointing.py saves it as
-          // state_dict['opt_param_scheduler']).
-          {"opt_param_scheduler", {{"max_lr", s.opt_param_scheduler.max_lr},
-                                   {"lr_warmup_steps", s.opt_param_scheduler.lr_warmup_steps},
-                                   {"num_steps", s.opt_param_scheduler.num_steps},
-                                   {"lr_decay_style", s.opt_param_scheduler.lr_decay_style},
-                                   {"lr_decay_steps", s.opt_param_scheduler.lr_decay_steps},
-                                   {"min_lr", s.opt_param_scheduler.min_lr},
-                                   {"start_wd", s.opt_param_scheduler.start_wd},
-                                   {"end_wd", s.opt_param_scheduler.end_wd},
-                                   {"wd_incr_style", s.opt_param_scheduler.wd_incr_style},
-                                   {"wd_incr_steps", s.opt_param_scheduler.wd_incr_steps}}},
-          {"rng_states", rng}};
-}
-
 TensorInfo info_of(const std::string& key, const torch::Tensor& t, StDtype d) {
   TensorInfo ti;
   ti.key = key;
@@ -72,29 +44,6 @@ TensorInfo info_of(const std::string& key, const torch::Tensor& t, StDtype d) {
   ti.shape = t.sizes().vec();
   ti.end = static_cast<uint64_t>(t.numel()) * st_itemsize(d);
   return ti;
-}
-
-// Removes abandoned temp/aside directories. An aside directory whose iteration has no published
-// directory is the only copy of that checkpoint (crash between renames): it is renamed back.
-void clean_stale(const fs::path& root) {
-  std::error_code ec;
-  std::vector<fs::path> entries;
-  for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
-  for (const fs::path& p : entries) {
-    const std::string n = p.filename().string();
-    const bool tmp = n.rfind(".tmp.iter_", 0) == 0, old = n.rfind(".old.iter_", 0) == 0;
-    if (!tmp && !old) continue;
-    const size_t dot = n.rfind('.');
-    long pid = std::strtol(n.c_str() + dot + 1, nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // live saver
-    const fs::path published = root / n.substr(5, dot - 5);
-    if (old && !path_exists(published.string()) && path_exists((p / detail::kManifestFile).string())) {
-      rename_path(p.string(), published.string());
-      fsync_dir(root.string());
-      continue;
-    }
-    remove_tree(p.string());
-  }
 }
 
 // The manifest's entry for a written file: size, whole-file XXH3-64, and the XXH3-64 of every
@@ -175,7 +124,7 @@ nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, b
   }
   part["file"] = fentry;
   part["shard"] = {{"file", shard}, {"dp_rank", rank}, {"param_ranges", ranges}};
-  part["rng_states"] = train_state_json(*in.state)["rng_states"];
+  part["rng_states"] = rng_states_json(in.state->rng_states);
   return part;
 }
 
@@ -188,10 +137,8 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
   m["git_commit"] = rh::git_commit();
   m["iteration"] = in.state->iteration;
   m["run_config"] = in.run_config;
-  m["save_policy"] = {{"kind", to_string(in.policy.kind)}, {"overrides", nlohmann::json::object()},
-                      {"compress", to_string(in.policy.compress)}};
-  for (const auto& [k, d] : in.policy.overrides) m["save_policy"]["overrides"][k] = optim::to_string(d);
-  m["train_state"] = train_state_json(*in.state);
+  m["save_policy"] = to_json(in.policy);
+  m["train_state"] = to_json(*in.state);
   m["tensors"] = nlohmann::json::array();
   m["files"] = nlohmann::json::array();
   std::vector<WriteTensor> model_t;
@@ -236,25 +183,13 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
   return m;
 }
 
-// Every rank's outcome of one phase: "" (ok) or its error, gathered so that all ranks agree.
-// Returns the first failure as "rank R: message", or "" when all succeeded.
-std::string agree(optim::Collectives* group, const std::string& my_error, std::vector<std::string>* payloads = nullptr,
-                  const std::string& my_payload = "") {
-  if (!group) {
-    if (payloads) *payloads = {my_payload};
-    return my_error.empty() ? "" : "rank 0: " + my_error;
-  }
-  const auto all = group->all_gather_strings(my_error.empty() ? "ok:" + my_payload : "err:" + my_error);
-  std::string first;
-  if (payloads) payloads->clear();
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].rfind("ok:", 0) == 0) {
-      if (payloads) payloads->push_back(all[r].substr(3));
-    } else if (first.empty()) {
-      first = "rank " + std::to_string(r) + ": " + all[r].substr(4);
-    }
-  }
-  return first;
+// This rank's outcome of a phase: the payload, or the error it caught.
+optim::RankOutcome outcome(const std::string& err, std::string payload = "") {
+  optim::RankOutcome o;
+  o.ok = err.empty();
+  if (o.ok) o.payload = std::move(payload);
+  else o.error = err;
+  return o;
 }
 
 // One save as every rank sees it.
@@ -283,28 +218,17 @@ void check_input(const SaveJob& job) {
   const SaveInput& in = job.in;
   if (!in.model || !in.optimizer || !in.state)
     throw CheckpointError("save_checkpoint(" + job.root_str + "): model, optimizer and state are required");
-  for (const auto& [k, d] : in.policy.overrides)
-    if (k != "master_param" && k != "exp_avg" && k != "exp_avg_sq")
-      throw CheckpointError("save policy override '" + k + "': expected master_param, exp_avg or exp_avg_sq");
+  for (const auto& [k, d] : in.policy.overrides) {   // a SavePolicy built in code, not parsed
+    try {
+      (void)parse_override_key(k, "save policy override");
+    } catch (const std::invalid_argument& e) {
+      throw CheckpointError(e.what());
+    }
+  }
   if (in.optimizer->layout().size != job.size || in.optimizer->layout().rank != job.rank)
     throw CheckpointError("save_checkpoint(" + job.root_str + "): the optimizer is sharded as " +
                           in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(job.rank) +
                           " of " + std::to_string(job.size));
-}
-
-// Phase 1, rank 0: the root, stale temp/aside directories cleaned, and a fresh temp directory.
-// tmp_name is set before the directory is made, so that a failure removes what was made.
-void make_temp_dir(const SaveJob& job, std::string& tmp_name) {
-  std::error_code ec;
-  fs::create_directories(job.root, ec);
-  if (ec) throw_if_disk_errno("cannot create checkpoint root", job.root_str, ec.value());
-  if (ec) throw CheckpointError("cannot create checkpoint root " + job.root_str + ": " + ec.message());
-  clean_stale(job.root);
-  tmp_name = ".tmp." + job.name + "." + std::to_string(::getpid());
-  remove_tree((job.root / tmp_name).string());
-  fs::create_directory(job.root / tmp_name, ec);
-  if (ec) throw_if_disk_errno("cannot create", (job.root / tmp_name).string(), ec.value());
-  if (ec) throw CheckpointError("cannot create " + (job.root / tmp_name).string() + ": " + ec.message());
 }
 
 // Phase 1: every rank checks its input and rank 0 prepares the temp directory; all learn the
@@ -314,25 +238,24 @@ void prepare(SaveJob& job) {
   std::string err, tmp_name;
   try {
     check_input(job);
-    if (job.rank == 0) make_temp_dir(job, tmp_name);
+    if (job.rank == 0) detail::make_temp_dir(job.root_str, job.name, tmp_name);
   } catch (const std::exception& e) {
     err = e.what();
   }
-  std::vector<std::string> got;
-  const std::string fail = agree(job.in.group, err, &got, tmp_name);
-  if (!fail.empty()) {
+  const optim::Agreement a = optim::agree(job.in.group, outcome(err, tmp_name));
+  if (!a.ok()) {
     if (job.rank == 0 && !tmp_name.empty()) remove_tree((job.root / tmp_name).string());
     if (!job.in.group) throw CheckpointError(err);   // a single process: its own error, as it was
-    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail);
+    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + a.failure());
   }
-  job.tmp = job.root / got.at(0);
+  job.tmp = job.root / a.payloads.at(0);
 }
 
 // What phase 2 wrote.
 struct Written {
   nlohmann::json manifest;          // rank 0: the skeleton write_model made
   uint64_t num_params = 0;          // rank 0: the model's parameter count
-  std::vector<std::string> parts;   // every rank's write_shard part, in rank order, as JSON text
+  std::vector<nlohmann::json> parts;   // every rank's write_shard part, in rank order
 };
 
 // Phase 2 on this rank. Rank 0 writes the model file on a second thread while it writes its
@@ -364,17 +287,23 @@ Written write_files(const SaveJob& job) {
   } catch (const std::exception& e) {
     err = e.what();
   }
-  std::string fail;
+  // Other ranks' parts travel as JSON text; a process of its own keeps its part as it is.
+  optim::Agreement a;
   try {
-    fail = agree(job.in.group, err, &w.parts, err.empty() ? part.dump() : "");
+    a = optim::agree(job.in.group, outcome(err, job.in.group && err.empty() ? part.dump() : ""));
   } catch (...) {
     job.abandon();
     throw;
   }
-  if (!fail.empty()) {
+  if (!a.ok()) {
     job.abandon();
-    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail +
+    throw CheckpointError("save of " + job.final_dir.string() + " failed on " + a.failure() +
                           "; nothing was published, the previous checkpoint stays the newest");
+  }
+  if (!job.in.group) {
+    w.parts.push_back(std::move(part));
+  } else {
+    for (const std::string& text : a.payloads) w.parts.push_back(nlohmann::json::parse(text));
   }
   return w;
 }
@@ -385,7 +314,7 @@ std::string assemble_manifest(const SaveJob& job, Written& w) {
   nlohmann::json& m = w.manifest;
   nlohmann::json shards = nlohmann::json::array(), rank_states = nlohmann::json::array();
   for (size_t i = 0; i < w.parts.size(); ++i) {
-    const nlohmann::json pj = nlohmann::json::parse(w.parts[i]);
+    const nlohmann::json& pj = w.parts[i];
     for (const auto& t : pj["tensors"]) m["tensors"].push_back(t);
     m["files"].push_back(pj["file"]);
     shards.push_back(pj["shard"]);
@@ -397,77 +326,45 @@ std::string assemble_manifest(const SaveJob& job, Written& w) {
   return detail::finalize_disk_accounting(m, w.num_params);
 }
 
-// Phase 3: the complete, fsynced temp directory becomes the published one: a rename for a new
-// iteration; for a re-save an exchange, or the old directory renamed aside first (top of this
-// file). Returns whether the iteration is new.
-bool rename_into_place(const SaveJob& job) {
-  const std::string root = job.root.string(), tmp = job.tmp.string(), final_dir = job.final_dir.string();
-  const bool fresh = !path_exists(final_dir);
-  if (fresh) {
-    rename_path(tmp, final_dir);
-    fsync_dir(root);
-    return true;
-  }
-  if (exchange_dirs(tmp, final_dir)) {
-    fsync_dir(root);
-  } else {
-    const fs::path aside = job.root / (".old." + job.name + "." + std::to_string(::getpid()));
-    remove_tree(aside.string());
-    rename_path(final_dir, aside.string());
-    fsync_dir(root);
-    rename_path(tmp, final_dir);
-    fsync_dir(root);
-    remove_tree(aside.string());
-  }
-  remove_tree(tmp);   // after an exchange: the replaced checkpoint
-  return false;
-}
-
-// Phase 3, last: the pointer names the new iteration.
-void write_pointer(const SaveJob& job, bool fresh) {
-  try {
-    write_file_atomic((job.root / detail::kPointerFile).string(), std::to_string(job.in.state->iteration) + "\n");
-  } catch (...) {
-    // The pointer still names the previous checkpoint: a directory published just now for a
-    // new iteration would be referenced by nothing, so it goes (a replaced one stays: it is
-    // the only copy of that iteration now).
-    if (fresh) {
-      std::error_code ec;
-      fs::remove_all(job.final_dir, ec);
-    }
-    throw;
-  }
-}
-
-// Phase 3 on rank 0: manifest and disk.csv into the temp directory, publish, pointer. Returns the
-// summary every rank's SaveResult is made of.
-std::string publish(const SaveJob& job, Written& w) {
+// Phase 3 on rank 0: manifest, its checksum and disk.csv into the temp directory, then publish
+// (publish.h). Returns what every rank's SaveResult is made of.
+SaveResult publish(const SaveJob& job, Written& w) {
   const std::string text = assemble_manifest(job, w);
-  // Within the temp directory order does not matter: the directory rename publishes.
-  write_file_durable((job.tmp / detail::kManifestFile).string(), text);
-  write_file_durable((job.tmp / detail::kManifestChecksumFile).string(), detail::manifest_checksum_text(text));
-  write_file_durable((job.tmp / detail::kDiskCsvFile).string(), detail::disk_csv(w.manifest));
-  fsync_dir(job.tmp.string());
-  const bool fresh = rename_into_place(job);
-  write_pointer(job, fresh);
-  nlohmann::json& m = w.manifest;
-  return nlohmann::json{{"total_bytes", m["disk"]["total_bytes"]},
-                        {"bytes_per_key", m["disk"]["bytes_per_key"]},
-                        {"bytes_per_param", m["disk"]["bytes_per_param"]}}.dump();
-}
-
-// The end: every rank learns rank 0's outcome of phase 3, and returns its summary.
-SaveResult agreed_result(const SaveJob& job, const std::string& err, const std::string& summary) {
-  std::vector<std::string> got;
-  const std::string fail = agree(job.in.group, err, &got, summary);
-  if (!fail.empty()) throw CheckpointError("save of " + job.final_dir.string() + " failed on " + fail);
-  const nlohmann::json sj = nlohmann::json::parse(got.at(0));
+  detail::publish_dir(job.root_str, job.tmp.string(), job.name, job.in.state->iteration,
+                      {{detail::kManifestFile, text},
+                       {detail::kManifestChecksumFile, detail::manifest_checksum_text(text)},
+                       {detail::kDiskCsvFile, detail::disk_csv(w.manifest)}});
+  const nlohmann::json& d = w.manifest["disk"];
   SaveResult r;
   r.dir = job.final_dir.string();
-  r.total_bytes = sj["total_bytes"].get<uint64_t>();
-  r.bytes_per_key = sj["bytes_per_key"].get<std::map<std::string, uint64_t>>();
-  r.bytes_per_param = sj["bytes_per_param"].get<double>();
+  r.total_bytes = d["total_bytes"].get<uint64_t>();
+  r.bytes_per_key = d["bytes_per_key"].get<std::map<std::string, uint64_t>>();
+  r.bytes_per_param = d["bytes_per_param"].get<double>();
   return r;
+}
+
+// A SaveResult between ranks: JSON text (only across processes).
+std::string result_text(const SaveResult& r) {
+  return nlohmann::json{{"total_bytes", r.total_bytes}, {"bytes_per_key", r.bytes_per_key},
+                        {"bytes_per_param", r.bytes_per_param}}.dump();
+}
+SaveResult result_of_text(const std::string& dir, const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  SaveResult r;
+  r.dir = dir;
+  r.total_bytes = j["total_bytes"].get<uint64_t>();
+  r.bytes_per_key = j["bytes_per_key"].get<std::map<std::string, uint64_t>>();
+  r.bytes_per_param = j["bytes_per_param"].get<double>();
+  return r;
+}
+
+// The end: every rank learns rank 0's outcome of phase 3; the others take its result.
+SaveResult agreed_result(const SaveJob& job, const std::string& err, const SaveResult& mine) {
+  const bool send = job.in.group && job.rank == 0 && err.empty();
+  const optim::Agreement a = optim::agree(job.in.group, outcome(err, send ? result_text(mine) : ""));
+  if (!a.ok()) throw CheckpointError("save of " + job.final_dir.string() + " failed on " + a.failure());
+  if (!job.in.group || job.rank == 0) return mine;
+  return result_of_text(job.final_dir.string(), a.payloads.at(0));
 }
 
 }  // namespace
@@ -484,16 +381,17 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   prepare(job);
   Written w = write_files(job);
   // Phase 3: rank 0 writes the manifest and publishes; the others wait for the outcome.
-  std::string err, summary;
+  std::string err;
+  SaveResult result;
   if (job.rank == 0) {
     try {
-      summary = publish(job, w);
+      result = publish(job, w);
     } catch (const std::exception& e) {
       err = e.what();
       job.abandon();
     }
   }
-  return agreed_result(job, err, summary);
+  return agreed_result(job, err, result);
 }
 
 }  // namespace rh::ckpt

@@ -96,9 +96,8 @@ void register_train(CLI::App& app, CommandState& st) {
   train->add_option("--save-compress", st.compress, "none | zstd: byte planes + zstd blocks, lossless")
       ->check(CLI::IsMember({"none", "zstd"}));
   train->add_option("--save", st.save_root, "checkpoint root to save into when stopping");
-  train->add_option("--save-policy", st.policy,
-                    "native | dp_reshardable (alias fp32) | fully_reshardable | dp_zero | per_key")
-      ->check(CLI::IsMember({"native", "dp_reshardable", "fp32", "fully_reshardable", "dp_zero", "per_key"}));
+  train->add_option("--save-policy", st.policy, ckpt::save_policy_help())
+      ->check(CLI::IsMember(ckpt::save_policy_names()));
   train->add_option("--save-override", st.overrides,
                     "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
   train->add_option("--save-plan", st.save_plan,
@@ -185,7 +184,7 @@ int run_train_command(CommandState& st, int argc, char** argv) {
   job.fault = parse_fault(st.fault);
   job.remainders_flag_given = st.train_cmd->get_option("--store-param-remainders")->count() > 0;
   if (!st.save_root.empty()) {
-    SaveTarget t{st.save_root, parse_policy(st.policy, st.overrides)};
+    SaveTarget t{st.save_root, ckpt::parse_save_policy_args(st.policy, st.overrides)};
     t.policy.compress = ckpt::parse_compression(st.compress);
     job.saves.push_back(t);
   }
@@ -391,22 +390,6 @@ int tool_main(int argc, char** argv) {
     std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";   // a path need not be UTF-8
     return dynamic_cast<const DiskError*>(&e) != nullptr || is_disk_error_message(e.what()) ? kExitDisk : 2;
   }
-}
-
-ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::string>& overrides) {
-  ckpt::SavePolicy p;
-  p.kind = ckpt::parse_save_policy(policy);
-  for (const auto& o : overrides) {
-    const auto eq = o.find('=');
-    if (eq == std::string::npos)
-      throw std::invalid_argument("--save-override '" + o + "': expected KEY=DTYPE");
-    const std::string key = o.substr(0, eq);
-    if (key != "master_param" && key != "exp_avg" && key != "exp_avg_sq")
-      throw std::invalid_argument("--save-override '" + o +
-                                  "': key must be master_param, exp_avg or exp_avg_sq");
-    p.overrides[key] = optim::parse_dtype(o.substr(eq + 1), "--save-override " + key);
-  }
-  return p;
 }
 
 }  // namespace rh

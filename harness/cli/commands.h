@@ -1,5 +1,5 @@
 // Every subcommand of the tool, registered on its CLI11 app in one place (train, inspect, check,
-// matrix, report), and the small flag parsers they share.
+// matrix, report).
 #pragma once
 #include <string>
 #include <vector>
@@ -7,9 +7,6 @@
 #include "harness/checkpoint/checkpoint.h"
 
 namespace rh {
-
-// Parses "--save-policy" and "KEY=DTYPE" overrides; throws std::invalid_argument.
-ckpt::SavePolicy parse_policy(const std::string& policy, const std::vector<std::string>& overrides);
 
 // The tool with its argv: registers every subcommand on a new CLI11 app, parses, runs the one
 // given and maps errors to exit codes (0 ok, 1 a scenario missed its expectation or a checkpoint

@@ -24,4 +24,29 @@ class Collectives {
   virtual std::vector<std::string> all_gather_strings(const std::string& mine) = 0;
 };
 
+// One rank's outcome of a phase every rank goes through (a save's step, a load): success with a
+// payload for the others, or a failure with its message and one flag that travels with it (a
+// load: whether the checkpoint is damaged).
+struct RankOutcome {
+  bool ok = true;
+  std::string payload;   // with success
+  std::string error;     // with failure
+  bool flag = false;     // with failure
+};
+
+// What every rank learns: every rank's payload when all succeeded, else the first failure in
+// rank order.
+struct Agreement {
+  std::vector<std::string> payloads;   // in rank order; only when ok()
+  int failed_rank = -1;
+  std::string error;
+  bool flag = false;
+  bool ok() const { return failed_rank < 0; }
+  std::string failure() const { return "rank " + std::to_string(failed_rank) + ": " + error; }
+};
+
+// Every rank passes its outcome and all receive the same Agreement (one all_gather_strings). A
+// null group is a process of its own: its outcome, nothing sent.
+Agreement agree(Collectives* group, const RankOutcome& mine);
+
 }  // namespace rh::optim

@@ -1,6 +1,6 @@
 // One training process; see job.h. run_train reads as its phases: check the flags, join the
 // data-parallel group, build the trainer, resume (writing load_result.json), train and save,
-// write the outputs.
+// write the outputs. Faults, save plans, load results and fingerprints have files of their own.
 #include "harness/train/job.h"
 
 #include <chrono>
@@ -19,6 +19,7 @@
 #include "harness/checkpoint/json_guard.h"
 #include "harness/dist/group.h"
 #include "harness/train/env.h"
+#include "harness/train/fingerprints.h"
 #include "harness/train/schedule.h"
 #include "harness/train/trainer.h"
 
@@ -26,119 +27,7 @@ namespace fs = std::filesystem;
 
 namespace rh {
 
-const std::vector<std::string>& fault_names() {
-  static const std::vector<std::string> names = {
-      "none",           "skip_rng_restore",  "skip_data_position_restore", "reset_step_counter",
-      "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders",
-      "reset_wd_schedule", "wrong_lr_decay_style", "skip_expert_bias_restore"};
-  return names;
-}
-
-std::string to_string(Fault f) { return fault_names().at(static_cast<size_t>(f)); }
-
-Fault parse_fault(const std::string& s) {
-  const auto& names = fault_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == s) return static_cast<Fault>(i);
-  std::string all;
-  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown fault '" + s + "' (expected one of: " + all + ")");
-}
-
 namespace {
-nlohmann::json read_small_json(const std::string& path, const std::string& what) {
-  return ckpt::parse_json_unique(ckpt::read_regular_file(path, 1u << 20), what);
-}
-}  // namespace
-
-void write_save_plan(const std::string& path, const std::vector<SaveTarget>& saves) {
-  nlohmann::json list = nlohmann::json::array();
-  for (const auto& t : saves) {
-    nlohmann::json overrides = nlohmann::json::object();
-    for (const auto& [k, d] : t.policy.overrides) overrides[k] = optim::to_string(d);
-    list.push_back({{"root", t.root}, {"policy", ckpt::to_string(t.policy.kind)}, {"overrides", overrides},
-                    {"compress", ckpt::to_string(t.policy.compress)}});
-  }
-  write_text(path, ckpt::dump_text(nlohmann::json{{"schema_version", kSavePlanSchema}, {"saves", list}}, 2) + "\n");
-}
-
-// Every field through the checked accessor, so a refusal names the plan, the JSON path and what
-// was expected ("schema_version": "1" once gave a bare nlohmann type_error).
-std::vector<SaveTarget> read_save_plan(const std::string& path) try {
-  const std::string what = "save plan " + path;
-  const nlohmann::json j = read_small_json(path, what);
-  const ckpt::JsonField plan(j, what);
-  if (!j.is_object()) plan.fail("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
-  const int64_t schema = plan["schema_version"].i64();
-  if (schema != kSavePlanSchema)
-    plan["schema_version"].fail("expected " + std::to_string(kSavePlanSchema) + ", got " + std::to_string(schema));
-  std::vector<SaveTarget> out;
-  plan["saves"].each([&](const ckpt::JsonField& e) {
-    SaveTarget t;
-    t.root = e["root"].str();
-    if (t.root.empty()) e["root"].fail("expected a non-empty checkpoint root");
-    // A path is a C string to the kernel: "a\u0000b" would save into "a".
-    if (const size_t z = t.root.find('\0'); z != std::string::npos)
-      e["root"].fail("NUL byte at character " + std::to_string(z) + " of '" + ckpt::quote_text(t.root) +
-                     "' (a path cannot hold one)");
-    try {
-      t.policy.kind = ckpt::parse_save_policy(e.has("policy") ? e["policy"].str() : "native");
-      t.policy.compress = ckpt::parse_compression(e.has("compress") ? e["compress"].str() : "none");
-      if (e.has("overrides"))
-        e["overrides"].each_member([&](const std::string& k, const ckpt::JsonField& d) {
-          t.policy.overrides[k] = optim::parse_dtype(d.str(), e.path() + "/overrides/" + k);
-        });
-    } catch (const ckpt::CheckpointError&) {
-      throw;
-    } catch (const std::exception& x) {
-      e.fail(x.what());
-    }
-    out.push_back(t);
-  });
-  return out;
-} catch (const ckpt::CheckpointError& e) {   // bad input to the train command, as before
-  throw std::invalid_argument(e.what());
-}
-
-// Through the checked accessor: a field of the wrong type names the file and field (value() threw
-// nlohmann's type_error for "status": 1). Errors are runtime_errors, as before.
-LoadResult read_load_result(const std::string& path) try {
-  const nlohmann::json j = read_small_json(path, path);
-  const ckpt::JsonField f(j, path);
-  if (!j.is_object()) f.fail("expected a load result object");
-  if (f["schema_version"].i64() != kLoadResultSchema)
-    f["schema_version"].fail("expected " + std::to_string(kLoadResultSchema));
-  LoadResult r;
-  const std::string status = f["status"].str();
-  if (status != "loaded" && status != "refused")
-    f["status"].fail("'" + ckpt::quote_text(status) + "', expected loaded or refused");
-  r.loaded = status == "loaded";
-  auto text = [&](const char* k) { return f.has(k) ? f[k].str() : std::string(); };
-  r.checkpoint = text("checkpoint");
-  r.iteration = f.has("iteration") ? f["iteration"].i64() : -1;
-  r.error_kind = text("error_kind");
-  r.file = text("file");
-  r.tensor = text("tensor");
-  r.message = text("message");
-  if (f.has("conversions")) f["conversions"].each([&](const ckpt::JsonField& c) { r.conversions.push_back(c.str()); });
-  return r;
-} catch (const ckpt::CheckpointError& e) {
-  throw std::runtime_error(e.what());
-} catch (const std::invalid_argument& e) {   // parse_json_unique: not JSON, a duplicate key
-  throw std::runtime_error(e.what());
-}
-
-namespace {
-
-std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std::string, uint64_t>>& fp) {
-  std::string out;
-  char buf[32];
-  for (const auto& [key, h] : fp) {
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-    out += std::to_string(iteration) + "," + key + "," + buf + "\n";
-  }
-  return out;
-}
 
 // Saves the trainer's state under `root` with `policy`.
 ckpt::SaveResult save_state(const Trainer& tr, const std::string& root, const ckpt::SavePolicy& policy,
@@ -157,27 +46,6 @@ ckpt::SaveResult save_state(const Trainer& tr, const std::string& root, const ck
 // A lossless dump of the in-memory state (native policy), for the state comparisons.
 void dump_state(const Trainer& tr, const fs::path& root, dist::Group* group) {
   save_state(tr, root.string(), {ckpt::SavePolicyKind::native, {}}, group);
-}
-
-// This rank's fingerprints; data parallel, rank 0 returns every rank's: the keys that differ by
-// rank (optimizer parts, generators) of rank r > 0 get the suffix "@rank<r>".
-std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr, dist::Group* group) {
-  auto fp = tr.fingerprints();
-  if (!group) return fp;
-  std::string mine;
-  for (const auto& [k, h] : fp) mine += k + "," + std::to_string(h) + "\n";
-  const auto all = group->all_gather_strings(mine);
-  for (size_t r = 1; r < all.size(); ++r) {
-    std::istringstream in(all[r]);
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto comma = line.rfind(',');
-      const std::string key = line.substr(0, comma);
-      if (key.rfind("model/", 0) == 0 || (key.rfind("state/", 0) == 0 && key.rfind("state/rng.", 0) != 0)) continue;
-      fp.emplace_back(key + "@rank" + std::to_string(r), std::stoull(line.substr(comma + 1)));
-    }
-  }
-  return fp;
 }
 
 // Every flag is checked before anything is built or written (config.json, the model).
@@ -264,54 +132,32 @@ ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
   ckpt::LoadOptions opts;
   opts.allow_lossy = job.allow_lossy;
   opts.exact_master_conversion = job.exact_master_conversion;
-  if (job.fault == Fault::skip_exp_avg_restore) opts.skip_keys.insert("exp_avg");
-  if (job.fault == Fault::drop_remainders) opts.skip_keys.insert("remainder");
-  if (job.fault == Fault::skip_expert_bias_restore) opts.skip_keys.insert("buffers");
+  opts.skip_keys = fault_skip_keys(job.fault);
   ckpt::LoadReport report;
-  std::string err;   // "D" (damaged) or "R" (refused), then the message
+  optim::RankOutcome mine;   // a failure's flag: the checkpoint is damaged
   try {
     report = ckpt::load_checkpoint(job.load, run.tr->model(), run.tr->optimizer(), st, to_json(job.cfg), opts);
   } catch (const std::exception& e) {
     if (!run.group) throw;
     const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e);
-    err = std::string(ce && ce->damaged ? "D" : "R") + e.what();
+    mine.ok = false;
+    mine.error = e.what();
+    mine.flag = ce && ce->damaged;
   }
   if (run.group) {
-    const auto all = run.group->all_gather_strings(err);
-    for (size_t r = 0; r < all.size(); ++r)
-      if (!all[r].empty()) {
-        ckpt::CheckpointError e("rank " + std::to_string(r) + ": " + all[r].substr(1));
-        e.damaged = all[r][0] == 'D';
-        throw e;
-      }
+    const optim::Agreement a = optim::agree(run.group.get(), mine);
+    if (!a.ok()) {
+      ckpt::CheckpointError e(a.failure());
+      e.damaged = a.flag;
+      throw e;
+    }
     run.tr->optimizer().sync_params();   // a conversion may have written only the owned parts
   }
   return report;
 }
 
-// The deliberate faults that act on the restored training state (the others act in load_into).
-void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainState& st) {
-  if (f == Fault::skip_data_position_restore) st.consumed_samples = 0;
-  if (f == Fault::reset_lr_schedule) st.opt_param_scheduler.num_steps = 0;
-  if (f == Fault::reset_wd_schedule) {
-    st.opt_param_scheduler.start_wd = st.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
-    st.opt_param_scheduler.wd_incr_style = "constant";
-  }
-  if (f == Fault::wrong_lr_decay_style)
-    st.opt_param_scheduler.lr_decay_style = st.opt_param_scheduler.lr_decay_style == "cosine" ? "linear" : "cosine";
-  if (f == Fault::reset_step_counter)
-    for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) tr.optimizer().set_step_count(g, 0);
-}
-
 void write_load_result(const Run& run, const nlohmann::json& j) {
-  if (!run.write_out) return;
-  // Paths and messages as printable UTF-8 (a checkpoint path that is not UTF-8 once made dump()
-  // throw nlohmann's type_error 316, and the load "fail" with that message).
-  nlohmann::json all = {{"schema_version", kLoadResultSchema}, {"checkpoint", ckpt::printable_text(run.job.load)}};
-  all.update(j);
-  for (const char* k : {"message", "file", "checkpoint"})
-    if (all.contains(k) && all[k].is_string()) all[k] = ckpt::printable_text(all[k].get<std::string>());
-  write_text((run.out / kLoadResultFile).string(), ckpt::dump_text(all, 2) + "\n");
+  if (run.write_out) rh::write_load_result(run.out.string(), run.job.load, j);
 }
 
 const char* error_kind(const std::exception& e) {
@@ -358,7 +204,7 @@ void load_and_restore(Run& run) {
     throw;
   }
   inject_state_fault(job.fault, job.cfg, *run.tr, st);
-  run.tr->set_state(st, /*restore_rng=*/job.fault != Fault::skip_rng_restore);
+  run.tr->set_state(st, /*restore_rng=*/!spec_of(job.fault).fresh_rng);
   write_load_result(run, {{"status", "loaded"}, {"iteration", report.iteration}, {"conversions", report.conversions}});
   if (!run.quiet) {
     char took[96];

@@ -2,6 +2,8 @@
 // (Python floats are doubles; math.cos / math.pow / math.sqrt / ** are libm's cos, pow, sqrt).
 #include "harness/train/schedule.h"
 
+#include "harness/train/config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -137,27 +139,29 @@ ckpt::OptParamSchedulerState load_scheduler_state(const ckpt::OptParamSchedulerS
   if (a.override_opt_param_scheduler && a.use_checkpoint_opt_param_scheduler)
     throw std::invalid_argument("train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: "
                                 "both override and use-checkpoint are set.");
-  auto check_and_set = [&](const auto& cls_value, const auto& sd_value, const char* name, const char* key) {
-    if (a.override_opt_param_scheduler) return cls_value;
-    if (!a.use_checkpoint_opt_param_scheduler && !(cls_value == sd_value))
-      throw std::invalid_argument(where + ": opt_param_scheduler." + key +
-                                  ": OptimizerParamScheduler: class input value " + show(cls_value) +
-                                  " and checkpoint value " + show(sd_value) + " for " + name +
-                                  " do not match (resume with --use-checkpoint-opt_param-scheduler to take the "
-                                  "checkpoint's, or --override-opt_param-scheduler to take this run's)");
-    return sd_value;
-  };
+  // _check_and_set on every compared key, in load_state_dict's order.
+  std::vector<const ckpt::SchedulerField*> compared;
+  for (const auto& f : ckpt::scheduler_fields())
+    if (f.load_order >= 0) compared.push_back(&f);
+  std::sort(compared.begin(), compared.end(),
+            [](const ckpt::SchedulerField* x, const ckpt::SchedulerField* y) { return x->load_order < y->load_order; });
   ckpt::OptParamSchedulerState s = cls;
-  s.max_lr = check_and_set(cls.max_lr, sd.max_lr, "learning rate", "max_lr");
-  s.min_lr = check_and_set(cls.min_lr, sd.min_lr, "minimum learning rate", "min_lr");
-  s.lr_warmup_steps = check_and_set(cls.lr_warmup_steps, sd.lr_warmup_steps, "warmup iterations", "lr_warmup_steps");
-  s.lr_decay_steps = check_and_set(cls.lr_decay_steps, sd.lr_decay_steps, "total number of iterations", "lr_decay_steps");
-  s.lr_decay_style = check_and_set(cls.lr_decay_style, sd.lr_decay_style, "learning rate decay style", "lr_decay_style");
+  for (const ckpt::SchedulerField* f : compared)
+    std::visit(
+        [&](auto m) {
+          const auto& cls_value = cls.*m;
+          const auto& sd_value = sd.*m;
+          if (a.override_opt_param_scheduler) return;   // the class value
+          if (!a.use_checkpoint_opt_param_scheduler && !(cls_value == sd_value))
+            throw std::invalid_argument(where + ": opt_param_scheduler." + f->key +
+                                        ": OptimizerParamScheduler: class input value " + show(cls_value) +
+                                        " and checkpoint value " + show(sd_value) + " for " + f->name +
+                                        " do not match (resume with --use-checkpoint-opt_param-scheduler to take the "
+                                        "checkpoint's, or --override-opt_param-scheduler to take this run's)");
+          s.*m = sd_value;
+        },
+        f->member);
   s.num_steps = cls.num_steps + sd.num_steps;   // self.step(increment=num_steps)
-  s.start_wd = check_and_set(cls.start_wd, sd.start_wd, "start weight decay", "start_wd");
-  s.end_wd = check_and_set(cls.end_wd, sd.end_wd, "end weight decay", "end_wd");
-  s.wd_incr_steps = check_and_set(cls.wd_incr_steps, sd.wd_incr_steps, "total number of weight decay iterations", "wd_incr_steps");
-  s.wd_incr_style = check_and_set(cls.wd_incr_style, sd.wd_incr_style, "weight decay incr style", "wd_incr_style");
   return s;
 }
 

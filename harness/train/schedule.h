@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "harness/checkpoint/train_state.h"
-#include "harness/train/config.h"
 
 namespace rh {
+
+struct RunConfig;   // config.h, which validates with the style lists below: declared, not included
 
 // The scheduler's class values that upstream's state_dict does not hold (they always come from
 // the arguments of the run, never from the checkpoint), and the two load-time switches.

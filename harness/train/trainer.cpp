@@ -221,23 +221,17 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
                                                     st.rng_states.at("dropout").size()));
   out.emplace_back("state/consumed_samples", bytes_hash(&st.consumed_samples, sizeof(int64_t)));
   // The scheduler's state_dict, key by key, in upstream's order (a fault that breaks one is named).
-  const auto& sc = st.opt_param_scheduler;
-  auto num = [&](const char* k, const auto& v) {
-    out.emplace_back(std::string("state/opt_param_scheduler.") + k, bytes_hash(&v, sizeof v));
-  };
-  auto text = [&](const char* k, const std::string& v) {
-    out.emplace_back(std::string("state/opt_param_scheduler.") + k, bytes_hash(v.data(), v.size()));
-  };
-  num("max_lr", sc.max_lr);
-  num("lr_warmup_steps", sc.lr_warmup_steps);
-  num("num_steps", sc.num_steps);
-  text("lr_decay_style", sc.lr_decay_style);
-  num("lr_decay_steps", sc.lr_decay_steps);
-  num("min_lr", sc.min_lr);
-  num("start_wd", sc.start_wd);
-  num("end_wd", sc.end_wd);
-  text("wd_incr_style", sc.wd_incr_style);
-  num("wd_incr_steps", sc.wd_incr_steps);
+  for (const auto& f : ckpt::scheduler_fields())
+    std::visit(
+        [&](auto m) {
+          const auto& v = st.opt_param_scheduler.*m;
+          std::string key = std::string("state/opt_param_scheduler.") + f.key;
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+            out.emplace_back(std::move(key), bytes_hash(v.data(), v.size()));
+          else
+            out.emplace_back(std::move(key), bytes_hash(&v, sizeof v));
+        },
+        f.member);
   for (size_t g = 0; g < optimizer_->num_groups(); ++g) {
     const int64_t step = optimizer_->step_count(g);
     out.emplace_back("state/step." + optimizer_->group_name(g), bytes_hash(&step, sizeof step));

@@ -12,11 +12,8 @@ namespace fs = std::filesystem;
 namespace rh {
 namespace {
 
-std::string policy_key(const ckpt::SavePolicy& p) {
-  std::string k = ckpt::to_string(p.kind) + "|" + ckpt::to_string(p.compress);
-  for (const auto& [key, d] : p.overrides) k += "|" + key + "=" + optim::to_string(d);
-  return k;
-}
+// Two cells share a checkpoint when their policies print alike.
+std::string policy_key(const ckpt::SavePolicy& p) { return ckpt::to_json(p).dump(); }
 
 std::string run_key(const RunConfig& cfg, int64_t dp_size) {
   return to_json(cfg).dump() + "|dp=" + std::to_string(dp_size);
