@@ -119,6 +119,33 @@ TEST(RunConfig, OneSettingNamedTwiceOrMisspelledIsRefused) {
   }
 }
 
+// The field table reads a value whatever file it came from (SettingValue): an integer where a
+// number is wanted, the full unsigned range of a seed, a negative seed refused naming the place
+// the caller gave, an unknown section. Independent expectation: the values written by hand.
+TEST(RunConfig, SectionSettingsReadValuesOfAnyFileForm) {
+  rh::RunConfig cfg;
+  rh::SectionSettings train(cfg, "train", "t.toml:3");
+  train.set("train_iters", rh::SettingValue{int64_t{7}, "7"}, "t.toml:4");
+  train.set("lr", rh::SettingValue{int64_t{1}, "1"}, "t.toml:5");
+  train.set("seed", rh::SettingValue{uint64_t{18446744073709551615ull}, "18446744073709551615"}, "t.toml:6");
+  EXPECT_EQ(cfg.train.iterations, 7);
+  EXPECT_EQ(cfg.train.lr, 1.0);
+  EXPECT_EQ(cfg.train.seed, 18446744073709551615ull);
+  try {
+    rh::SectionSettings(cfg, "train", "t.toml:7").set("seed", rh::SettingValue{int64_t{-1}, "-1"}, "t.toml:8");
+    FAIL() << "accepted a negative seed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "t.toml:8: key 'train.seed': expected a non-negative integer, got -1");
+  }
+  try {
+    rh::SectionSettings(cfg, "trian", "t.toml:9");
+    FAIL() << "accepted an unknown section";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "t.toml:9: unknown section 'trian' (expected model, optimizer or train)");
+  }
+  EXPECT_EQ(cfg.train.seed, 18446744073709551615ull);
+}
+
 TEST(RunConfig, ValidateNamesTheField) {
   rh::RunConfig cfg;
   cfg.train.global_batch = 10;

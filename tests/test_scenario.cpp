@@ -153,6 +153,45 @@ TEST(Scenarios, FormatsRefusedExpectationAndMasterConversionKey) {
                rh::ScenarioError);
 }
 
+// A scenario's model/optimizer/train tables and axis keys take a setting's Megatron name (its
+// flag without dashes, '-' as '_') beside its key, as config.json does. Independent expectation:
+// the values written out by hand, and the same file with the keys.
+TEST(Scenarios, MegatronNamesInTablesPresetsAndAxisKeys) {
+  const std::string by_name =
+      "[defaults.train]\ntrain_iters = 12\nmicro_batch_size = 4\n"
+      "[[scenario]]\nname = \"a\"\nsave_at = 5\nmodel = { hidden_size = 48, moe_router_topk = 1 }\n"
+      "[scenario.optimizer]\nadam_beta2 = 0.9\nuse_precision_aware_optimizer = true\nexp_avg_dtype = \"bf16\"\n"
+      "[[matrix]]\nname = \"m\"\nsave_at = 3\n"
+      "[[matrix.axis]]\nname = \"lr\"\nkey = \"train.lr\"\nvalues = [0.5]\n"
+      "[[matrix.axis]]\nname = \"decay\"\nkey = \"train.lr_decay_iters\"\nvalues = [9]\n"
+      "[[matrix.axis]]\nname = \"width\"\nvalues = [\"w\"]\n"
+      "[matrix.axis.presets]\nw = { model = { hidden_size = 64, num_attention_heads = 4 } }\n";
+  std::string by_key = by_name;
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"train_iters", "iterations"}, {"micro_batch_size", "micro_batch"}, {"hidden_size", "d_model"},
+           {"moe_router_topk", "top_k"}, {"adam_beta2", "beta2"}, {"num_attention_heads", "n_heads"}})
+    for (size_t at; (at = by_key.find(from)) != std::string::npos;) by_key.replace(at, from.size(), to);
+  const auto named = rh::load_scenarios_text(by_name, "names.toml");
+  const auto keyed = rh::load_scenarios_text(by_key, "keys.toml");
+  ASSERT_EQ(named.size(), 2u);
+  ASSERT_EQ(keyed.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(rh::to_json(named[i].cfg), rh::to_json(keyed[i].cfg)) << named[i].name;
+  const auto& a = named[0].cfg;
+  EXPECT_EQ(a.train.iterations, 12);
+  EXPECT_EQ(a.train.micro_batch, 4);
+  EXPECT_EQ(a.model.d_model, 48);
+  EXPECT_EQ(a.model.top_k, 1);
+  EXPECT_EQ(a.optim.beta2, 0.9);
+  EXPECT_EQ(a.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
+  EXPECT_EQ(named[1].name, "m/lr=0.5,decay=9,width=w");
+  const auto& m = named[1].cfg;
+  EXPECT_EQ(m.train.lr, 0.5);
+  EXPECT_EQ(m.train.lr_decay_iters, 9);
+  EXPECT_EQ(m.model.d_model, 64);
+  EXPECT_EQ(m.model.n_heads, 4);
+  EXPECT_EQ(m.train.iterations, 12);   // from [defaults]
+}
+
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {
   auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   EXPECT_EQ(rh::select_scenarios(all, "seed-protocol").size(), 1u);
@@ -258,6 +297,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"heads_not_dividing", "[[scenario]]\nname = \"a\"\n[scenario.model]\nn_heads = 7\n", "n_heads", 1},
         BadFile{"threads_100000", "[[scenario]]\nname = \"a\"\n[scenario.train]\nthreads = 100000\n", "train.threads", 1},
         BadFile{"iterations_huge", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 999999999999\n", "train.iterations", 1},
+        // Run-config sections are read through the config's field table: a wrong type names the
+        // key and the value's own line, a Megatron-name typo gets a suggestion, and one setting
+        // given under its key and its Megatron name in one table is refused.
+        BadFile{"config_wrong_type", "[[scenario]]\nname = \"a\"\n[scenario.model]\n\nd_model = \"wide\"\n",
+                "key 'model.d_model': expected an integer in [1, 16384], got \"wide\"", 5},
+        BadFile{"config_float_for_integer", "[[scenario]]\nname = \"a\"\n[scenario.train]\nseed = 1\nmicro_batch_size = 2.0\n",
+                "key 'train.micro_batch': expected an integer in [-2^63, 2^63 - 1], got 2.0", 5},
+        BadFile{"config_megatron_typo", "[[scenario]]\nname = \"a\"\n[scenario.train]\ntrain_itres = 30\n",
+                "unknown key 'train.train_itres' (did you mean 'train_iters'?)", 4},
+        BadFile{"config_named_twice", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 30\ntrain_iters = 30\n",
+                "'train.iterations' and 'train.train_iters' name one setting", 5},
+        BadFile{"axis_config_wrong_type",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"optimizer.adam_beta1\"\nvalues = [\"high\"]\n",
+                "key 'optimizer.beta1': expected a number, got \"high\"", 6},
+        BadFile{"scenario_key_typo", "[[scenario]]\nname = \"a\"\nsave_polcy = \"native\"\n",
+                "save_polcy: unknown key (expected model, optimizer, train, description, save_at, save_policy", 3},
+        BadFile{"override_dtype_type", "[[scenario]]\nname = \"a\"\nsave_overrides = { exp_avg = 16 }\n",
+                "save_overrides.exp_avg: expected a string", 3},
         BadFile{"model_too_large", "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_model = 16384\nffn_hidden = 65536\nn_experts = 1024\n", "parameters", 1}),
     [](const auto& info) { return std::string(info.param.label); });
 

@@ -145,41 +145,46 @@ const std::vector<std::pair<std::string, int64_t>>& dim_caps() {
   return caps;
 }
 
-void field_from_json(const FieldPtr& p, const nlohmann::json& v, const std::string& where,
-                     const std::string& key) {
-  auto fail = [&](const char* expected) {
-    throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " +
-                                ckpt::quote_json(v));
+// Sets a field from a value a file gave, checked against the field's type; messages name `where`
+// and `key` ("section.key").
+void field_from_value(const FieldPtr& p, const SettingValue& v, const std::string& where,
+                      const std::string& key) {
+  auto fail = [&](const std::string& expected) {
+    throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " + v.shown);
   };
   std::visit(
       [&](auto* dst) {
         using T = std::remove_pointer_t<decltype(dst)>;
         if constexpr (std::is_same_v<T, bool>) {
-          if (!v.is_boolean()) fail("true or false");
-          *dst = v.get<bool>();
+          if (!std::holds_alternative<bool>(v.value)) fail("true or false");
+          *dst = std::get<bool>(v.value);
         } else if constexpr (std::is_same_v<T, int64_t>) {
-          // 2^64-1 parses as unsigned: get<int64_t>() would wrap it to -1 and the message show -1.
-          if (!v.is_number_integer() ||
-              (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+          // 2^64-1 (JSON) is its own alternative: read as int64 it would wrap to -1 and the message show -1.
+          if (!std::holds_alternative<int64_t>(v.value)) {
             for (const auto& [k, cap] : dim_caps())
-              if (k == key) fail(("an integer in [1, " + std::to_string(cap) + "]").c_str());
+              if (k == key) fail("an integer in [1, " + std::to_string(cap) + "]");
             fail("an integer in [-2^63, 2^63 - 1]");
           }
-          *dst = v.get<int64_t>();
+          *dst = std::get<int64_t>(v.value);
         } else if constexpr (std::is_same_v<T, uint64_t>) {
-          if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() &&
-                                         v.get<int64_t>() < 0))
-            fail("a non-negative integer");
-          *dst = v.get<uint64_t>();
+          if (const auto* u = std::get_if<uint64_t>(&v.value)) {
+            *dst = *u;
+          } else {
+            const auto* i = std::get_if<int64_t>(&v.value);
+            if (i == nullptr || *i < 0) fail("a non-negative integer");
+            *dst = static_cast<uint64_t>(*i);
+          }
         } else if constexpr (std::is_same_v<T, double>) {
-          if (!v.is_number()) fail("a number");
-          *dst = v.get<double>();
+          if (const auto* i = std::get_if<int64_t>(&v.value)) *dst = static_cast<double>(*i);
+          else if (const auto* u = std::get_if<uint64_t>(&v.value)) *dst = static_cast<double>(*u);
+          else if (const auto* d = std::get_if<double>(&v.value)) *dst = *d;
+          else fail("a number");
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!v.is_string()) fail("a string");
-          *dst = v.get<std::string>();
+          if (!std::holds_alternative<std::string>(v.value)) fail("a string");
+          *dst = std::get<std::string>(v.value);
         } else {
-          if (!v.is_string()) fail("a dtype string (fp32, bf16, fp16, fp8)");
-          *dst = optim::parse_dtype(v.get<std::string>(), where + ": key '" + key + "'");
+          if (!std::holds_alternative<std::string>(v.value)) fail("a dtype string (fp32, bf16, fp16, fp8)");
+          *dst = optim::parse_dtype(std::get<std::string>(v.value), where + ": key '" + key + "'");
         }
       },
       p);
@@ -311,29 +316,45 @@ const Field* find_field(const std::vector<Field>& fs, const std::string& section
   return nullptr;
 }
 
+SettingValue json_setting(const nlohmann::json& v) {
+  SettingValue s;
+  if (v.is_boolean()) s.value = v.get<bool>();
+  else if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) s.value = v.get<uint64_t>();
+  else if (v.is_number_integer()) s.value = v.get<int64_t>();
+  else if (v.is_number_float()) s.value = v.get<double>();
+  else if (v.is_string()) s.value = v.get<std::string>();
+  s.shown = ckpt::quote_json(v);
+  return s;
+}
+
+SectionSettings::SectionSettings(RunConfig& cfg, const std::string& section, const std::string& where)
+    : cfg_(cfg), section_(section) {
+  bool known_section = false;
+  for (const auto& f : fields(cfg)) known_section = known_section || section == f.section;
+  require(known_section, where + ": unknown section '" + section + "' (expected model, optimizer or train)");
+}
+
+void SectionSettings::set(const std::string& key, const SettingValue& value, const std::string& where) {
+  const auto fs = fields(cfg_);
+  const Field* hit = find_field(fs, section_, key);
+  if (hit == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& f : fs)
+      if (section_ == f.section) names.insert(names.end(), {f.key, megatron_name(f)});
+    require(false, where + ": unknown key '" + section_ + "." + key + "'" + did_you_mean(key, names));
+  }
+  const auto [first, fresh] = given_.emplace(hit->key, key);
+  require(fresh, where + ": '" + section_ + "." + first->second + "' and '" + section_ + "." + key +
+                     "' name one setting (" + hit->key + ", flag " + hit->flag + "): give it once");
+  field_from_value(hit->ptr, value, where, section_ + "." + hit->key);
+}
+
 void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where) {
   require(j.is_object(), where + ": expected a table of sections model/optimizer/train");
-  auto fs = fields(cfg);
   for (const auto& [section, body] : j.items()) {
-    bool known_section = false;
-    for (const auto& f : fs) known_section = known_section || section == f.section;
-    require(known_section, where + ": unknown section '" + section +
-                               "' (expected model, optimizer or train)");
+    SectionSettings settings(cfg, section, where);
     require(body.is_object(), where + ": section '" + section + "' must be a table");
-    std::map<const Field*, std::string> seen;   // one setting named twice (key and Megatron name)
-    for (const auto& [key, value] : body.items()) {
-      const Field* hit = find_field(fs, section, key);
-      if (hit == nullptr) {
-        std::vector<std::string> names;
-        for (const auto& f : fs)
-          if (section == f.section) names.insert(names.end(), {f.key, megatron_name(f)});
-        require(false, where + ": unknown key '" + section + "." + key + "'" + did_you_mean(key, names));
-      }
-      const auto [first, fresh] = seen.emplace(hit, key);
-      require(fresh, where + ": '" + section + "." + first->second + "' and '" + section + "." + key +
-                         "' name one setting (" + hit->key + ", flag " + hit->flag + "): give it once");
-      field_from_json(hit->ptr, value, where, section + "." + hit->key);
-    }
+    for (const auto& [key, value] : body.items()) settings.set(key, json_setting(value), where);
   }
 }
 
@@ -372,7 +393,7 @@ std::vector<ConfigChange> adopt_saved_config(
     if (!saved.contains(f.section) || !saved[f.section].is_object() || !saved[f.section].contains(f.key)) continue;
     const nlohmann::json& was = saved[f.section][f.key];
     if (!given(f.section, f.key, f.flag)) {
-      field_from_json(f.ptr, was, where, std::string(f.section) + "." + f.key);
+      field_from_value(f.ptr, json_setting(was), where, std::string(f.section) + "." + f.key);
       continue;
     }
     const nlohmann::json now = field_to_json(f.ptr);

@@ -1,15 +1,15 @@
 // The run configuration: model, optimizer and trainer settings, filled once at the edge (command
 // line, scenario TOML, checkpoint manifest) and passed down read-only. Every field is declared once
 // in config.cpp's field table, which drives the command-line flags, the JSON form (manifests) and
-// the TOML form (scenarios), so the three can never disagree.
+// the TOML form (scenarios, through SectionSettings), so the three can never disagree.
 #pragma once
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <vector>
-
-#include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "harness/optim/precision_adam.h"
@@ -74,6 +74,33 @@ RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where
 RunConfig load_run_config_file(const std::string& path, std::set<std::string>* keys_given = nullptr);
 // Applies the keys present in j (sections model/optimizer/train) on top of cfg.
 void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where);
+
+// One value a file gives for a setting, in the file's own form (a JSON config or manifest, a TOML
+// scenario) but without its parser's types: the field table checks it against the field's type.
+struct SettingValue {
+  // monostate: no scalar (an array, a table, a date, null); uint64_t: an integer above INT64_MAX
+  // (JSON only); every other integer is int64_t.
+  std::variant<std::monostate, bool, int64_t, uint64_t, double, std::string> value;
+  std::string shown;   // the value as a message quotes it ("got ...")
+};
+SettingValue json_setting(const nlohmann::json& v);
+
+// One section's settings (model, optimizer or train) as a file gives them, set key by key through
+// the field table: each by its key or its Megatron name (the flag without dashes, '-' as '_'), one
+// setting named twice (key and Megatron name) refused. Messages start with the `where` given.
+class SectionSettings {
+ public:
+  // Throws std::invalid_argument "<where>: unknown section ..." for a name other than the three.
+  SectionSettings(RunConfig& cfg, const std::string& section, const std::string& where);
+  // Throws std::invalid_argument "<where>: unknown key 'section.key'" (with the closest names),
+  // "<where>: key 'section.key': expected ..., got ..." or the setting named twice.
+  void set(const std::string& key, const SettingValue& value, const std::string& where);
+
+ private:
+  RunConfig& cfg_;
+  std::string section_;
+  std::map<std::string, std::string> given_;   // a field's key -> the name it was given under
+};
 
 // Registers one command-line flag per field on `app` (Megatron's names for the optimizer),
 // writing into cfg when parsed.

@@ -1,0 +1,216 @@
+// The settings of a scenario table, one table of keys; see scenario_settings.h.
+#include "harness/verify/scenario_settings.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include "harness/base/suggest.h"
+#include "harness/train/metrics.h"
+#include "harness/verify/outcome.h"
+#include "harness/verify/scenario_toml.h"
+
+namespace rh::scenario_file {
+namespace {
+
+// A model, optimizer or train table, key by key through the run config's field table (each key's
+// own line in its messages; a setting given under its key and its Megatron name is refused).
+void apply_config_section(RunConfig& cfg, const std::string& section, const toml::table& t, const std::string& file) {
+  try {
+    SectionSettings settings(cfg, section, where(file, t));
+    for (const auto& [k, v] : t) settings.set(std::string(k.str()), setting_value(v), where(file, v));
+  } catch (const ScenarioError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {   // the field table's messages start with file:line
+    throw ScenarioError(e.what());
+  }
+}
+
+// Merges a [trainer] table into the scenario's external trainer (creating it): scalars replace,
+// `args` appends (so [defaults], a matrix and each axis value can add arguments).
+void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
+  if (!s.trainer) {
+    s.trainer.emplace();
+    s.trainer->scenario_dir = std::filesystem::path(file).parent_path().string();
+  }
+  ExternalTrainer& x = *s.trainer;
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str()), full = "trainer." + key;
+    if (key == "command") x.command = need_strings(file, v, full);
+    else if (key == "resume_command") x.resume_command = need_strings(file, v, full);
+    else if (key == "args") for (auto& a : need_strings(file, v, full)) x.args.push_back(std::move(a));
+    else if (key == "cwd") x.cwd = need_string(file, v, full);
+    else if (key == "env") {
+      for (const auto& [ek, ev] : need_table(file, v, full)) {
+        const std::string name(ek.str());
+        if (name.empty() || name.find('=') != std::string::npos) fail(file, ev, full + "." + name, "not an environment variable name");
+        x.env.emplace_back(name, need_string(file, ev, full + "." + name));
+      }
+    } else if (key == "timeout_s") x.timeout_s = need_number(file, v, full);
+    else if (key == "output_cap_mb") {
+      const int64_t mb = need_int(file, v, full);
+      if (mb < 1 || mb > 65536) fail(file, v, full, "expected 1 to 65536");
+      x.output_cap_bytes = static_cast<uint64_t>(mb) << 20;
+    } else if (key == "determinism_runs") x.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, v, full), -1, 1000));
+    else if (key == "round_trip") x.round_trip = need_bool(file, v, full);
+    else if (key == "probe") x.probe = need_bool(file, v, full);
+    else if (key == "iterations") {
+      const int64_t n = need_int(file, v, full);
+      if (n < 2 || n > 1000000) fail(file, v, full, "expected 2 to 1000000");
+      s.cfg.train.iterations = n;
+    } else if (key == "metrics") {
+      for (const auto& [mk, mv] : need_table(file, v, full)) {
+        const std::string m(mk.str()), mfull = full + "." + m;
+        if (m == "stdout_regex") x.metrics.stdout_regex = need_string(file, mv, mfull), x.metrics.file.clear();
+        else if (m == "file") x.metrics.file = need_string(file, mv, mfull), x.metrics.stdout_regex.clear();
+        else if (m == "format") x.metrics.format = need_string(file, mv, mfull);
+        else fail(file, mv, mfull, "unknown key (expected stdout_regex, file, format)");
+      }
+    } else if (key == "checkpoint") {
+      for (const auto& [ck, cv] : need_table(file, v, full)) {
+        const std::string c(ck.str()), cfull = full + "." + c;
+        if (c == "path") x.checkpoint.path = need_string(file, cv, cfull);
+        else if (c == "format") x.checkpoint.format = need_string(file, cv, cfull);
+        else if (c == "trust_pickle") x.checkpoint.trust_pickle = need_bool(file, cv, cfull);
+        else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle)");
+      }
+    } else {
+      fail(file, v, full, "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
+                          "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
+    }
+  }
+}
+
+// tolerance = { lm_loss = { atol = 1e-3, rtol = 0.05 } }: replaces the scenario's tolerances.
+void apply_tolerance(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
+  s.expect.tolerances.clear();
+  for (const auto& [k, val] : need_table(file, v, key)) {
+    const std::string metric(k.str());
+    bool known = false;
+    for (const auto& m : metric_names()) known = known || m == metric;
+    if (!known) fail(file, val, key + "." + metric, "not a metric name (lm_loss, aux_loss, total_loss, grad_norm, lr, num_zeros)");
+    Tolerance tol;
+    for (const auto& [tk, tv] : need_table(file, val, key + "." + metric)) {
+      const std::string full = key + "." + metric + "." + std::string(tk.str());
+      double* dst = tk.str() == "atol" ? &tol.atol : tk.str() == "rtol" ? &tol.rtol : nullptr;
+      if (!dst) fail(file, tv, full, "expected atol or rtol");
+      *dst = need_number(file, tv, full);
+      // inf would let any difference (a deliberate fault) pass; NaN compares false.
+      if (!std::isfinite(*dst) || *dst < 0) fail(file, tv, full, "expected a finite number >= 0");
+    }
+    s.expect.tolerances[metric] = tol;
+  }
+}
+
+Expectation::Kind parse_expectation(const std::string& file, const toml::node& v, const std::string& key) {
+  const std::string e = need_string(file, v, key);
+  for (auto k : {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused})
+    if (e == to_string(k)) return k;
+  fail(file, v, key, "expected exact, tolerance, diverge or refused, got '" + e + "'");
+}
+
+// The scenario's keys, each once: the order is the one the unknown-key message lists.
+struct ScenarioKey {
+  const char* key;
+  void (*apply)(Scenario& s, const std::string& key, const toml::node& v, const std::string& file);
+};
+
+void apply_config_key(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
+  apply_config_section(s.cfg, key, need_table(file, v, key), file);
+}
+
+const std::vector<ScenarioKey>& scenario_keys() {
+  using N = const toml::node&;
+  using F = const std::string&;
+  static const std::vector<ScenarioKey> keys = {
+      {"model", apply_config_key},
+      {"optimizer", apply_config_key},
+      {"train", apply_config_key},
+      {"description", [](Scenario& s, F key, N v, F file) { s.description = need_string(file, v, key); }},
+      {"save_at", [](Scenario& s, F key, N v, F file) { s.save_at = need_int(file, v, key); }},
+      // The save policy's text forms are checkpoint/policy.h's.
+      {"save_policy", [](Scenario& s, F key, N v, F file) { s.policy.kind = ckpt::parse_save_policy(need_string(file, v, key)); }},
+      {"compress", [](Scenario& s, F key, N v, F file) { s.policy.compress = ckpt::parse_compression(need_string(file, v, key)); }},
+      {"save_overrides",
+       [](Scenario& s, F key, N v, F file) {
+         for (const auto& [k, val] : need_table(file, v, key)) {
+           const std::string sub(k.str());
+           if (sub != "master_param" && sub != "exp_avg" && sub != "exp_avg_sq")
+             fail(file, val, key + "." + sub, "expected one of master_param, exp_avg, exp_avg_sq");
+           s.policy.overrides[sub] = optim::parse_dtype(need_string(file, val, key + "." + sub), key + "." + sub);
+         }
+       }},
+      {"fault", [](Scenario& s, F key, N v, F file) { s.fault = parse_fault(need_string(file, v, key)); }},
+      {"dp_size", [](Scenario& s, F key, N v, F file) { s.dp_size = need_int(file, v, key); }},
+      {"resume_dp_size", [](Scenario& s, F key, N v, F file) { s.resume_dp_size = need_int(file, v, key); }},
+      {"allow_lossy", [](Scenario& s, F key, N v, F file) { s.allow_lossy = need_bool(file, v, key); }},
+      {"exact_master_conversion",
+       [](Scenario& s, F key, N v, F file) { s.exact_master_conversion = need_bool(file, v, key); }},
+      {"expect", [](Scenario& s, F key, N v, F file) { s.expect.kind = parse_expectation(file, v, key); }},
+      {"reason", [](Scenario& s, F key, N v, F file) { s.expect.reason = need_string(file, v, key); }},
+      {"tolerance", apply_tolerance},
+      {"trainer", [](Scenario& s, F key, N v, F file) { apply_trainer(s, need_table(file, v, key), file); }},
+      {"expect_diagnosis",
+       [](Scenario& s, F key, N v, F file) {
+         s.expect_diagnosis = need_string(file, v, key);
+         if (!is_diagnosis_code(s.expect_diagnosis))
+           fail(file, v, key, "expected one of " + diagnosis_codes() + ", got '" + s.expect_diagnosis + "'");
+       }},
+      {"expect_first_divergence",
+       [](Scenario& s, F key, N v, F file) { s.expect_first_divergence = need_string(file, v, key); }},
+  };
+  return keys;
+}
+
+}  // namespace
+
+void apply_setting(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
+  const auto& keys = scenario_keys();
+  const auto hit = std::find_if(keys.begin(), keys.end(), [&](const ScenarioKey& k) { return key == k.key; });
+  if (hit == keys.end()) {
+    std::vector<std::string> names;
+    std::string list;
+    for (const auto& k : keys) names.push_back(k.key), list += (list.empty() ? "" : ", ") + std::string(k.key);
+    fail(file, v, key, "unknown key (expected " + list + ")" + did_you_mean(key, names));
+  }
+  try {
+    hit->apply(s, key, v, file);
+  } catch (const ScenarioError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {   // the save policy's, a fault's or a dtype's parser
+    throw ScenarioError(where(file, v) + ": " + key + ": " + e.what());
+  }
+}
+
+void apply_settings(Scenario& s, const toml::table& t, const std::string& file, const std::set<std::string>& skip) {
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str());
+    if (!skip.count(key)) apply_setting(s, key, v, file);
+  }
+}
+
+void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, const std::string& file) {
+  const auto dot = dotted.find('.');
+  if (dot == std::string::npos) return apply_setting(s, dotted, v, file);
+  const std::string section = dotted.substr(0, dot);
+  if (dotted == "trainer.args") {
+    // One axis value, split at spaces, is appended to the trainer's arguments.
+    toml::table t;
+    toml::array a;
+    std::istringstream words(need_string(file, v, dotted));
+    for (std::string w; words >> w;) a.push_back(w);
+    t.insert("args", std::move(a));
+    return apply_trainer(s, t, file);
+  }
+  if (section != "model" && section != "optimizer" && section != "train")
+    fail(file, v, dotted, "axis key must be a scenario key, trainer.args or model./optimizer./train.<field>");
+  try {
+    SectionSettings(s.cfg, section, where(file, v)).set(dotted.substr(dot + 1), setting_value(v), where(file, v));
+  } catch (const std::invalid_argument& e) {
+    throw ScenarioError(e.what());
+  }
+}
+
+}  // namespace rh::scenario_file
