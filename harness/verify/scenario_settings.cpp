@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harness/base/suggest.h"
+#include "harness/checkpoint/save_policy.h"
 #include "harness/train/metrics.h"
 #include "harness/verify/outcome.h"
 #include "harness/verify/scenario_toml.h"
@@ -130,16 +131,18 @@ const std::vector<ScenarioKey>& scenario_keys() {
       {"train", apply_config_key},
       {"description", [](Scenario& s, F key, N v, F file) { s.description = need_string(file, v, key); }},
       {"save_at", [](Scenario& s, F key, N v, F file) { s.save_at = need_int(file, v, key); }},
-      // The save policy's text forms are checkpoint/policy.h's.
+      // The save policy's text forms are checkpoint/save_policy.h's.
       {"save_policy", [](Scenario& s, F key, N v, F file) { s.policy.kind = ckpt::parse_save_policy(need_string(file, v, key)); }},
       {"compress", [](Scenario& s, F key, N v, F file) { s.policy.compress = ckpt::parse_compression(need_string(file, v, key)); }},
       {"save_overrides",
        [](Scenario& s, F key, N v, F file) {
          for (const auto& [k, val] : need_table(file, v, key)) {
-           const std::string sub(k.str());
-           if (sub != "master_param" && sub != "exp_avg" && sub != "exp_avg_sq")
-             fail(file, val, key + "." + sub, "expected one of master_param, exp_avg, exp_avg_sq");
-           s.policy.overrides[sub] = optim::parse_dtype(need_string(file, val, key + "." + sub), key + "." + sub);
+           const std::string sub(k.str()), dtype = need_string(file, val, key + "." + sub);
+           try {   // the key and dtype checks are the save policy's own (checkpoint/save_policy.h)
+             ckpt::set_override(s.policy, sub, dtype, key + "." + sub);
+           } catch (const std::invalid_argument& e) {
+             throw ScenarioError(where(file, val) + ": " + e.what());
+           }
          }
        }},
       {"fault", [](Scenario& s, F key, N v, F file) { s.fault = parse_fault(need_string(file, v, key)); }},
