@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The CI's sanitizer step: builds the checkpoint room (safetensors and manifest parsers, save, load,
-# publish) and the parser and checkpoint tests tests/CMakeLists.txt lists in RH_SANITIZER_TESTS
+# The CI's sanitizer step: builds the base and checkpoint rooms (safetensors and manifest parsers,
+# save, load, publish; RH_SANITIZE_ROOMS in CMakeLists.txt) and the parser and checkpoint tests tests/CMakeLists.txt lists in RH_SANITIZER_TESTS
 # (label `sanitize`: test_safetensors, test_checkpoint_hostile, test_checkpoint_corruption,
 # test_checkpoint_fuzz_corpus, test_checkpoint_compress, test_checkpoint_conformance: every hostile
 # input, damaged file, compressed block table and corpus file) with ASan + UBSan (gcc), and runs
 # them through CTest. RH_SANITIZE_ALL=1 takes every checkpoint test (round trips, crash points,
-# data parallel, the Python reader too: about twice the time). The rooms below checkpoint (base,
-# models, optim) are linked uninstrumented from the release build's librh_core.a
+# data parallel, the Python reader too: about twice the time). The base room is instrumented too;
+# models and optim are linked uninstrumented from the release build's librh_core.a
 # (RH_SANITIZE_REUSE), so only the code under test is compiled twice.
 # UBSan stops at the first report; leak detection is off because LibTorch never frees its start-up
 # allocations (tests/sanitizer_options.cpp); nothing of ours is suppressed.
