@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "harness/dist/process.h"
-#include "reports/data_files.h"
+#include "harness/base/data_files.h"
 #include "reports/report_writer.h"
 #include "reports/tables.h"
 

@@ -4,7 +4,7 @@
 // the `fp32` policy writes the decoded values (code * decode multiplier); loading re-applies
 // storage (set_scaled_state): amax' = the decoded amax, scale', scale_inv', codes'.
 // `roundtrip` reports what changed for one amax and a probe set of codes. Shared by
-// bench/bench_scale_roundtrip.cpp (every amax in [1, 2)) and tests/test_te_numerics.cpp (a
+// bench/bench_scale_roundtrip.cpp (every amax in [1, 2)) and tests/optim/test_te_numerics.cpp (a
 // strided subset, against numpy's independent computation).
 #pragma once
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "harness/dist/process.h"
-#include "reports/data_files.h"
+#include "harness/base/data_files.h"
 
 namespace fs = std::filesystem;
 

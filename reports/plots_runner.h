@@ -1,7 +1,7 @@
 // Drawing the report's PNG plots: writes the plot inputs (plots/index.csv, plots/storage.csv,
 // derived from the same parsed values as the tables) and runs reports/plots.py, which reads only
 // CSVs. The interpreter is $RH_PYTHON (default /usr/bin/python3, which has Debian's matplotlib),
-// the script $RH_PLOTS_SCRIPT (default reports/plots.py in the data directory, reports/data_files.h). Plotting never fails the
+// the script $RH_PLOTS_SCRIPT (default reports/plots.py in the data directory, harness/base/data_files.h). Plotting never fails the
 // report: a missing interpreter or matplotlib gives a clear message and the tables are written.
 #pragma once
 #include <string>

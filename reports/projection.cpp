@@ -8,7 +8,7 @@
 #include <map>
 
 #include "harness/checkpoint/json_guard.h"
-#include "reports/data_files.h"
+#include "harness/base/data_files.h"
 #include "reports/run_data.h"
 
 namespace rh::report {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent computation of Megatron's distributed-optimizer buffer layout, for
-tests/test_optim_shard_layout.cpp (which compares ShardLayout with this file's output).
+tests/optim/test_optim_shard_layout.cpp (which compares ShardLayout with this file's output).
 
   megatron_layout_reference.py OUT.json
 

@@ -76,7 +76,7 @@ def main():
             n32 = f32(n)
             out["clip"].append({"norm_bits": bits32(n32), "max_norm": max_norm,
                                 "coeff_bits": bits32(clip_coeff(n32, max_norm))})
-    # The logits of tests/test_model_moe.cpp's hand-computed case, and a wider one.
+    # The logits of tests/models/test_model_moe.cpp's hand-computed case, and a wider one.
     cases = {
         "hand": [[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0], [0.0, 1.0, -2.0, 3.0]],
         "wide": [[0.25 * ((7 * i + 3 * j) % 11) - 1.5 for j in range(8)] for i in range(5)],

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent numpy prediction of what a save + load through an fp32 container does to a low-
-precision optimizer state, for tests/test_checkpoint_roundtrip.cpp (RoundTrip.*), which compares
+precision optimizer state, for tests/checkpoint/test_checkpoint_roundtrip.cpp (RoundTrip.*), which compares
 the states the harness restores with this file's output. Nothing here calls the harness.
 
   roundtrip_reference.py IN.json OUT.json

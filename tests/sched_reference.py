@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent Python computation of Megatron's OptimizerParamScheduler values, for
-tests/test_schedule.cpp (which compares the harness's values with this file's output bit for bit).
+tests/train/test_schedule.cpp (which compares the harness's values with this file's output bit for bit).
 
   sched_reference.py OUT.json
 

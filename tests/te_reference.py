@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent numpy computation of TransformerEngine FusedAdam's scalar rules, for
-tests/test_te_numerics.cpp (which compares the harness's values with this file's output).
+tests/optim/test_te_numerics.cpp (which compares the harness's values with this file's output).
 
   te_reference.py OUT.json
 

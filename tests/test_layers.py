@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layers of the code, checked: a room includes only rooms below it (or itself), models/
-includes nothing of harness/, and reports/ (which links no LibTorch) includes only LibTorch-free
-headers. The order is docs/layout.md's table and CMakeLists.txt's room list.
+includes nothing of harness/, and a plain room (reports/, which links no LibTorch) includes only
+LibTorch-free headers. The order is CMakeLists.txt's room list (RH_ROOMS, read here), which the
+build states as links; docs/layout.md's table lists the same rooms in the same order.
 
   python3 tests/test_layers.py [TOOL]     (the tool argument CTest passes is ignored)
 
@@ -12,10 +13,19 @@ import sys
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Bottom to top. A file in a room may include its own room and any room listed before it.
-ROOMS = ["harness/base", "models", "harness/optim", "harness/checkpoint", "harness/dist", "harness/train",
-         "harness/verify", "reports", "harness/cli"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def cmake_rooms():
+    """CMakeLists.txt's RH_ROOMS (name:folder[:plain], bottom to top): the folders, the plain ones."""
+    with open(os.path.join(ROOT, "CMakeLists.txt"), encoding="utf-8") as f:
+        m = re.search(r"^set\(RH_ROOMS\s([^)]*)\)", f.read(), re.M)
+    entries = [e.split(":") for e in m.group(1).split()]
+    return [e[1] for e in entries], {e[1] for e in entries if "plain" in e[2:]}
+
+
+# Bottom to top. A file in a room may include its own room and any room listed before it.
+ROOMS, PLAIN = cmake_rooms()
 
 
 def room_of(path):
@@ -71,8 +81,8 @@ def violations():
                 continue
             if ROOMS.index(target) > mine:
                 out.append(f"{src}:{n}: {inc} ({target}) is above {room_of(src)}")
-            if room_of(src) == "reports" and target != "reports" and torch_headers(inc):
-                out.append(f"{src}:{n}: {inc} pulls in LibTorch, which the reports room does not link")
+            if room_of(src) in PLAIN and target != room_of(src) and torch_headers(inc):
+                out.append(f"{src}:{n}: {inc} pulls in LibTorch, which the {room_of(src)} room does not link")
     return out
 
 
@@ -83,6 +93,12 @@ class Layers(unittest.TestCase):
     def test_every_source_file_is_in_a_room(self):
         loose = [f for f in os.listdir(os.path.join(ROOT, "harness")) if f.endswith((".h", ".cpp"))]
         self.assertEqual(loose, [], "harness/ holds rooms only")
+
+    def test_the_room_list_is_docs_layout_table(self):
+        with open(os.path.join(ROOT, "docs", "layout.md"), encoding="utf-8") as f:
+            table = re.findall(r"^\| `([^`]+)/` \|", f.read(), re.M)
+        self.assertEqual([r for r in table if r in ROOMS], ROOMS)
+        self.assertTrue({"harness/base", "reports"} <= PLAIN, "base and reports link no LibTorch")
 
     def test_the_check_catches_an_upward_include(self):
         # Negative control: a models/ file including the checkpoint room must be reported.

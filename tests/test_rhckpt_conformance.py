@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The conformance corpus (tests/conformance) against python/rhckpt: every case gets the
 verdict the corpus names (exit 0, 1 or 2 of `python3 -m rhckpt`, and a message holding the expected
-substring), on one line without a traceback. tests/test_checkpoint_conformance.cpp holds the tool's
+substring), on one line without a traceback. tests/checkpoint/test_checkpoint_conformance.cpp holds the tool's
 own reader to the same table, so the two readers cannot drift apart. The zstd bomb is also held to
 a memory bound: it must be refused before anything is decoded.
 

@@ -27,7 +27,7 @@
 #include "harness/verify/matrix.h"
 #include "harness/verify/merge.h"
 #include "harness/base/suggest.h"
-#include "reports/data_files.h"
+#include "harness/base/data_files.h"
 #include "reports/report.h"
 
 namespace rh {

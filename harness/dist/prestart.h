@@ -4,7 +4,7 @@
 // tool's entry function with its argv, instead of a fork + exec of the executable: it skips loading
 // and initialising LibTorch again (measured in docs/running.md, "Pre-started worker"). The isolation of an
 // exec'ed child stays: the worker holds no state of the baselines trained after it started, and
-// tests/test_prestart.cpp checks that state set in the parent later does not reach a child.
+// tests/dist/test_prestart.cpp checks that state set in the parent later does not reach a child.
 // Children are started with a double fork and adopted by this process (PR_SET_CHILD_SUBREAPER), so
 // the one wait loop of process.cpp waits for them like any other child.
 #pragma once

@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <mutex>
 
+#include "harness/base/data_files.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/checkpoint/safetensors.h"
@@ -736,19 +737,11 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
 
 std::string python_package_dir() {
   if (const char* e = std::getenv("RH_PYTHON_DIR"); e && *e) return e;
-  fs::path dir;
-  try {
-    dir = fs::path(self_executable()).parent_path();
-  } catch (const std::runtime_error&) {
-    return "";
-  }
+  // Beside the tool with its other data files, in a build tree as in an install.
+  const std::string data = data_dir();
   std::error_code ec;
-  // The tool in a build tree (build/), an install (bin/ beside share/), or any binary of this
-  // source tree (the benchmarks and tests).
-  for (const fs::path& c : {dir.parent_path() / "python", dir.parent_path() / "share" / "resume-harness" / "python",
-                            fs::path(RH_SOURCE_DIR) / "python"})
-    if (fs::is_directory(c / "rhckpt", ec)) return c.lexically_normal().string();
-  return "";
+  if (data.empty() || !fs::is_directory(fs::path(data) / "python" / "rhckpt", ec)) return "";
+  return (fs::path(data) / "python").string();
 }
 
 std::string python_interpreter() {

@@ -24,9 +24,9 @@ namespace rh {
 // throws for a trainer's failure (an "error" outcome naming the run and its stderr's tail).
 CheckResult check_external_cell(const Scenario& s, const CheckOptions& opts);
 
-// Where python/rhckpt lives: $RH_PYTHON_DIR, else <tool dir>/../python (a build tree), else
-// <tool dir>/../share/resume-harness/python (an install), else this source tree's python/; ""
-// if none has rhckpt/.
+// Where python/rhckpt lives: $RH_PYTHON_DIR, else python/ in the tool's data directory
+// (harness/base/data_files.h: build/share/resume-harness in a build tree, <prefix>/share/resume-harness
+// in an install); "" if it has no rhckpt/.
 std::string python_package_dir();
 // The Python interpreter for the bridge: $RH_PYTHON, else /usr/bin/python3 (Debian's, with torch).
 std::string python_interpreter();

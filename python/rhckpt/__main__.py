@@ -5,7 +5,7 @@
                                           the same, refusing (before decoding) checkpoints whose
                                           compressed files would decode to more than BYTES
     python3 -m rhckpt --expect FILE.json  compare every tensor with values the tool reported
-                                          (tests/test_checkpoint_python.cpp writes FILE.json)
+                                          (tests/checkpoint/test_checkpoint_python.cpp writes FILE.json)
 
 Exit status as `resume-harness inspect`: 0 intact (and matching), 1 damaged or different, 2 bad input.
 Every refusal is one line on stderr naming the file and the field or tensor, never a traceback; an

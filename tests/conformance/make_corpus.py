@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The checkpoint conformance corpus: hostile checkpoints with the verdict each
-must get from BOTH readers, `resume-harness inspect` (tests/test_checkpoint_conformance.cpp) and
+must get from BOTH readers, `resume-harness inspect` (tests/checkpoint/test_checkpoint_conformance.cpp) and
 `python3 -m rhckpt` (tests/test_rhckpt_conformance.py), so that the two can never drift apart.
 The rules the cases exercise are listed in docs/checkpoint-format.md; each case names its rule.
 

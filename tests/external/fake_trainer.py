@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A stand-in trainer for tests/test_external.cpp: standard library only (starts in ~30 ms), a
+"""A stand-in trainer for tests/verify/test_external.cpp: standard library only (starts in ~30 ms), a
 deterministic "training" of one float64 vector driven by a random.Random stream, checkpoints as
 hand-written safetensors files. Switches make it misbehave the ways the external check must
 handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log.

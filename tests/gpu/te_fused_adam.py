@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TransformerEngine's FusedAdam on a GPU, for tests/test_optim_te_gpu.cpp.
+"""TransformerEngine's FusedAdam on a GPU, for tests/optim/test_optim_te_gpu.cpp.
 
 Reads IN_DIR/case.json and the raw little-endian arrays it names (written by the C++ test), runs
 `transformer_engine.pytorch.optimizers.FusedAdam` as Megatron's precision-aware distributed

@@ -354,17 +354,17 @@ namespace cli {
 
 namespace fs = std::filesystem;
 
-const std::string kScheduleTinyFlags =
-    " --vocab-size 32 --seq-length 16 --hidden-size 32 --num-layers 1 --num-attention-heads 2"
-    " --moe-ffn-hidden-size 32 --train-iters 6 --global-batch-size 4 --micro-batch-size 2"
-    " --lr-decay-iters 6 --quiet";   // the default decay style: cosine
+const std::vector<std::string> kScheduleTinyFlags = {
+    "train", "--vocab-size", "32", "--seq-length", "16", "--hidden-size", "32", "--num-layers", "1",
+    "--num-attention-heads", "2", "--moe-ffn-hidden-size", "32", "--train-iters", "6", "--global-batch-size", "4",
+    "--micro-batch-size", "2", "--lr-decay-iters", "6", "--quiet"};   // the default decay style: cosine
 
-int tool(const std::string& args, const fs::path& log) {
-  const std::string cmd = std::string(RH_TOOL) + " train" + args + " > " + log.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+// `train` with the tiny flags and `more`, its output in log; the exit code.
+int tool(std::vector<std::string> more, const fs::path& log) {
+  std::vector<std::string> argv = rh::testutil::tool_argv(kScheduleTinyFlags);
+  argv.insert(argv.end(), more.begin(), more.end());
+  return rh::testutil::run_logged(argv, log).code;
 }
-
 
 // The lr_hex column of iterations from..6 in a metrics.csv.
 std::vector<std::string> lrs(const fs::path& metrics, int from) {
@@ -393,25 +393,31 @@ TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideW
   const fs::path d = fs::temp_directory_path() / ("rh_sched_cli_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  ASSERT_EQ(tool(kScheduleTinyFlags + " --out " + (d / "full").string(), d / "full.log"), 0) << slurp(d / "full.log");
-  ASSERT_EQ(tool(kScheduleTinyFlags + " --stop-at 3 --save " + (d / "ck").string() + " --out " + (d / "a").string(), d / "a.log"), 0)
+  ASSERT_EQ(tool({"--out", (d / "full").string()}, d / "full.log"), 0) << slurp(d / "full.log");
+  ASSERT_EQ(tool({"--stop-at", "3", "--save", (d / "ck").string(), "--out", (d / "a").string()}, d / "a.log"), 0)
       << slurp(d / "a.log");
-  const std::string resume = kScheduleTinyFlags + " --load " + (d / "ck").string() + " --lr-decay-style linear";
-  EXPECT_EQ(tool(resume + " --out " + (d / "refused").string(), d / "refused.log"), 2);
+  const std::vector<std::string> resume = {"--load", (d / "ck").string(), "--lr-decay-style", "linear"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), resume.begin(), resume.end());
+    return more;
+  };
+  EXPECT_EQ(tool(with({"--out", (d / "refused").string()}), d / "refused.log"), 2);
   EXPECT_NE(slurp(d / "refused.log").find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
                                            "value linear and checkpoint value cosine"),
             std::string::npos)
       << slurp(d / "refused.log");
-  ASSERT_EQ(tool(resume + " --use-checkpoint-opt_param-scheduler --out " + (d / "ckpt").string(), d / "ckpt.log"), 0)
+  ASSERT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--out", (d / "ckpt").string()}), d / "ckpt.log"), 0)
       << slurp(d / "ckpt.log");
-  ASSERT_EQ(tool(resume + " --override-opt_param-scheduler --out " + (d / "over").string(), d / "over.log"), 0)
+  ASSERT_EQ(tool(with({"--override-opt_param-scheduler", "--out", (d / "over").string()}), d / "over.log"), 0)
       << slurp(d / "over.log");
   const auto full = lrs(d / "full" / "metrics.csv", 4);
   ASSERT_EQ(full.size(), 3u);
   EXPECT_EQ(lrs(d / "ckpt" / "metrics.csv", 4), full);   // the checkpoint's cosine
   EXPECT_NE(lrs(d / "over" / "metrics.csv", 4), full);   // this run's linear
-  EXPECT_EQ(tool(resume + " --use-checkpoint-opt_param-scheduler --override-opt_param-scheduler --out " +
-                     (d / "both").string(), d / "both.log"), 2);
+  EXPECT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler", "--out",
+                       (d / "both").string()}),
+                 d / "both.log"),
+            2);
   EXPECT_NE(slurp(d / "both.log").find("both override and use-checkpoint are set."), std::string::npos)
       << slurp(d / "both.log");
   fs::remove_all(d);

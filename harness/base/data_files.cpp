@@ -1,4 +1,4 @@
-#include "reports/data_files.h"
+#include "harness/base/data_files.h"
 
 #include <unistd.h>
 

@@ -2,9 +2,8 @@
 // did not create. Each test plants a link at one place below a temporary run (or --out, or
 // golden) directory, pointing at a directory or file outside it, runs the tool or the library
 // function, and asserts the refusal (exit 2 naming the path) and that the outside target is byte
-// for byte what it was. Not covered here: the checkpoint root (tests/test_checkpoint_hostile.cpp).
+// for byte what it was. Not covered here: the checkpoint root (tests/checkpoint/test_checkpoint_hostile.cpp).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -14,11 +13,13 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "harness/base/no_follow.h"
 #include "harness/base/text.h"
 #include "harness/verify/check.h"
 #include "harness/verify/golden.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -65,21 +66,9 @@ struct Sandbox {
   }
 };
 
-struct ShellRun {
-  int exit_code = -1;
-  std::string output;
-};
-
-ShellRun run_tool(const std::string& args, const fs::path& out_file) {
-  const std::string cmd = "RH_NO_PRESTART=1 " + std::string(RH_TOOL) + " " + args + " > " + out_file.string() + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  ShellRun r;
-  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  std::ifstream f(out_file);
-  std::ostringstream s;
-  s << f.rdbuf();
-  r.output = s.str();
-  return r;
+// The tool with `args`, without the pre-started worker, its output in out_file.
+rh::testutil::ToolRun tool_no_prestart(const std::vector<std::string>& args, const fs::path& out_file) {
+  return rh::testutil::run_logged(rh::testutil::tool_argv(args), out_file, 600, {{"RH_NO_PRESTART", "1"}});
 }
 
 std::string refusal(const fs::path& p) { return p.string() + " is a symbolic link; refusing to write or delete through it"; }
@@ -105,12 +94,15 @@ TEST_P(MatrixSymlink, RefusedWithExit2AndOutsideUntouched) {
   std::ofstream(sb.root / "one.toml") << "[[scenario]]\nname = \"cell\"\n";
   sb.plant(sb.run, GetParam().below, GetParam().to_dir);
   const auto before = sb.outside();
-  for (const std::string& sub : {"matrix " + (sb.root / "one.toml").string(),
-                                 "check --file " + (sb.root / "one.toml").string() + " cell"}) {
-    const auto r = run_tool(sub + " --run-dir " + sb.run.string(), sb.root / "out.txt");
-    EXPECT_EQ(r.exit_code, 2) << sub << "\n" << r.output;
-    EXPECT_NE(r.output.find(refusal(sb.run / GetParam().below)), std::string::npos) << sub << "\n" << r.output;
-    EXPECT_EQ(sb.outside(), before) << sub;
+  for (const std::vector<std::string>& sub : {std::vector<std::string>{"matrix", (sb.root / "one.toml").string()},
+                                              std::vector<std::string>{"check", "--file", (sb.root / "one.toml").string(),
+                                                                       "cell"}}) {
+    std::vector<std::string> args = sub;
+    args.insert(args.end(), {"--run-dir", sb.run.string()});
+    const auto r = tool_no_prestart(args, sb.root / "out.txt");
+    EXPECT_EQ(r.code, 2) << sub[0] << "\n" << r.log;
+    EXPECT_NE(r.log.find(refusal(sb.run / GetParam().below)), std::string::npos) << sub[0] << "\n" << r.log;
+    EXPECT_EQ(sb.outside(), before) << sub[0];
     EXPECT_TRUE(fs::is_symlink(sb.run / GetParam().below)) << "the planted link itself is left alone";
   }
 }
@@ -130,9 +122,9 @@ TEST_P(ReportSymlink, RefusedWithExit2AndOutsideUntouched) {
   Sandbox sb("report_" + place_name(testing::TestParamInfo<Place>(GetParam(), 0)));
   sb.plant(sb.run, GetParam().below, GetParam().to_dir);
   const auto before = sb.outside();
-  const auto r = run_tool("report " + sb.run.string(), sb.root / "out.txt");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(refusal(sb.run / GetParam().below)), std::string::npos) << r.output;
+  const auto r = tool_no_prestart({"report", sb.run.string()}, sb.root / "out.txt");
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_NE(r.log.find(refusal(sb.run / GetParam().below)), std::string::npos) << r.log;
   EXPECT_EQ(sb.outside(), before);
 }
 
@@ -150,9 +142,10 @@ TEST_P(TrainOutSymlink, RefusedWithExit2AndOutsideUntouched) {
   Sandbox sb("train_" + place_name(testing::TestParamInfo<Place>(GetParam(), 0)));
   sb.plant(sb.run, GetParam().below, GetParam().to_dir);
   const auto before = sb.outside();
-  const auto r = run_tool("train --quiet --train-iters 2 --dump-states --out " + sb.run.string(), sb.root / "out.txt");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(refusal(sb.run / GetParam().below)), std::string::npos) << r.output;
+  const auto r = tool_no_prestart({"train", "--quiet", "--train-iters", "2", "--dump-states", "--out", sb.run.string()},
+                                  sb.root / "out.txt");
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_NE(r.log.find(refusal(sb.run / GetParam().below)), std::string::npos) << r.log;
   EXPECT_EQ(sb.outside(), before);
 }
 

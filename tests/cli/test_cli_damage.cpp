@@ -3,8 +3,8 @@
 // one error line naming the file; a valid checkpoint the run refuses (another model) is bad input,
 // exit 2, and so is a path that holds no checkpoint at all. `inspect --json` says the same as one
 // JSON object, with the listing's values. Not for the rule-by-rule verdicts of
-// the readers (tests/test_checkpoint_conformance.cpp) or what a refused load leaves untouched
-// (tests/test_checkpoint_corruption.cpp).
+// the readers (tests/checkpoint/test_checkpoint_conformance.cpp) or what a refused load leaves untouched
+// (tests/checkpoint/test_checkpoint_corruption.cpp).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -32,12 +32,9 @@ using rh::testutil::ToolRun;
 using rh::testutil::run_tool;
 using rh::testutil::slurp;
 
-// stdout and stderr into two files; the exit code. Paths here hold no quote.
+// stdout and stderr into two files; the exit code.
 int run_split(const std::vector<std::string>& args, const fs::path& out, const fs::path& err) {
-  std::string cmd = RH_TOOL;
-  for (const auto& a : args) cmd += " '" + a + "'";
-  const int st = std::system((cmd + " > '" + out.string() + "' 2> '" + err.string() + "'").c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return rh::testutil::run_tool_split(args, out, err).code;
 }
 
 const std::vector<std::string> kTinyModelFlags = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8",

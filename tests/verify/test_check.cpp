@@ -18,6 +18,7 @@
 #include "harness/verify/check.h"
 #include "harness/verify/golden.h"
 #include "harness/verify/matrix.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -313,17 +314,15 @@ TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
   std::ofstream(dir / "run" / "keep.txt") << "other results\n";
   for (const char* name : {"..", ".", ""}) {
     std::ofstream(dir / "bad.toml") << "[[scenario]]\nname = \"" << name << "\"\n";
-    for (const std::string& sub : {"matrix " + (dir / "bad.toml").string() + " --no-report",
-                                  "check --file " + (dir / "bad.toml").string() + " a"}) {
-      const std::string cmd = std::string(RH_TOOL) + " " + sub + " --run-dir " + (dir / "run").string() + " > " +
-                              (dir / "out.txt").string() + " 2>&1";
-      const int rc = std::system(cmd.c_str());
-      ASSERT_TRUE(WIFEXITED(rc)) << cmd;
-      EXPECT_EQ(WEXITSTATUS(rc), 2) << cmd;
-      std::ifstream f(dir / "out.txt");
-      const std::string out((std::istreambuf_iterator<char>(f)), {});
-      EXPECT_NE(out.find((dir / "bad.toml").string() + ":2: scenario.name"), std::string::npos) << out;
-      EXPECT_TRUE(fs::exists(dir / "run" / "keep.txt")) << cmd;
+    for (const std::vector<std::string>& sub :
+         {std::vector<std::string>{"matrix", (dir / "bad.toml").string(), "--no-report"},
+          std::vector<std::string>{"check", "--file", (dir / "bad.toml").string(), "a"}}) {
+      std::vector<std::string> args = sub;
+      args.insert(args.end(), {"--run-dir", (dir / "run").string()});
+      const auto r = rh::testutil::run_logged(rh::testutil::tool_argv(args), dir / "out.txt");
+      EXPECT_EQ(r.code, 2) << sub[0] << " " << name;
+      EXPECT_NE(r.log.find((dir / "bad.toml").string() + ":2: scenario.name"), std::string::npos) << r.log;
+      EXPECT_TRUE(fs::exists(dir / "run" / "keep.txt")) << sub[0] << " " << name;
     }
   }
   fs::remove_all(dir);

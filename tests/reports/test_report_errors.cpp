@@ -18,6 +18,7 @@
 #include "reports/report.h"
 #include "reports/report_writer.h"
 #include "reports/run_data.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -316,38 +317,38 @@ TEST(ReportCompare, JsonHoldsTheSameChangesAsValues) {
 // code; --json without --compare is refused in one line.
 TEST(ReportCli, CompareJsonOnStdoutWithTheSameExitCode) {
   TwoRuns r;
-  const std::string cmd = std::string(RH_TOOL) + " report --compare " + r.a.string() + " " + r.b.string() + " --json";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 1) << text;
+  const fs::path logs = rh::testutil::fresh_dir("report_cli", "json");
+  const auto compare = rh::testutil::run_tool_split({"report", "--compare", r.a.string(), r.b.string(), "--json"},
+                                                    logs / "compare.json", logs / "compare.err");
+  const std::string& text = compare.log;
+  EXPECT_EQ(compare.code, 1) << text << compare.err;
   const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j["regressions"], 1);
   EXPECT_EQ(j["verdicts"][0]["change"], "regression");
-  const fs::path log = r.a / "json_alone.log";
-  const int alone = std::system((std::string(RH_TOOL) + " report " + r.a.string() + " --json > " + log.string() +
-                                 " 2>&1").c_str());
-  EXPECT_EQ(WEXITSTATUS(alone), 2);
-  EXPECT_EQ(slurp(log), "resume-harness: error: report: --json needs --compare RUN_A RUN_B\n");
+  const auto alone = rh::testutil::run_logged(rh::testutil::tool_argv({"report", r.a.string(), "--json"}),
+                                              logs / "json_alone.log");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_EQ(alone.log, "resume-harness: error: report: --json needs --compare RUN_A RUN_B\n");
+  fs::remove_all(logs);
 }
 
 // The command line: report RUN_DIR, report --compare A B, and exit codes 0 / 1 / 2.
 TEST(ReportCli, ExitCodes) {
   TwoRuns r;
-  auto run = [](const std::string& args) {
-    const int st = std::system(("RH_PYTHON=/bin/false " RH_TOOL " report " + args + " >/dev/null 2>&1").c_str());
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  const fs::path logs = rh::testutil::fresh_dir("report_cli", "exit_codes");
+  auto run = [&logs](std::vector<std::string> args) {
+    args.insert(args.begin(), "report");
+    return rh::testutil::run_logged(rh::testutil::tool_argv(args), logs / "log", 600,
+                                    {{"RH_PYTHON", "/bin/false"}})
+        .code;
   };
-  EXPECT_EQ(run(r.a.string()), 0);
+  EXPECT_EQ(run({r.a.string()}), 0);
   EXPECT_TRUE(fs::exists(r.a / "report.html"));
-  EXPECT_EQ(run("--compare " + r.a.string() + " " + r.b.string()), 1);
-  EXPECT_EQ(run("--compare " + r.a.string() + " " + r.a.string()), 0);
-  EXPECT_EQ(run((r.a / "missing").string()), 2);
-  EXPECT_EQ(run(""), 2);
+  EXPECT_EQ(run({"--compare", r.a.string(), r.b.string()}), 1);
+  EXPECT_EQ(run({"--compare", r.a.string(), r.a.string()}), 0);
+  EXPECT_EQ(run({(r.a / "missing").string()}), 2);
+  EXPECT_EQ(run({}), 2);
+  fs::remove_all(logs);
 }
 
 // Issue 32 item 5: summary.json nested 200,000 levels deep made `report` die with SIGSEGV; a

@@ -6,7 +6,7 @@
 //    expert (not in eval or without grad mode), so it sums over micro-batches;
 //  - the buffer is persistent (registered, saved with the weights), the counter is not;
 //  - transformer_config.py: expert bias with softmax scoring is refused.
-// The update rule itself (get_updated_expert_bias) is the trainer's: tests/test_expert_bias.cpp.
+// The update rule itself (get_updated_expert_bias) is the trainer's: tests/train/test_expert_bias.cpp.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

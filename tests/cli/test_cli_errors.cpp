@@ -551,17 +551,17 @@ TEST(HostilePaths, NonUtf8PathsLoadAndAreNamedReadably) {
 TEST(HostileDisk, SaveOnAFullDiskExitsFourNamingThePathAndTheDisk) {
   const fs::path d = rh::testutil::fresh_dir("cli_errors", "diskfull");
   fs::create_directories(d / "mnt");
-  if (std::system("unshare -rm true > /dev/null 2>&1") != 0) GTEST_SKIP() << "unshare -rm is not allowed here";
-  std::string args;
+  if (rh::testutil::run_logged({"/usr/bin/unshare", "-rm", "true"}, d / "probe.log").code != 0)
+    GTEST_SKIP() << "unshare -rm is not allowed here";
+  // In the new mount namespace: mount the tmpfs, then exec the tool with the arguments after $0.
+  std::vector<std::string> argv{"/usr/bin/unshare", "-rm", "/bin/sh", "-c",
+                                "mount -t tmpfs -o size=16k tmpfs \"$0\" && exec \"$@\"", (d / "mnt").string(), RH_TOOL};
   for (const auto& a : with_tiny({"train", "--quiet", "--train-iters", "2", "--save-at", "2", "--save",
                                   (d / "mnt/ckpt").string(), "--out", (d / "out").string()}))
-    args += " '" + a + "'";
-  const std::string cmd = "unshare -rm sh -c 'mount -t tmpfs -o size=16k tmpfs " + (d / "mnt").string() + " && exec " +
-                          std::string(RH_TOOL) + " \"$@\"' sh" + args + " > " + (d / "log").string() + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  const std::string log = slurp(d / "log");
-  ASSERT_TRUE(WIFEXITED(status)) << log;
-  EXPECT_EQ(WEXITSTATUS(status), 4) << log;
+    argv.push_back(a);
+  const auto run = rh::testutil::run_logged(argv, d / "log");
+  const std::string& log = run.log;
+  EXPECT_EQ(run.code, 4) << log;
   EXPECT_NE(log.find("No space left on device"), std::string::npos) << log;
   EXPECT_NE(log.find("(the disk failed, not the input)"), std::string::npos) << log;
   EXPECT_NE(log.find((d / "mnt/ckpt").string()), std::string::npos) << log;
