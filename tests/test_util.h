@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
 namespace rh::testutil {
 

@@ -15,10 +15,10 @@
 
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
-#include "harness/dist/group.h"
-#include "harness/dist/launcher.h"
-#include "harness/dist/prestart.h"
-#include "harness/dist/process.h"
+#include "harness/ranks/group.h"
+#include "harness/ranks/launcher.h"
+#include "harness/process/prestart.h"
+#include "harness/process/process.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/json_guard.h"
 #include "harness/base/version.h"
@@ -227,7 +227,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   o.tool = self_executable();
   o.progress_tty = isatty(STDOUT_FILENO) != 0;
   // Resumed runs start from a worker forked now, before any scenario is read or trained
-  // (dist/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
+  // (process/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
   const char* no_prestart = std::getenv("RH_NO_PRESTART");
   if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
   if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";

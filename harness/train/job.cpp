@@ -17,7 +17,7 @@
 #include "harness/base/text.h"
 #include "harness/checkpoint/fsutil.h"
 #include "harness/checkpoint/json_guard.h"
-#include "harness/dist/group.h"
+#include "harness/ranks/group.h"
 #include "harness/train/env.h"
 #include "harness/train/schedule.h"
 #include "harness/train/trainer.h"
