@@ -18,8 +18,7 @@
 #include <set>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/fsutil.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors is little-endian; this code writes host byte order");

@@ -20,7 +20,7 @@
 #include "harness/process/prestart.h"
 #include "harness/process/process.h"
 #include "harness/base/text.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/base/version.h"
 #include "harness/train/env.h"
 #include "harness/train/job.h"

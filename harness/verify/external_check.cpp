@@ -25,7 +25,7 @@
 #include <mutex>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/process/process.h"
 #include "harness/verify/external_metrics.h"

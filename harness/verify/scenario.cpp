@@ -11,7 +11,7 @@
 
 #include <cmath>
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 
 #include <cstdio>
 
