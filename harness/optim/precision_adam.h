@@ -133,7 +133,7 @@ class PrecisionAdam {
   void check_stored(const std::string& param, StateKey key, const StoredState& s) const;
 
  private:
-  struct Impl;                  // per-param state, workspaces (precision_adam.cpp)
+  struct Impl;                  // per-param state, workspaces (precision_adam_impl.h)
   std::unique_ptr<Impl> impl_;
 };
 
