@@ -41,7 +41,7 @@ if [ "$target" != scenario ]; then
   srcs=()
   for s in "${ckpt_srcs[@]}" tests/fuzz/fuzz_target.cpp; do srcs+=("$here/$s"); done
   echo "fuzz: building $bin"
-  "$cxx" "${common[@]}" "${srcs[@]}" -o "$bin"
+  "$cxx" "${common[@]}" "${srcs[@]}" -lxxhash -o "$bin"   # manifest_reader.cpp hashes with XXH3
   leaks=1
 else
   [ -f "$build/compile_commands.json" ] && [ -f "$build/librh_core.a" ] ||
