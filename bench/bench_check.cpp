@@ -1,7 +1,7 @@
 // Benchmark: wall time of one `check` (baseline + resumed process + comparisons) as a
 // ratio to the bare training of N + (N-K) iterations in this process, and the wall time of whole
 // matrices at -j 2 (ci.toml, and default.toml with --default), the way the tool runs them: resumed
-// runs start from the pre-started worker (dist/prestart.h), unless --exec. Prints figures; never
+// runs start from the pre-started worker (process/prestart.h), unless --exec. Prints figures; never
 // fails on time. A matrix with a failing cell is said loudly and the benchmark exits 1. Its
 // baselines train in this process, so it pins the numerics as the tool does
 // (pin_cross_machine_numerics: ATen's AVX2 kernels, OpenBLAS's Haswell ones); without that, on an
@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "harness/cli/commands.h"
-#include "harness/dist/prestart.h"
+#include "harness/process/prestart.h"
 #include "harness/train/env.h"
 #include "harness/train/trainer.h"
 #include "harness/verify/matrix.h"

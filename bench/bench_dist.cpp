@@ -20,10 +20,10 @@
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/train/config.h"
-#include "harness/dist/group.h"
-#include "harness/dist/launcher.h"
+#include "harness/ranks/group.h"
+#include "harness/ranks/launcher.h"
 #include "harness/train/env.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/train/trainer.h"
 
 namespace fs = std::filesystem;

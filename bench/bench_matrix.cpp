@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/train/env.h"
 #include "harness/train/trainer.h"
 

@@ -26,7 +26,7 @@
 
 #include <unistd.h>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/base/data_files.h"
 #include "reports/report_writer.h"
 #include "reports/tables.h"

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <map>
 
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 #include "reports/run_data.h"
 #include "reports/tables.h"
 
@@ -16,10 +16,10 @@ std::string state(const SummaryRow& r) { return std::string(r.passed ? "PASS (" 
 std::string or_none(const std::string& s) { return s.empty() ? "none" : s; }
 
 nlohmann::json side(const SummaryRow& r) {
-  return {{"passed", r.passed}, {"outcome", to_string(r.outcome)}, {"verdict", ckpt::printable_text(r.verdict)}};
+  return {{"passed", r.passed}, {"outcome", to_string(r.outcome)}, {"verdict", printable_text(r.verdict)}};
 }
 
-nlohmann::json text_or_null(const std::string& s) { return s.empty() ? nlohmann::json() : nlohmann::json(ckpt::printable_text(s)); }
+nlohmann::json text_or_null(const std::string& s) { return s.empty() ? nlohmann::json() : nlohmann::json(printable_text(s)); }
 
 // A byte count as summary.csv holds it: the number where it is one, else null.
 nlohmann::json bytes_or_null(const Num& n) { return n.text.empty() ? nlohmann::json() : nlohmann::json(n.value); }
@@ -50,7 +50,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
     auto it = ma.find(rb.scenario);
     if (it == ma.end()) {
       only_b.push_back(rb.scenario + ": " + state(rb));
-      nlohmann::json e = {{"scenario", ckpt::printable_text(rb.scenario)}};
+      nlohmann::json e = {{"scenario", printable_text(rb.scenario)}};
       e.update(side(rb));
       j_only_b.push_back(e);
       continue;
@@ -63,11 +63,11 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
       verdicts.rows.push_back({rb.scenario, state(ra), state(rb), change, rb.verdict});
       verdicts.row_class.push_back(rb.passed ? "pass" : "fail");
       j_verdicts.push_back(
-          {{"scenario", ckpt::printable_text(rb.scenario)}, {"a", side(ra)}, {"b", side(rb)}, {"change", change}});
+          {{"scenario", printable_text(rb.scenario)}, {"a", side(ra)}, {"b", side(rb)}, {"change", change}});
     }
     if (ra.first_divergence != rb.first_divergence) {
       divergences.rows.push_back({rb.scenario, or_none(ra.first_divergence), or_none(rb.first_divergence)});
-      j_divergences.push_back({{"scenario", ckpt::printable_text(rb.scenario)},
+      j_divergences.push_back({{"scenario", printable_text(rb.scenario)},
                                {"a", text_or_null(ra.first_divergence)},
                                {"b", text_or_null(rb.first_divergence)}});
     }
@@ -75,7 +75,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
       const double x = ra.checkpoint_bytes.value, y = rb.checkpoint_bytes.value;
       bytes.rows.push_back({rb.scenario, ra.checkpoint_bytes.text, rb.checkpoint_bytes.text,
                             x > 0 ? fmt("%+.2f %%", 100.0 * (y - x) / x) : "new checkpoint"});
-      j_bytes.push_back({{"scenario", ckpt::printable_text(rb.scenario)},
+      j_bytes.push_back({{"scenario", printable_text(rb.scenario)},
                          {"a", bytes_or_null(ra.checkpoint_bytes)},
                          {"b", bytes_or_null(rb.checkpoint_bytes)},
                          {"change_percent", x > 0 ? nlohmann::json(100.0 * (y - x) / x) : nlohmann::json()}});
@@ -84,7 +84,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
   for (const auto& ra : a)
     if (!mb.count(ra.scenario)) {
       only_a.push_back(ra.scenario + ": " + state(ra));
-      nlohmann::json e = {{"scenario", ckpt::printable_text(ra.scenario)}};
+      nlohmann::json e = {{"scenario", printable_text(ra.scenario)}};
       e.update(side(ra));
       j_only_a.push_back(e);
     }
@@ -96,7 +96,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
   };
   if (json) {
     auto run = [&](const std::string& dir, const std::vector<SummaryRow>& v) {
-      return nlohmann::json{{"dir", ckpt::printable_text(dir)}, {"scenarios", v.size()}, {"failed", failed(v)}};
+      return nlohmann::json{{"dir", printable_text(dir)}, {"scenarios", v.size()}, {"failed", failed(v)}};
     };
     const nlohmann::json j = {{"schema_version", 1},
                               {"a", run(run_a, a)},
@@ -108,7 +108,7 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
                               {"checkpoint_bytes", j_bytes},
                               {"only_in_a", j_only_a},
                               {"only_in_b", j_only_b}};
-    out << ckpt::dump_text(j, 2) << "\n";
+    out << dump_text(j, 2) << "\n";
     return regressions ? 1 : 0;
   }
   out << "## resume-harness: run comparison\n\n"

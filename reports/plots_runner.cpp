@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/base/data_files.h"
 
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <cctype>
 #include <map>
 
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 #include "harness/base/data_files.h"
 #include "reports/run_data.h"
 
@@ -60,9 +60,9 @@ std::string default_models_file() { return data_file("reports/models.toml"); }
 
 std::vector<ModelSize> load_models(const std::string& path) {
   const std::string text = read_run_file(path, 4u << 20);   // no FIFO, no /dev/zero
-  // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
-  if (const auto where = ckpt::non_ascii_position(text); !where.empty()) throw ReportError(path + ":" + where);
-  if (const auto where = ckpt::toml_nesting_position(text); !where.empty()) throw ReportError(path + ":" + where);
+  // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (base/input.h).
+  if (const auto where = non_ascii_position(text); !where.empty()) throw ReportError(path + ":" + where);
+  if (const auto where = toml_nesting_position(text); !where.empty()) throw ReportError(path + ":" + where);
   toml::table doc;
   try {
     doc = toml::parse(text, path);

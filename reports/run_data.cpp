@@ -21,7 +21,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 #include "harness/verify/scenario_name.h"
 
 namespace fs = std::filesystem;
@@ -105,12 +105,12 @@ size_t line_of(const std::string& text, size_t byte) {
 nlohmann::json read_json_file(const fs::path& p) {
   const std::string text = read_run_file(p.string());
   // nlohmann's parser recurses per level: summary.json nested 200,000 deep overflowed the stack.
-  if (const size_t at = ckpt::json_depth_violation(text.data(), text.size()); at != std::string::npos)
+  if (const size_t at = json_depth_violation(text.data(), text.size()); at != std::string::npos)
     throw ReportError(p.string() + ":" + std::to_string(line_of(text, at)) + ": nesting deeper than " +
-                      std::to_string(ckpt::kMaxJsonDepth) + " levels (refused before parsing)");
+                      std::to_string(kMaxJsonDepth) + " levels (refused before parsing)");
   // A key named twice in one object is refused naming it (nlohmann keeps the last silently).
-  const auto unique = ckpt::unique_keys_callback([&p](const std::string& key) {
-    throw ReportError(p.string() + ": duplicate key '" + ckpt::quote_text(key) + "' in one object (each key may appear once)");
+  const auto unique = unique_keys_callback([&p](const std::string& key) {
+    throw ReportError(p.string() + ": duplicate key '" + quote_text(key) + "' in one object (each key may appear once)");
   });
   try {
     return nlohmann::json::parse(text, unique);
@@ -123,7 +123,7 @@ nlohmann::json read_json_file(const fs::path& p) {
 // "." or empty part, no NUL (summary.json is input: "dir": "/etc" or "../.." once read outside).
 std::string checked_rel_dir(const std::string& dir, const std::string& summary, const std::string& scenario) {
   auto bad = [&](const std::string& why) {
-    throw ReportError(summary + ": scenario '" + ckpt::quote_text(scenario) + "': dir '" + ckpt::quote_text(dir) +
+    throw ReportError(summary + ": scenario '" + quote_text(scenario) + "': dir '" + quote_text(dir) +
                       "' " + why + " (expected a path inside the run directory, such as scenarios/NAME)");
   };
   if (dir.empty()) bad("is empty");
@@ -147,7 +147,7 @@ int64_t json_int(const nlohmann::json& j, const char* key) {
 
 std::string read_run_file(const std::string& path, uint64_t max_bytes) {
   try {
-    return ckpt::read_regular_file(path, max_bytes);
+    return read_regular_file(path, max_bytes);
   } catch (const std::exception& e) {
     throw ReportError(e.what());
   }

@@ -21,9 +21,9 @@ build=${3:-$here/build}
 cxx=${FUZZ_CXX:-clang++-14}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (apt-get install -y clang-14 libclang-rt-14-dev)"; exit 2; }
 
-ckpt_srcs=(harness/checkpoint/json_guard.cpp harness/checkpoint/safetensors_format.cpp
-           harness/checkpoint/manifest_reader.cpp harness/checkpoint/train_state.cpp harness/checkpoint/fsutil.cpp
-           harness/base/text.cpp harness/base/no_follow.cpp tests/fuzz/entries_checkpoint.cpp)
+ckpt_srcs=(harness/base/input.cpp harness/base/fsutil.cpp harness/base/text.cpp harness/base/no_follow.cpp
+           harness/checkpoint/checked_io.cpp harness/checkpoint/safetensors_format.cpp
+           harness/checkpoint/manifest_reader.cpp harness/checkpoint/train_state.cpp tests/fuzz/entries_checkpoint.cpp)
 case "$target" in
   safetensors) entry=safetensors_header;;
   manifest) entry=manifest;;
@@ -41,7 +41,7 @@ if [ "$target" != scenario ]; then
   srcs=()
   for s in "${ckpt_srcs[@]}" tests/fuzz/fuzz_target.cpp; do srcs+=("$here/$s"); done
   echo "fuzz: building $bin"
-  "$cxx" "${common[@]}" "${srcs[@]}" -o "$bin"
+  "$cxx" "${common[@]}" "${srcs[@]}" -lxxhash -o "$bin"   # manifest_reader.cpp hashes with XXH3
   leaks=1
 else
   [ -f "$build/compile_commands.json" ] && [ -f "$build/librh_core.a" ] ||
@@ -76,7 +76,7 @@ for a in shlex.split(libs):
 PY
 )
   objs=()
-  for s in harness/verify/scenario.cpp harness/train/config.cpp harness/checkpoint/json_guard.cpp tests/fuzz/entries_scenario.cpp \
+  for s in harness/verify/scenario.cpp harness/train/config.cpp harness/base/input.cpp tests/fuzz/entries_scenario.cpp \
            tests/fuzz/fuzz_target.cpp; do
     o=$build/fuzz/obj_$(echo "$s" | tr '/.' '__').o
     if [ ! -f "$o" ] || [ "$here/$s" -nt "$o" ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command: set-up (packages + build), then the default scenario matrix, which
-# writes reports/runs/default/ (summary.csv, summary.json, junit.xml, report.md, report.html).
+# writes runs/default/ (summary.csv, summary.json, junit.xml, report.md, report.html).
 # Extra arguments go to `resume-harness matrix` (e.g. --keep-checkpoints, --filter states/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -14,6 +14,7 @@ import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+TORCH_INCLUDE = re.compile(r'#\s*include\s+[<"](torch|ATen|c10)/')
 
 
 def cmake_rooms():
@@ -64,7 +65,7 @@ def torch_headers(path, seen=None):
     seen.add(path)
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         text = f.read()
-    if re.search(r'#\s*include\s+[<"](torch|ATen|c10)/', text):
+    if TORCH_INCLUDE.search(text):
         return True
     return any(os.path.exists(os.path.join(ROOT, inc)) and torch_headers(inc, seen) for _, inc in includes(path))
 
@@ -73,6 +74,11 @@ def violations():
     out = []
     for src in sources():
         mine = ROOMS.index(room_of(src))
+        if room_of(src) in PLAIN:
+            with open(os.path.join(ROOT, src), encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if TORCH_INCLUDE.match(line.strip()):
+                        out.append(f"{src}:{n}: {line.strip()}: the {room_of(src)} room links no LibTorch")
         for n, inc in includes(src):
             target = room_of(inc)
             if target is None:

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
 namespace rh::testutil {
 

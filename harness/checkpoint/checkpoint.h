@@ -39,7 +39,7 @@ struct SaveInput {
   // Data parallel (null: a single process): every rank calls save_checkpoint with the same root and
   // iteration; each writes and verifies its own optimizer shard, rank 0 also the model, and only
   // when every rank reports success (all_gather_strings) does rank 0 publish the manifest and the
-  // pointer. harness/dist/group.h implements it over c10d.
+  // pointer. harness/ranks/group.h implements it over c10d.
   optim::Collectives* group = nullptr;
 };
 

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/base/version.h"
 

@@ -18,8 +18,7 @@
 #include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/checkpoint/fsutil.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/load_phases.h"
 #include "harness/checkpoint/manifest.h"

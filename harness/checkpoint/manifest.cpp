@@ -14,8 +14,7 @@
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/fsutil.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest_reader.h"
 
 #include <sys/stat.h>

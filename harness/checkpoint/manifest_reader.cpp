@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/train_state.h"
 
 namespace rh::ckpt::detail {

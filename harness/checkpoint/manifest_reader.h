@@ -1,7 +1,7 @@
 // Reading a checkpoint's manifest and pointer from disk without trusting them (LibTorch-free, so
 // the fuzz targets build without it): size caps, regular files only, bounded JSON depth, and one
 // schema check of every field the loader, `inspect` and the disk accounting read, each through
-// the checked accessor (json_guard.h) that names the file, the JSON path and the expected type.
+// the checked accessor (base/input.h, checked_io.h) that names the file, the JSON path and the expected type.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 
 namespace rh::ckpt {
 

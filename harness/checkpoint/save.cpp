@@ -10,7 +10,7 @@
 #include <future>
 
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/policy.h"

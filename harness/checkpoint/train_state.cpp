@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include "harness/checkpoint/fsutil.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 
 namespace rh::ckpt {
 

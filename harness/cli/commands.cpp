@@ -15,12 +15,12 @@
 
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
-#include "harness/dist/group.h"
-#include "harness/dist/launcher.h"
-#include "harness/dist/prestart.h"
-#include "harness/dist/process.h"
+#include "harness/ranks/group.h"
+#include "harness/ranks/launcher.h"
+#include "harness/process/prestart.h"
+#include "harness/process/process.h"
 #include "harness/base/text.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/base/version.h"
 #include "harness/train/env.h"
 #include "harness/train/job.h"
@@ -62,7 +62,7 @@ void register_train(CLI::App& app, CommandState& st) {
   auto* train = st.train_cmd = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
   TrainJob& job = st.job;
   train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
-                                          "fingerprints.csv")->default_val("reports/train");
+                                          "fingerprints.csv")->default_val("runs/train");
   train->add_option_function<std::string>(
            "--config",
            [&st](const std::string& file) { st.job.cfg = load_run_config_file(file, &st.config_keys); },
@@ -130,7 +130,7 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   st.check_cmd->add_option("SCENARIO", st.check.filter,
                            "canonical scenario name, a substring of names, or a glob with *")->required();
   st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
-  add_matrix_options(*st.check_cmd, st.check, "reports/runs/check", st.list);
+  add_matrix_options(*st.check_cmd, st.check, "runs/check", st.list);
   st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
   auto* pos = st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml");
   st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
@@ -139,7 +139,7 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   st.matrix_cmd->add_option("--shard", st.shard,
                             "I/N: run only the I-th of N parts (cells sharing a baseline stay together; every runner "
                             "computes the same split); merge the parts with `report --merge`. Writes no report");
-  add_matrix_options(*st.matrix_cmd, st.matrix, "reports/runs/<file stem>", st.list);
+  add_matrix_options(*st.matrix_cmd, st.matrix, "runs/<file stem>", st.list);
 }
 
 // train --load: every run-config flag not given (nor set by --config) takes the checkpoint's
@@ -226,10 +226,10 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
   o.tool = self_executable();
   o.progress_tty = isatty(STDOUT_FILENO) != 0;
   // Resumed runs start from a worker forked now, before any scenario is read or trained
-  // (dist/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
+  // (process/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
   const char* no_prestart = std::getenv("RH_NO_PRESTART");
   if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
-  if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "reports/runs/check";
+  if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "runs/check";
   if (cmd == st.matrix_cmd && !st.shard.empty()) o.shard = parse_shard(st.shard);
   if (st.list) {
     for (const auto& n : list_matrix(o)) std::cout << n << "\n";   // refuses a filter that selects nothing
@@ -245,7 +245,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
     }
   if (cmd == st.matrix_cmd && !st.no_report && !o.shard.active()) {
     const std::string dir =
-        o.run_dir.empty() ? "reports/runs/" + std::filesystem::path(o.file).stem().string() : o.run_dir;
+        o.run_dir.empty() ? default_run_dir(o.file) : o.run_dir;
     std::ostream nowhere(nullptr);
     if (write_report(dir, "", o.verbosity == 0 ? nowhere : std::cout, /*md_image_links=*/false,
                      /*verbose=*/o.verbosity == 2) == 2)

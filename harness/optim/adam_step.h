@@ -5,8 +5,9 @@
 
 #include <string>
 
-#include "harness/optim/precision_adam.h"
+#include "harness/optim/optimizer_config.h"
 #include "harness/optim/storage_codecs.h"
+#include "harness/optim/stored_state.h"
 
 namespace rh::optim::detail {
 

@@ -1,6 +1,6 @@
 // The one collectives interface of a data-parallel group: what the optimizer needs (a few blocking
 // collectives on CPU tensors) and what a sharded save needs (every rank's string, to agree before
-// publishing). harness/dist/group.h implements it over torch.distributed (c10d ProcessGroupGloo); a
+// publishing). harness/ranks/group.h implements it over torch.distributed (c10d ProcessGroupGloo); a
 // PrecisionAdam or a save without one is a group of one. Every rank must make the same calls in the
 // same order; an implementation throws (never hangs past its timeout) when a peer fails.
 #pragma once

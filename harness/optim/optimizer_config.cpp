@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "harness/optim/precision_adam.h"
+#include "harness/optim/optimizer_config.h"
 
 namespace rh::optim {
 

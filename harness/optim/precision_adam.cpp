@@ -1,5 +1,7 @@
 // PrecisionAdam: owns the per-parameter optimizer state, the main-grad buffers and the step
 // counters; the update itself is adam_step.cpp, the storage formats storage_codecs.cpp.
+// The state exchanged with checkpoints (upstream's get_unscaled_state / set_scaled_state, the raw
+// stored form) is precision_adam_state.cpp.
 #include "harness/optim/precision_adam.h"
 
 #include <cmath>
@@ -10,50 +12,12 @@
 #include <unordered_map>
 
 #include "harness/optim/adam_step.h"
+#include "harness/optim/precision_adam_impl.h"
 #include "harness/optim/storage_codecs.h"
 
 namespace rh::optim {
 
 using detail::ParamState;
-
-struct PrecisionAdam::Impl {
-  OptimizerConfig cfg;
-  MasterMode mode = MasterMode::fp32;
-  torch::ScalarType param_dtype = torch::kFloat;
-  std::vector<std::string> group_names;
-  std::vector<double> group_wd;
-  std::vector<int64_t> steps;
-  std::vector<ParamState> params;                 // group order, then param order
-  std::unordered_map<std::string, size_t> index;
-  detail::Workspace ws;
-  Collectives* comm = nullptr;                     // null: a group of one
-  ShardLayout layout;
-  std::vector<size_t> split;                       // params split across ranks
-  std::vector<int> split_slot;                     // param index -> slot in `split`, or -1
-
-  int dp_size() const { return layout.size; }
-
-  ParamState& at(const std::string& name) {
-    auto it = index.find(name);
-    if (it == index.end())
-      throw std::invalid_argument("PrecisionAdam: unknown param '" + name + "'");
-    return params[it->second];
-  }
-  const ParamState& at(const std::string& name) const { return const_cast<Impl*>(this)->at(name); }
-  static StoredState& state(ParamState& ps, StateKey key) {
-    return key == StateKey::master_param ? ps.master
-           : key == StateKey::exp_avg    ? ps.exp_avg
-                                         : ps.exp_avg_sq;
-  }
-  static const StoredState& state(const ParamState& ps, StateKey key) {
-    return state(const_cast<ParamState&>(ps), key);
-  }
-  void check_group(size_t g) const {
-    if (g >= steps.size())
-      throw std::out_of_range("PrecisionAdam: group " + std::to_string(g) + " out of range (" +
-                              std::to_string(steps.size()) + " groups)");
-  }
-};
 
 namespace {
 
@@ -69,29 +33,8 @@ StoredState zeros_state(const torch::Tensor& like, Dtype d) {
 }
 
 using detail::is_scaled;
-
-// Stores the owned part [begin, end) of the fp32 value `full` (the whole param) with TE's
-// scaling (_apply_scale): the amax of the owned part (per shard, upstream), or of the whole
-// tensor (`shared`).
-void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard,
-                        bool shared, detail::Workspace& ws) {
-  const torch::Tensor x = full.to(torch::kFloat).contiguous().view({-1});
-  const torch::Tensor part = x.narrow(0, begin, end - begin);
-  detail::store_scaled(st, part, codec::abs_max(shared ? x : part), guard, ws);
-}
-
-std::string where(const std::string& param, StateKey key) {
-  return "param '" + param + "' state '" + key_name(key) + "'";
-}
-
-// The part of `p` a rank owns: p itself when whole, else a 1-D view of [begin, end).
-torch::Tensor owned_part(const torch::Tensor& p, int64_t begin, int64_t end) {
-  if (begin == 0 && end == p.numel()) return p;
-  return p.view({-1}).narrow(0, begin, end - begin);
-}
-torch::Tensor owned_part(const ParamState& ps, const torch::Tensor& full) {
-  return owned_part(full, ps.begin, ps.end);
-}
+using detail::owned_part;
+using detail::store_value_scaled;
 
 // Per-4096-element block sums of squares of g (flat, fp32), one row reduction per block, padded
 // with zeros: the same values whichever whole blocks of a tensor it is given.
@@ -446,110 +389,6 @@ void PrecisionAdam::set_step_count(size_t g, int64_t step) {
   impl_->check_group(g);
   if (step < 0) throw std::invalid_argument("set_step_count: negative step for group " + std::to_string(g));
   impl_->steps[g] = step;
-}
-
-torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateKey key) const {
-  Impl& I = *impl_;
-  ParamState& ps = I.at(param);
-  const StoredState& st = I.state(ps, key);
-  // fused_adam.py get_unscaled_state: the int16 remainder as it is (asserted int16 upstream);
-  // fp16: float() * scale; fp8: the Float8Tensor's dequantize (code * scale_inv); bf16 widened.
-  if (key == StateKey::master_param && I.mode == MasterMode::remainders) return st.data.clone();
-  if (is_scaled(st.dtype)) return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, st.decode_mult());
-  return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
-}
-
-void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
-                                     const torch::Tensor& value) {
-  torch::NoGradGuard no_grad;
-  Impl& I = *impl_;
-  ParamState& ps = I.at(param);
-  StoredState& st = I.state(ps, key);
-  // fused_adam.py set_scaled_state: `assert unscaled_state.dtype == torch.int16` for master_param
-  // under remainders, `== torch.float32` for everything else.
-  const bool remainder = key == StateKey::master_param && I.mode == MasterMode::remainders;
-  const auto want = remainder ? torch::kShort : torch::kFloat;
-  if (!value.defined() || value.scalar_type() != want)
-    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " takes " +
-                                (remainder ? "the int16 remainder" : std::string("an fp32 value")) + ", got " +
-                                (value.defined() ? c10::toString(value.scalar_type()) : "undefined") +
-                                " (upstream TransformerEngine fails an assertion here: FusedAdam.set_scaled_state "
-                                "asserts unscaled_state.dtype == " + (remainder ? "torch.int16" : "torch.float32") + ")");
-  const bool whole = value.sizes() == ps.param.sizes();
-  if (!(whole || value.sizes() == st.data.sizes()))
-    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects shape " +
-                                c10::str(ps.param.sizes()) +
-                                (st.data.sizes() != ps.param.sizes() ? " or " + c10::str(st.data.sizes()) : "") +
-                                ", got " + c10::str(value.sizes()));
-  auto full = value.detach().contiguous();
-  // The owned part, shaped like the state (a no-op unless the param is split).
-  auto v = whole ? owned_part(ps, full).reshape(st.data.sizes()) : full;
-  if (is_scaled(st.dtype)) {
-    const bool shared = I.cfg.shared_dp_scale;
-    if (shared && !whole && ps.end - ps.begin != ps.param.numel())
-      throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax "
-                                  "(shared_dp_scale); give the whole param's value");
-    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, shared, I.ws);
-  } else {
-    st.data.copy_(v);            // fp32 copy, bf16 RNE, or the int16 remainder
-    if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);
-  }
-}
-
-const StoredState& PrecisionAdam::stored(const std::string& param, StateKey key) const {
-  Impl& I = *impl_;
-  return I.state(I.at(param), key);
-}
-
-void PrecisionAdam::check_stored(const std::string& param, StateKey key, const StoredState& s) const {
-  const Impl& I = *impl_;
-  const StoredState& st = Impl::state(I.at(param), key);
-  const std::string w = "set_stored: " + where(param, key);
-  if (s.dtype != st.dtype)
-    throw std::invalid_argument(w + " is held as " + to_string(st.dtype) + ", got " +
-                                to_string(s.dtype) + " (master mode " + to_string(I.mode) + ")");
-  if (!s.data.defined() || s.data.scalar_type() != st.data.scalar_type())
-    throw std::invalid_argument(w + " expects data of type " + c10::toString(st.data.scalar_type()) +
-                                ", got " + (s.data.defined() ? c10::toString(s.data.scalar_type()) : "undefined"));
-  if (s.data.sizes() != st.data.sizes())
-    throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
-                                c10::str(s.data.sizes()));
-  const bool scaled = is_scaled(st.dtype), fp8 = st.dtype == Dtype::fp8;
-  if (scaled != s.scale.has_value())
-    throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)"
-                                            : std::string(" takes no scale")));
-  if (fp8 != s.scale_inv.has_value())
-    throw std::invalid_argument(w + (fp8 ? " needs a scale_inv (fp8 state)" : std::string(" takes no scale_inv")));
-  if (!scaled) return;
-  // scale = amax / range: >= 0, +inf, or NaN; never negative.
-  if (std::signbit(*s.scale) && !std::isnan(*s.scale))
-    throw std::invalid_argument(w + ": scale " + std::to_string(*s.scale) + " is negative (scale = amax / range)");
-  if (fp8) {
-    // scale_inv = frcp(1 / scale), with or without the zero guard: any other pair cannot come from TE.
-    auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; };
-    const float plain = codec::scaling_from_scale(*s.scale, true, false).scale_inv;
-    const float guarded = codec::scaling_from_scale(*s.scale, true, true).scale_inv;
-    if (!same(*s.scale_inv, plain) && !same(*s.scale_inv, guarded))
-      throw std::invalid_argument(w + ": scale_inv " + std::to_string(*s.scale_inv) + " does not belong to scale " +
-                                  std::to_string(*s.scale) + " (expected 1/(1/scale) = " + std::to_string(plain) +
-                                  (same(plain, guarded) ? std::string() : ", or " + std::to_string(guarded) + " with scale_zero_guard") + ")");
-  }
-}
-
-void PrecisionAdam::set_stored(const std::string& param, StateKey key, const StoredState& s) {
-  check_stored(param, key, s);
-  StoredState& st = impl_->state(impl_->at(param), key);
-  st.data.copy_(s.data);   // same dtype: a bitwise copy
-  st.scale = s.scale;
-  st.scale_inv = s.scale_inv;
-}
-
-void PrecisionAdam::adopt_stored(const std::string& param, StateKey key, StoredState s) {
-  check_stored(param, key, s);
-  StoredState& st = impl_->state(impl_->at(param), key);
-  st.data = s.data.is_contiguous() ? std::move(s.data) : s.data.contiguous();
-  st.scale = s.scale;
-  st.scale_inv = s.scale_inv;
 }
 
 }  // namespace rh::optim

@@ -4,7 +4,7 @@
 
 #include "harness/base/suggest.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/train/schedule.h"
 
 #include <CLI/CLI.hpp>

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "harness/dist/group.h"
+#include "harness/ranks/group.h"
 #include "harness/train/trainer.h"
 
 namespace rh {

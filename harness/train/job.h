@@ -31,7 +31,7 @@ struct TrainJob {
   bool verbose = false;           // -v: also bytes per key of each save and seconds per phase
   bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect
   // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
-  // `--nproc` launcher, see dist/group.h and dist/launcher.h); rendezvous and every collective
+  // `--nproc` launcher, see ranks/group.h and ranks/launcher.h); rendezvous and every collective
   // time out after this.
   double dist_timeout_s = 120;
 };

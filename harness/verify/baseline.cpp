@@ -5,7 +5,7 @@
 
 #include "harness/base/no_follow.h"
 #include "harness/base/text.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
 namespace fs = std::filesystem;
 

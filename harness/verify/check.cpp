@@ -12,7 +12,7 @@
 #include "harness/base/phases.h"
 #include "harness/base/text.h"
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/train/metrics.h"
 #include "harness/verify/baseline.h"
 #include "harness/verify/external_check.h"

@@ -26,9 +26,9 @@
 
 #include "harness/base/data_files.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/safetensors.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/verify/external_metrics.h"
 #include "harness/verify/tensor_compare.h"
 #include "harness/verify/writers.h"

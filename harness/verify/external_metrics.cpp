@@ -11,7 +11,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 
 namespace rh {
 namespace {
@@ -137,7 +137,7 @@ MetricLog parse_stdout_metrics(const std::string& text, const std::string& regex
       if (it->second == "iteration") {
         if (!parse_iteration(v, &row.iteration))
           throw std::invalid_argument(what + ":" + std::to_string(ln + 1) + ": iteration '" +
-                                      ckpt::quote_text(v, 40) + "' is not a non-negative integer");
+                                      quote_text(v, 40) + "' is not a non-negative integer");
         have_iter = true;
       } else {
         row.values.emplace_back(it->second, v);
@@ -168,7 +168,7 @@ MetricLog parse_metrics_file(const std::string& text, const std::string& format,
       MetricRow row;
       row.line = ln + 1;
       if (!parse_iteration(f[iter_col], &row.iteration))
-        throw std::invalid_argument(where + ": iteration '" + ckpt::quote_text(f[iter_col], 40) + "' is not a non-negative integer");
+        throw std::invalid_argument(where + ": iteration '" + quote_text(f[iter_col], 40) + "' is not a non-negative integer");
       for (size_t i = 0; i < f.size(); ++i)
         if (i != iter_col) row.values.emplace_back(header[i], f[i]);
       add_row(log, std::move(row), what);
@@ -179,7 +179,7 @@ MetricLog parse_metrics_file(const std::string& text, const std::string& format,
   for (size_t ln = 0; ln < lines.size(); ++ln) {
     if (lines[ln].find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = what + ":" + std::to_string(ln + 1);
-    const auto j = ckpt::parse_json_bounded(lines[ln], where);
+    const auto j = parse_json_bounded(lines[ln], where);
     if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object per line");
     auto it = j.find("iteration");
     if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)

@@ -318,6 +318,10 @@ std::vector<Scenario> select_or_refuse(const MatrixOptions& o) {
 
 }  // namespace
 
+std::string default_run_dir(const std::string& scenario_file) {
+  return (fs::path("runs") / fs::path(scenario_file).stem()).string();
+}
+
 std::vector<std::string> list_matrix(const MatrixOptions& o) {
   auto sel = select_or_refuse(o);
   std::vector<std::string> out;
@@ -348,7 +352,7 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
         << std::accumulate(sp.cost.begin(), sp.cost.end(), int64_t{0}) << " iterations x ranks)\n";
     sel = std::move(mine);
   }
-  const fs::path run_dir = o.run_dir.empty() ? fs::path("reports/runs") / fs::path(o.file).stem() : fs::path(o.run_dir);
+  const fs::path run_dir = o.run_dir.empty() ? fs::path(default_run_dir(o.file)) : fs::path(o.run_dir);
   MatrixRun run(o, std::move(sel), run_dir, log);   // refuses a bad scenario name before anything is written
   refuse_symlinks_in_run_dir(run_dir, run.scenarios(), o.golden_dir);
   fs::create_directories(run_dir / "scenarios");

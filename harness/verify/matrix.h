@@ -16,7 +16,7 @@ namespace rh {
 struct MatrixOptions {
   std::string file;              // scenario file
   std::string filter;            // canonical name / substring / glob ("" = all)
-  std::string run_dir;           // default reports/runs/<file stem>
+  std::string run_dir;           // default default_run_dir(file): runs/<file stem>
   int jobs = 1;
   bool keep_checkpoints = false;
   std::string golden_dir;        // compare baselines against golden CSVs here
@@ -32,6 +32,10 @@ struct MatrixOptions {
 // The names a run with these options would check (filter and shard applied), in order, without
 // running anything (check/matrix --list).
 std::vector<std::string> list_matrix(const MatrixOptions& opts);
+
+// Where a matrix run writes when no --run-dir is given: runs/<file stem>, relative to the working
+// directory (outside the source tree's rooms; the repository ignores runs/).
+std::string default_run_dir(const std::string& scenario_file);
 
 struct MatrixResult {
   std::vector<CheckResult> results;   // in scenario order

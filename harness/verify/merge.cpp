@@ -8,7 +8,7 @@
 
 #include "harness/base/no_follow.h"
 #include "harness/base/text.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 #include "harness/verify/matrix.h"
 #include "harness/verify/scenario_name.h"
 #include "harness/verify/writers.h"
@@ -32,7 +32,7 @@ struct Shard {
 
 std::string read_shard_file(const fs::path& dir, const char* name) {
   try {
-    return ckpt::read_regular_file((dir / name).string(), kMaxSummaryBytes, /*no_follow=*/true);
+    return read_regular_file((dir / name).string(), kMaxSummaryBytes, /*no_follow=*/true);
   } catch (const std::exception& e) {
     refuse(dir, std::string("cannot read ") + name + " (is it a run directory written by `matrix --shard I/N`?): " +
                     e.what());
@@ -48,7 +48,7 @@ const nlohmann::json& member(const Shard& s, const nlohmann::json& obj, const st
   if (!obj.is_object() || !obj.contains(key)) refuse(s.dir, "summary.json: " + where + key + " is missing");
   const auto& v = obj.at(key);
   if (!(v.type() == type || (number(type) && number(v.type()))))
-    refuse(s.dir, "summary.json: " + where + key + " has the wrong type (got " + ckpt::quote_json(v, 60) + ")");
+    refuse(s.dir, "summary.json: " + where + key + " has the wrong type (got " + quote_json(v, 60) + ")");
   return v;
 }
 
@@ -110,7 +110,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   for (const auto& d : shard_dirs) {
     Shard s{d, {}, {}};
     try {
-      s.summary = ckpt::parse_json_unique(read_shard_file(d, "summary.json"), (d / "summary.json").string());
+      s.summary = parse_json_unique(read_shard_file(d, "summary.json"), (d / "summary.json").string());
     } catch (const MergeError&) {
       throw;
     } catch (const std::exception& e) {
@@ -158,8 +158,8 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
     const auto id = identity(s);
     for (size_t f = 0; f < id.size(); ++f)
       if (id[f] != id0[f])
-        refuse(s.dir, std::string("another ") + what[f] + " than " + first.dir.string() + " ('" + ckpt::quote_text(id[f]) +
-                          "' vs '" + ckpt::quote_text(id0[f]) + "'): not shards of one matrix");
+        refuse(s.dir, std::string("another ") + what[f] + " than " + first.dir.string() + " ('" + quote_text(id[f]) +
+                          "' vs '" + quote_text(id0[f]) + "'): not shards of one matrix");
     if (member(s, sh, "cells", vt::array, "shard.") != cells_json)
       refuse(s.dir, "its shard.cells (the matrix's cells) differ from " + first.dir.string() + "'s");
     for (const auto& e : member(s, s.summary, "scenarios", vt::array, "")) {
@@ -167,9 +167,9 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
       member(s, e, "passed", vt::boolean, "scenarios[].");
       member(s, e, "verdict", vt::string, "scenarios[].");
       if (std::find(cells.begin(), cells.end(), name) == cells.end())
-        refuse(s.dir, "cell '" + ckpt::quote_text(name) + "' is not one of the matrix's cells");
+        refuse(s.dir, "cell '" + quote_text(name) + "' is not one of the matrix's cells");
       if (entries.count(name))
-        refuse(s.dir, "cell '" + ckpt::quote_text(name) + "' is also in " + shards[entries.at(name).first].dir.string());
+        refuse(s.dir, "cell '" + quote_text(name) + "' is also in " + shards[entries.at(name).first].dir.string());
       entries.emplace(name, std::make_pair(k, e));
     }
   }
@@ -181,7 +181,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   }
   for (const auto& c : cells)
     if (!entries.count(c))
-      throw MergeError("report --merge: cell '" + ckpt::quote_text(c) + "' is in no shard (a shard's run did not finish?)");
+      throw MergeError("report --merge: cell '" + quote_text(c) + "' is in no shard (a shard's run did not finish?)");
 
   // summary.csv rows by cell, in the matrix's order; one header.
   std::map<std::string, std::string> rows;
@@ -194,7 +194,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
     for (size_t i = 1; i < recs.size(); ++i) {
       const std::string name = first_field(recs[i]);
       if (!entries.count(name) || shards[entries.at(name).first].dir != s.dir)
-        refuse(s.dir, "summary.csv row '" + ckpt::quote_text(name) + "' is not a cell of its summary.json");
+        refuse(s.dir, "summary.csv row '" + quote_text(name) + "' is not a cell of its summary.json");
       rows[name] = recs[i];
     }
   }
@@ -211,7 +211,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
       seconds = std::max(seconds, s.summary.at("seconds").get<double>());
   for (const auto& c : cells) {
     const auto& [k, e] = entries.at(c);
-    if (!rows.count(c)) refuse(shards[k].dir, "summary.csv has no row for cell '" + ckpt::quote_text(c) + "'");
+    if (!rows.count(c)) refuse(shards[k].dir, "summary.csv has no row for cell '" + quote_text(c) + "'");
     csv += rows.at(c);
     list.push_back(e);
     CheckResult r;
@@ -233,7 +233,7 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   merged["total"] = cells.size();
   merged["seconds"] = seconds;   // the longest shard: the wall time of the sharded run
   write_text((out_dir / "summary.csv").string(), csv);
-  write_text((out_dir / "summary.json").string(), ckpt::dump_text(merged, 2) + "\n");
+  write_text((out_dir / "summary.json").string(), dump_text(merged, 2) + "\n");
   const std::string file = member(first, first.summary, "file", vt::string, "").get<std::string>();
   write_junit((out_dir / "junit.xml").string(), fs::path(file).stem().string(), junit);
   log << "merged " << shards.size() << " shards: " << (res.cells - res.failed) << " passed, " << res.failed

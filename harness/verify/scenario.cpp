@@ -12,7 +12,7 @@
 #include <toml++/toml.h>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/verify/scenario_check.h"
 #include "harness/verify/scenario_matrix.h"
 #include "harness/verify/scenario_settings.h"

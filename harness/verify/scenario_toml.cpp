@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/verify/scenario_name.h"
 
 namespace rh::scenario_file {

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "harness/base/text.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/base/input.h"
 #include "harness/train/env.h"
 #include "harness/train/metrics.h"
 
@@ -66,7 +66,7 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& s, const Che
   rows("after_load", r.after_load);
   rows("final", r.final_state);
   write_text((dir / "state_compare.csv").string(), sc);
-  write_text((dir / "result.json").string(), ckpt::dump_text(result_json(s, r), 2) + "\n");
+  write_text((dir / "result.json").string(), dump_text(result_json(s, r), 2) + "\n");
 }
 
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results) {
@@ -146,7 +146,7 @@ void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios
                        {"jobs", run.jobs}, {"device", first.train.device}}}};
   if (run.shard_count > 0)
     summary["shard"] = {{"index", run.shard_index}, {"count", run.shard_count}, {"cells", run.matrix_cells}};
-  write_text((dir / "summary.json").string(), ckpt::dump_text(summary, 2) + "\n");
+  write_text((dir / "summary.json").string(), dump_text(summary, 2) + "\n");
 }
 
 }  // namespace rh

@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/verify/check.h"
+#include "harness/verify/check_result.h"
+#include "harness/verify/scenario.h"
 
 namespace rh {
 

@@ -128,7 +128,7 @@ def main(argv):
 
 def one_line(e):
     """The message of e on one line (a hostile value may hold newlines), a path's bytes that are not
-    UTF-8 as \\xNN, as the tool prints them (printable_text in harness/checkpoint/json_guard.h)."""
+    UTF-8 as \\xNN, as the tool prints them (printable_text in harness/base/input.h)."""
     text = str(e).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text.replace("\r", "\\r").replace("\n", "\\n")
 

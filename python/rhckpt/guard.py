@@ -1,5 +1,5 @@
 """Reading files and JSON that arrive from outside without trusting them, as the tool's
-harness/checkpoint/json_guard.h does: regular files only (never through a symbolic link), a size
+harness/base/input.h does: regular files only (never through a symbolic link), a size
 cap checked before reading, JSON nesting bounded before the parser (which recurses) sees the text,
 and one checked accessor (Field) that names the file, the JSON path and the expected type.
 Every refusal is Damaged(path, "field /json/path: expected ..., got ...").
@@ -119,7 +119,7 @@ def read_regular_file(path, max_bytes, no_follow=True):
 
 
 class Field:
-    """A checked view of one JSON value in a file (JsonField in json_guard.h)."""
+    """A checked view of one JSON value in a file (JsonField in harness/base/input.h)."""
 
     def __init__(self, value, file, path=""):
         self.v, self.file, self.path = value, file, path

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "harness/checkpoint/checkpoint.h"
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
 

@@ -15,8 +15,7 @@
 
 #include "checkpoint_fixture.h"
 #include "harness/base/text.h"
-#include "harness/checkpoint/fsutil.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/load_phases.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
@@ -477,7 +476,7 @@ TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
 
 }  // namespace manifest_checksum
 
-// Issue 32 item 5, in the sanitizer step (json_guard.cpp is compiled instrumented there): the TOML
+// Issue 32 item 5, in the sanitizer step (base/input.cpp is compiled instrumented there): the TOML
 // scan that runs before toml++ on inputs toml++ would recurse on 50,000 or 100,000 times.
 TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
   std::string key = "a";

@@ -13,7 +13,7 @@
 
 #include "checkpoint_fixture.h"
 #include "python_reference.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/policy.h"
 
 using namespace ckfix;

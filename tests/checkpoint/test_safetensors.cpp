@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/safetensors.h"
 #include "tests/checkpoint_fixture.h"
 

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;

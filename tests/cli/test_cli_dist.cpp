@@ -17,7 +17,7 @@
 
 #include "harness/checkpoint/manifest.h"
 #include "harness/verify/compare.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;

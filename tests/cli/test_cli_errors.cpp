@@ -18,7 +18,7 @@
 #include <cstdio>
 #include <sstream>
 #include "harness/base/suggest.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/verify/scenario.h"
 #include "tests/test_util.h"
 

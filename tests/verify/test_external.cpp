@@ -14,7 +14,7 @@
 
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/verify/external.h"
 #include "harness/verify/external_check.h"
 #include "harness/verify/external_metrics.h"

@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 #include "harness/verify/baseline.h"
 #include "harness/verify/scenario.h"
 #include "harness/verify/shard.h"

@@ -17,7 +17,7 @@
 #include "harness/verify/writers.h"
 #include "harness/train/metrics.h"
 #include "harness/train/config.h"
-#include "harness/checkpoint/json_guard.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/verify/scenario.h"
 
 #include <sys/stat.h>

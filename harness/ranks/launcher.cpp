@@ -1,5 +1,5 @@
 // The local launcher; see launcher.h.
-#include "harness/dist/launcher.h"
+#include "harness/ranks/launcher.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
 namespace rh::dist {
 

@@ -27,10 +27,10 @@
 #include <string>
 #include <thread>
 
-#include "harness/dist/group.h"
-#include "harness/dist/launcher.h"
+#include "harness/ranks/group.h"
+#include "harness/ranks/launcher.h"
 #include "harness/optim/precision_adam.h"
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
 namespace fs = std::filesystem;
 using rh::optim::Dtype;

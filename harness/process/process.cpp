@@ -1,7 +1,7 @@
 // fork/exec with a log file and a timeout; see process.h.
-#include "harness/dist/process.h"
+#include "harness/process/process.h"
 
-#include "harness/dist/prestart.h"
+#include "harness/process/prestart.h"
 
 #include <fcntl.h>
 #include <poll.h>

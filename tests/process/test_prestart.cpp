@@ -1,4 +1,4 @@
-// The pre-started worker (harness/dist/prestart.h): a child started from it runs the entry it was
+// The pre-started worker (harness/process/prestart.h): a child started from it runs the entry it was
 // given, in a process forked before the parent set any state, so nothing the parent trains or
 // seeds later reaches it (the isolation an exec'ed child has); exit codes, signals and timeouts come
 // back through the one wait loop (process.h) as for an exec'ed child.
@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "harness/dist/prestart.h"
-#include "harness/dist/process.h"
+#include "harness/process/prestart.h"
+#include "harness/process/process.h"
 
 namespace fs = std::filesystem;
 

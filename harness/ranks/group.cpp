@@ -1,6 +1,6 @@
 // c10d process group and placement from the environment; see group.h.
 #define USE_C10D_GLOO 1  // ProcessGroupGloo.hpp is compiled only with it (Debian builds LibTorch with Gloo)
-#include "harness/dist/group.h"
+#include "harness/ranks/group.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

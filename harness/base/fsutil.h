@@ -1,16 +1,25 @@
-// Durable-file helpers for atomic checkpoint publish: full writes with fsync, directory fsync,
-// atomic replace of small files (temp + fsync + rename + fsync dir), atomic directory swap, and
-// the name check that keeps manifest-listed files inside their checkpoint directory.
-// Every failure throws CheckpointError naming the path and the errno text.
+// Durable-file helpers for atomic publish (checkpoints, run files): full writes with fsync,
+// directory fsync, atomic replace of small files (temp + fsync + rename + fsync dir), atomic
+// directory swap, and the name check that keeps manifest-listed files inside their directory.
+// A failure of the disk itself throws DiskError (base/text.h); any other throws FileError naming
+// the path and the errno text (the checkpoint room raises CheckpointError through
+// checkpoint/checked_io.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace rh::ckpt {
+namespace rh {
 
-// Raises CheckpointError "<what> <path>: <strerror(errno)>".
+// A file operation that failed for a reason other than the disk (DiskError): permissions, a
+// missing directory, a name the file system refuses. The message names the path.
+struct FileError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Raises DiskError for a disk errno, else FileError "<what> <path>: <strerror(errno)>".
 [[noreturn]] void throw_errno(const std::string& what, const std::string& path);
 
 void write_all(int fd, const void* data, size_t n, const std::string& path);
@@ -37,7 +46,7 @@ void rename_path(const std::string& from, const std::string& to);
 bool is_plain_file_name(const std::string& name);
 
 std::string hex_encode(const std::vector<uint8_t>& bytes);
-// Throws CheckpointError naming `what` on odd length or non-hex characters.
+// Throws InputError (base/input.h) naming `what` on odd length or non-hex characters.
 std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what);
 
-}  // namespace rh::ckpt
+}  // namespace rh

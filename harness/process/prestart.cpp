@@ -1,5 +1,5 @@
 // The pre-started worker; see prestart.h.
-#include "harness/dist/prestart.h"
+#include "harness/process/prestart.h"
 
 #include <fcntl.h>
 #include <signal.h>

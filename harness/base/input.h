@@ -2,6 +2,8 @@
 // trusting it: the nesting depth is bounded before the parser (which recurses) sees the text,
 // values quoted in messages are capped, regular files only are opened, with a size cap, and one
 // checked accessor (JsonField) reads fields naming the file, the JSON path and the expected type.
+// For every room that reads files from outside: scenario files, run configs, reports, checkpoints
+// (the checkpoint room raises its own CheckpointError through checkpoint/checked_io.h).
 // LibTorch-free, so the fuzz targets and the parsers can be built without it.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -9,9 +11,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 
-namespace rh::ckpt {
+namespace rh {
+
+// A file or text from outside that cannot be used: not a regular file, over its size cap,
+// unreadable, or a field of the wrong type. The message names the file and what was expected.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Deeper than this is refused before parsing. Our own files nest at most 6 levels.
 constexpr int kMaxJsonDepth = 64;
@@ -74,18 +83,23 @@ std::string toml_nesting_position(const std::string& text);
 // Opens path read-only without blocking (O_NONBLOCK, so a FIFO cannot hang the open), checks with
 // fstat that it is a regular file (refusing FIFOs, devices, sockets, directories, naming the
 // path and its type), then clears O_NONBLOCK. With no_follow, a symbolic link is refused too.
-// Returns the descriptor (O_CLOEXEC) and its size; throws CheckpointError.
+// Returns the descriptor (O_CLOEXEC) and its size; throws InputError.
 int open_regular_file(const std::string& path, uint64_t* size, bool no_follow = false);
 
 // The whole of a regular file of at most max_bytes bytes (more is refused before reading it all:
-// a link to /dev/zero cannot exhaust memory). Throws CheckpointError naming the file.
+// a link to /dev/zero cannot exhaust memory). Throws InputError naming the file.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool no_follow = false);
 
 // A checked view of one JSON value inside a file: every access names the file, the JSON path
-// ("/optimizer/groups/0/step") and the expected type, and throws CheckpointError otherwise.
+// ("/optimizer/groups/0/step") and the expected type, and raises otherwise: InputError, or what
+// `raise` throws (it must throw; the checkpoint room's raises CheckpointError). The views it hands
+// out raise alike.
 class JsonField {
  public:
-  JsonField(const nlohmann::json& root, std::string file) : j_(&root), file_(std::move(file)) {}
+  using Raise = void (*)(const std::string& message);
+  [[noreturn]] static void raise_input_error(const std::string& message);
+  JsonField(const nlohmann::json& root, std::string file, Raise raise = &raise_input_error)
+      : j_(&root), file_(std::move(file)), raise_(raise) {}
 
   JsonField operator[](const std::string& key) const;   // object member; missing -> error
   JsonField operator[](size_t i) const;                 // array element; out of range -> error
@@ -107,12 +121,14 @@ class JsonField {
   [[noreturn]] void fail(const std::string& what) const;
 
  private:
-  JsonField(const nlohmann::json* j, std::string file, std::string path)
-      : j_(j), file_(std::move(file)), path_(std::move(path)) {}
+  JsonField(const nlohmann::json* j, std::string file, std::string path, Raise raise)
+      : j_(j), file_(std::move(file)), path_(std::move(path)), raise_(raise) {}
   [[noreturn]] void expected(const char* type) const;
+  [[noreturn]] void raise(const std::string& message) const;
   const nlohmann::json* j_;
   std::string file_;
   std::string path_;   // JSON pointer; "" is the root
+  Raise raise_;
 };
 
-}  // namespace rh::ckpt
+}  // namespace rh

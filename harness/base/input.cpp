@@ -1,5 +1,5 @@
-// Bounded JSON reading, regular-file opening and the checked accessor (see json_guard.h).
-#include "harness/checkpoint/json_guard.h"
+// Bounded JSON reading, regular-file opening and the checked accessor (see input.h).
+#include "harness/base/input.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,9 +14,7 @@
 #include <vector>
 #include <stdexcept>
 
-#include "harness/checkpoint/errors.h"
-
-namespace rh::ckpt {
+namespace rh {
 
 size_t json_depth_violation(const char* p, size_t n, int max_depth) {
   int depth = 0;
@@ -225,7 +223,7 @@ const char* file_type(mode_t m) {
 }
 
 [[noreturn]] void sys_fail(const std::string& what, const std::string& path) {
-  throw CheckpointError(what + " " + path + ": " + std::strerror(errno));
+  throw InputError(what + " " + path + ": " + std::strerror(errno));
 }
 
 }  // namespace
@@ -234,7 +232,7 @@ int open_regular_file(const std::string& path, uint64_t* size, bool no_follow) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (no_follow ? O_NOFOLLOW : 0));
   if (fd < 0) {
     if (no_follow && errno == ELOOP)
-      throw CheckpointError(path + ": is a symbolic link; refused (checkpoint files must be regular files "
+      throw InputError(path + ": is a symbolic link; refused (checkpoint files must be regular files "
                                    "inside the checkpoint directory)");
     sys_fail("cannot open", path);
   }
@@ -247,7 +245,7 @@ int open_regular_file(const std::string& path, uint64_t* size, bool no_follow) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw CheckpointError(path + ": is " + std::string(file_type(st.st_mode)) + ", expected a regular file");
+    throw InputError(path + ": is " + std::string(file_type(st.st_mode)) + ", expected a regular file");
   }
   const int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
@@ -265,7 +263,7 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool 
   const int fd = open_regular_file(path, &size, no_follow);
   auto too_big = [&](const std::string& got) {
     ::close(fd);
-    throw CheckpointError(path + ": " + got + ", more than the " + std::to_string(max_bytes) +
+    throw InputError(path + ": " + got + ", more than the " + std::to_string(max_bytes) +
                           "-byte limit for this file");
   };
   if (size > max_bytes) too_big(std::to_string(size) + " bytes");
@@ -290,8 +288,15 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool 
 
 // ---------------------------------------------------------------- JsonField
 
+void JsonField::raise_input_error(const std::string& message) { throw InputError(message); }
+
+void JsonField::raise(const std::string& message) const {
+  raise_(message);
+  throw InputError(message);   // a Raise that returned
+}
+
 void JsonField::fail(const std::string& what) const {
-  throw CheckpointError(file_ + ": field " + (path_.empty() ? std::string("(top level)") : path_) + ": " + what);
+  raise(file_ + ": field " + (path_.empty() ? std::string("(top level)") : path_) + ": " + what);
 }
 
 void JsonField::expected(const char* type) const {
@@ -302,15 +307,15 @@ JsonField JsonField::operator[](const std::string& key) const {
   if (!j_->is_object()) expected("an object");
   auto it = j_->find(key);
   if (it == j_->end())
-    throw CheckpointError(file_ + ": field " + path_ + "/" + quote_text(key) + ": missing");
-  return JsonField(&*it, file_, path_ + "/" + quote_text(key));
+    raise(file_ + ": field " + path_ + "/" + quote_text(key) + ": missing");
+  return JsonField(&*it, file_, path_ + "/" + quote_text(key), raise_);
 }
 
 JsonField JsonField::operator[](size_t i) const {
   if (!j_->is_array()) expected("an array");
   if (i >= j_->size())
     fail("has " + std::to_string(j_->size()) + " elements, element " + std::to_string(i) + " is missing");
-  return JsonField(&(*j_)[i], file_, path_ + "/" + std::to_string(i));
+  return JsonField(&(*j_)[i], file_, path_ + "/" + std::to_string(i), raise_);
 }
 
 bool JsonField::has(const std::string& key) const { return j_->is_object() && j_->contains(key); }
@@ -333,7 +338,7 @@ void JsonField::each(const std::function<void(const JsonField&)>& fn) const {
 void JsonField::each_member(const std::function<void(const std::string&, const JsonField&)>& fn) const {
   if (!j_->is_object()) expected("an object");
   for (auto it = j_->begin(); it != j_->end(); ++it)
-    fn(it.key(), JsonField(&it.value(), file_, path_ + "/" + quote_text(it.key())));
+    fn(it.key(), JsonField(&it.value(), file_, path_ + "/" + quote_text(it.key()), raise_));
 }
 
 std::string JsonField::str() const {
@@ -368,4 +373,4 @@ uint64_t JsonField::u64(uint64_t hi) const {
   return v;
 }
 
-}  // namespace rh::ckpt
+}  // namespace rh

@@ -1,5 +1,5 @@
 // Durable-file helpers (see fsutil.h). POSIX only; the project targets Linux.
-#include "harness/checkpoint/fsutil.h"
+#include "harness/base/fsutil.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -12,17 +12,17 @@
 #include <cstring>
 #include <filesystem>
 
+#include "harness/base/input.h"
 #include "harness/base/text.h"
-#include "harness/checkpoint/errors.h"
 
-namespace rh::ckpt {
+namespace rh {
 
 namespace fs = std::filesystem;
 
 void throw_errno(const std::string& what, const std::string& path) {
   const int err = errno;
   throw_if_disk_errno(what, path, err);   // the disk, not the checkpoint: exit 4
-  throw CheckpointError(what + " " + path + ": " + std::strerror(err));
+  throw FileError(what + " " + path + ": " + std::strerror(err));
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
@@ -122,7 +122,7 @@ bool path_exists(const std::string& path) {
 void remove_tree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-  if (ec) throw CheckpointError("cannot remove " + path + ": " + ec.message());
+  if (ec) throw FileError("cannot remove " + path + ": " + ec.message());
 }
 
 bool exchange_dirs(const std::string& a, const std::string& b) {
@@ -157,13 +157,13 @@ std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what)
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    throw CheckpointError(what + ": invalid hex character '" + std::string(1, c) + "'");
+    throw InputError(what + ": invalid hex character '" + std::string(1, c) + "'");
   };
-  if (hex.size() % 2 != 0) throw CheckpointError(what + ": hex string of odd length");
+  if (hex.size() % 2 != 0) throw InputError(what + ": hex string of odd length");
   std::vector<uint8_t> out(hex.size() / 2);
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
   return out;
 }
 
-}  // namespace rh::ckpt
+}  // namespace rh
