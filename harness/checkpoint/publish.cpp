@@ -8,7 +8,7 @@
 
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
 

@@ -3,7 +3,7 @@
 
 #include <type_traits>
 
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/checked_io.h"
 
 namespace rh::ckpt {

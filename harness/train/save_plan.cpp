@@ -5,7 +5,7 @@
 
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/fsutil.h"
+#include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/checked_io.h"
 
 namespace rh {
