@@ -39,7 +39,7 @@ double matrix_seconds(const std::string& file, const fs::path& dir, size_t* n, s
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   rh::pin_cross_machine_numerics(argv);   // may re-execute this benchmark
@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   auto r = rh::run_check(s, o);
   const double check = secs(t0, now());
   std::printf("%s\n", rh::describe(rh::runtime_info()).c_str());
-  std::printf("resumed runs start by: %s\n", rh::prestarted_worker_running() ? "fork of the pre-started worker" : "exec");
+  std::printf("resumed runs start by: %s\n",
+              rh::prestarted_worker_running() ? "fork of the pre-started worker" : "exec");
   std::printf("check %s: %s\n", s.name.c_str(), r.verdict.c_str());
   std::printf("bare training of N + (N-K) = %lld iterations: %.3f s\n", static_cast<long long>(2 * N - K), bare);
   std::printf("one check (baseline + resumed + comparisons): %.3f s\n", check);

@@ -91,7 +91,7 @@ void fsync_path(const std::string& p) {
   ::close(fd);
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   double gb = 1.0;
@@ -105,11 +105,17 @@ int main(int argc, char** argv) {
       --i;
       continue;
     }
-    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); return 2; }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--gb") gb = std::stod(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--dir") base = argv[i + 1];
-    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
   }
   torch::set_num_threads(1);
   const fs::path dir = fs::path(base) / ("rh_bench_ckpt_" + std::to_string(::getpid()));
@@ -225,18 +231,20 @@ int main(int argc, char** argv) {
     same = same && torch::equal(opt->stored(p, StateKey::exp_avg).data, opt2->stored(p, StateKey::exp_avg).data);
 
   const double mb = bytes / 1e6;
-  std::printf("bench_checkpoint: %.0f MB of tensors (%lld x %lld fp32 params + master + 2 moments), median of %d\n",
-              mb, (long long)n_tensors, (long long)numel, reps);
-  std::printf("  save_checkpoint %7.3f s %7.0f MB/s | plain write+fsync %7.3f s | torch::save+fsync %7.3f s\n",
-              t_save, mb / t_save, t_write, t_tsave);
-  std::printf("  load_checkpoint %7.3f s %7.0f MB/s | plain read        %7.3f s | torch::load+copy  %7.3f s\n",
-              t_load, mb / t_load, t_read, t_tload);
+  std::printf("bench_checkpoint: %.0f MB of tensors (%lld x %lld fp32 params + master + 2 moments), median of %d\n", mb,
+              (long long)n_tensors, (long long)numel, reps);
+  std::printf("  save_checkpoint %7.3f s %7.0f MB/s | plain write+fsync %7.3f s | torch::save+fsync %7.3f s\n", t_save,
+              mb / t_save, t_write, t_tsave);
+  std::printf("  load_checkpoint %7.3f s %7.0f MB/s | plain read        %7.3f s | torch::load+copy  %7.3f s\n", t_load,
+              mb / t_load, t_read, t_tload);
   std::printf("    (%s) load = verify %.3f s (nothing touched yet) + restore %.3f s; torch::load alone %.3f s\n",
               cold ? "cold: files evicted from the page cache before each load" : "warm: files in the page cache",
               median(verify), median(apply), median(tload_only));
-  std::printf("    first load (fresh staging memory) %.3f s = %.2fx plain read; loads after it reuse the pool;\n"
-              "    peak memory a load adds over the state it replaces: first %.0f MB, median %.0f MB (%.2fx the %.0f MB state)\n",
-              load[0], t_read / load[0], peak_extra[0], median(peak_extra), median(peak_extra) / mb, mb);
+  std::printf(
+      "    first load (fresh staging memory) %.3f s = %.2fx plain read; loads after it reuse the pool;\n"
+      "    peak memory a load adds over the state it replaces: first %.0f MB, median %.0f MB (%.2fx the %.0f MB "
+      "state)\n",
+      load[0], t_read / load[0], peak_extra[0], median(peak_extra), median(peak_extra) / mb, mb);
   std::printf("  save: %.2fx plain write (target >= 0.8), %.2fx faster than torch::save (target >= 3)\n",
               t_write / t_save, t_tsave / t_save);
   std::printf("  load: %.2fx plain read (target >= 0.85), %.2fx faster than torch::load+copy (target >= 3)\n",

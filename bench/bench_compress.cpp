@@ -189,21 +189,26 @@ void one_config(const char* name, Dtype moments, double gb, int reps, int steps,
               (long long)(n_tensors * numel), (long long)n_tensors, (long long)numel, steps, t_train, bp / 1e6);
   std::printf("  bytes/param: uncompressed %.3f, compressed %.3f (%.1f %% of uncompressed)\n", bp / params, bz / params,
               100.0 * bz / bp);
-  std::printf("  save: uncompressed %.3f s, compressed %.3f s = %.2fx the speed (target >= 0.5)\n", median(sp), median(sz),
-              median(sp) / median(sz));
-  std::printf("  load: uncompressed %.3f s, compressed %.3f s = %.2fx the speed (target >= 0.5); compressed verify+decode %.3f s\n",
-              median(lp), median(lz), median(lp) / median(lz), median(vz));
-  std::printf("  first save and load (no pooled memory, as in a fresh process, the way a resume loads): save uncompressed %.3f s,"
-              " compressed %.3f s = %.2fx; load uncompressed %.3f s, compressed %.3f s = %.2fx (the medians reuse pooled"
-              " buffers, as every save after the first in a training run)\n",
-              sp[0], sz[0], sp[0] / sz[0], lp[0], lz[0], lp[0] / lz[0]);
-  std::printf("  state loaded from the compressed checkpoint equal to the saved one, bit for bit: %s\n", same ? "yes" : "NO");
+  std::printf("  save: uncompressed %.3f s, compressed %.3f s = %.2fx the speed (target >= 0.5)\n", median(sp),
+              median(sz), median(sp) / median(sz));
+  std::printf(
+      "  load: uncompressed %.3f s, compressed %.3f s = %.2fx the speed (target >= 0.5); compressed verify+decode %.3f "
+      "s\n",
+      median(lp), median(lz), median(lp) / median(lz), median(vz));
+  std::printf(
+      "  first save and load (no pooled memory, as in a fresh process, the way a resume loads): save uncompressed %.3f "
+      "s,"
+      " compressed %.3f s = %.2fx; load uncompressed %.3f s, compressed %.3f s = %.2fx (the medians reuse pooled"
+      " buffers, as every save after the first in a training run)\n",
+      sp[0], sz[0], sp[0] / sz[0], lp[0], lz[0], lp[0] / lz[0]);
+  std::printf("  state loaded from the compressed checkpoint equal to the saved one, bit for bit: %s\n",
+              same ? "yes" : "NO");
 
   // Codec comparison on the same bytes, per key.
   std::map<std::string, std::vector<Span>> spans;
   for (const auto& p : model.named_parameters())
-    spans["model bf16"].push_back({"model", static_cast<const uint8_t*>(p.value().data_ptr()),
-                                   static_cast<uint64_t>(p.value().numel() * 2), 2});
+    spans["model bf16"].push_back(
+        {"model", static_cast<const uint8_t*>(p.value().data_ptr()), static_cast<uint64_t>(p.value().numel() * 2), 2});
   std::vector<torch::Tensor> keep;
   for (const auto& p : opt->param_names())
     for (StateKey k : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
@@ -215,8 +220,8 @@ void one_config(const char* name, Dtype moments, double gb, int reps, int steps,
                              static_cast<uint64_t>(t.numel() * t.element_size()), static_cast<int>(t.element_size())});
     }
   std::printf("  per key: stored bytes as %% of raw (single-core encode MB/s)\n");
-  std::printf("  %-22s %15s %15s %15s %15s %15s %15s %10s %10s\n", "key", "zstd-3 blocks", "zstd-3 frame", "planes+zstd-1",
-              "planes+zstd-3", "planes+fast-3H", "planes+z1 mm7", "planes+Huf", "entropy");
+  std::printf("  %-22s %15s %15s %15s %15s %15s %15s %10s %10s\n", "key", "zstd-3 blocks", "zstd-3 frame",
+              "planes+zstd-1", "planes+zstd-3", "planes+fast-3H", "planes+z1 mm7", "planes+Huf", "entropy");
   uint64_t tot_raw = 0, tot_plain = 0, tot_z1 = 0;
   for (const auto& [kind, sv] : spans) {
     uint64_t raw = 0;
@@ -230,8 +235,8 @@ void one_config(const char* name, Dtype moments, double gb, int reps, int steps,
     z3.level = 3;
     fast.level = -3;
     fast.huffman_literals = true;
-    const ModeResult a = run_codec(sv, plain), b = whole_frame_zstd(sv, 3), c = run_codec(sv, z1), d = run_codec(sv, z3),
-                     e = run_codec(sv, fast), f = run_codec(sv, mm7);
+    const ModeResult a = run_codec(sv, plain), b = whole_frame_zstd(sv, 3), c = run_codec(sv, z1),
+                     d = run_codec(sv, z3), e = run_codec(sv, fast), f = run_codec(sv, mm7);
     uint64_t huf = 0, ent = 0;
     planes_bounds(sv, &huf, &ent);
     auto cell = [&](const ModeResult& m) {
@@ -239,19 +244,21 @@ void one_config(const char* name, Dtype moments, double gb, int reps, int steps,
       std::snprintf(buf, sizeof buf, "%5.1f%% (%4.0f)", 100.0 * m.stored / raw, raw / 1e6 / m.seconds);
       return std::string(buf);
     };
-    std::printf("  %-22s %15s %15s %15s %15s %15s %15s %9.1f%% %9.1f%%\n", kind.c_str(), cell(a).c_str(), cell(b).c_str(),
-                cell(c).c_str(), cell(d).c_str(), cell(e).c_str(), cell(f).c_str(), 100.0 * huf / raw, 100.0 * ent / raw);
+    std::printf("  %-22s %15s %15s %15s %15s %15s %15s %9.1f%% %9.1f%%\n", kind.c_str(), cell(a).c_str(),
+                cell(b).c_str(), cell(c).c_str(), cell(d).c_str(), cell(e).c_str(), cell(f).c_str(), 100.0 * huf / raw,
+                100.0 * ent / raw);
     tot_raw += raw;
     tot_plain += a.stored;
     tot_z1 += c.stored;
   }
-  std::printf("  all tensors: planes+zstd-1 %.1f %% of raw vs plain zstd-3 (blocks) %.1f %%: %.1f %% smaller (target >= 10)\n",
-              100.0 * tot_z1 / tot_raw, 100.0 * tot_plain / tot_raw, 100.0 * (1.0 - double(tot_z1) / tot_plain));
+  std::printf(
+      "  all tensors: planes+zstd-1 %.1f %% of raw vs plain zstd-3 (blocks) %.1f %%: %.1f %% smaller (target >= 10)\n",
+      100.0 * tot_z1 / tot_raw, 100.0 * tot_plain / tot_raw, 100.0 * (1.0 - double(tot_z1) / tot_plain));
   fs::remove_all(root_p);
   fs::remove_all(root_z);
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   double gb = 1.0;
@@ -263,7 +270,10 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--steps") steps = std::stoi(argv[i + 1]);
     else if (a == "--dir") base = argv[i + 1];
-    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
   }
   torch::set_num_threads(1);
   const fs::path dir = fs::path(base) / ("rh_bench_compress_" + std::to_string(::getpid()));

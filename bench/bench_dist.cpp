@@ -73,7 +73,8 @@ int worker(const std::string& out) {
     std::snprintf(name, sizeof name, "optim_rank_%05d.safetensors", place.rank);
     shard_bytes = fs::file_size(fs::path(res.dir) / name);
   }
-  std::ofstream(out + "." + std::to_string(place.rank)) << median(steps) << " " << median(saves) << " " << shard_bytes << "\n";
+  std::ofstream(out + "." + std::to_string(place.rank))
+      << median(steps) << " " << median(saves) << " " << shard_bytes << "\n";
   return 0;
 }
 
@@ -104,7 +105,8 @@ Result run_size(int n, const fs::path& dir) {
   for (pid_t p : pids) {
     int status = 0;
     waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("a rank of the " + std::to_string(n) + "-rank run failed");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error("a rank of the " + std::to_string(n) + "-rank run failed");
   }
   Result res;
   std::vector<double> step, save;
@@ -124,7 +126,7 @@ Result run_size(int n, const fs::path& dir) {
   return res;
 }
 
-}  // namespace
+}   // namespace
 
 int main() {
   if (const char* out = std::getenv("RH_BENCH_WORKER")) return worker(out);
@@ -134,7 +136,9 @@ int main() {
   std::vector<int> sizes{1, 2, 4};
   std::vector<Result> res;
   for (int n : sizes) res.push_back(run_size(n, dir));
-  std::printf("data-parallel ranks | step s (ratio to 1) | save s (ratio to 1) | model bytes (rank 0) | optimizer shard bytes per rank\n");
+  std::printf(
+      "data-parallel ranks | step s (ratio to 1) | save s (ratio to 1) | model bytes (rank 0) | optimizer shard bytes "
+      "per rank\n");
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::string b;
     for (uint64_t x : res[i].bytes) b += (b.empty() ? "" : ", ") + std::to_string(x);

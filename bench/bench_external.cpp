@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     std::printf("%-60s %10.3f %10.3f %8.1f%%\n", s.name.c_str(), t, a, 100.0 * (a - t) / t);
   }
   fs::remove_all(work);
-  std::printf("%-60s %10.3f %10.3f %8.1f%%\n", "all", total_trainer, total_all, 100.0 * (total_all - total_trainer) / total_trainer);
+  std::printf("%-60s %10.3f %10.3f %8.1f%%\n", "all", total_trainer, total_all,
+              100.0 * (total_all - total_trainer) / total_trainer);
   if (failed) {
     std::fprintf(stderr, "bench_external: some cells FAILED; the figures above are not valid\n");
     return 1;

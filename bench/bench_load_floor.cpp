@@ -53,7 +53,7 @@ void pread_all(int fd, char* p, size_t n, size_t off) {
   }
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   double gb = 1.0;
@@ -61,11 +61,17 @@ int main(int argc, char** argv) {
   std::string base = "/tmp";
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); return 2; }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "--gb") gb = std::stod(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--dir") base = argv[i + 1];
-    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
   }
   const size_t n = static_cast<size_t>(gb * 1e9) / 4096 * 4096;
   const std::string path = base + "/rh_bench_floor_" + std::to_string(::getpid()) + ".bin";
@@ -116,11 +122,13 @@ int main(int argc, char** argv) {
         XXH3_freeState(s);
       });
     };
-    t_fused.push_back(seconds([&] {
-      mapped([&](const char* m) { fused([&](size_t o, size_t k) { std::memcpy(dest + o, m + o, k); }); });
-    }));
+    t_fused.push_back(seconds(
+        [&] { mapped([&](const char* m) { fused([&](size_t o, size_t k) { std::memcpy(dest + o, m + o, k); }); }); }));
     t_pread.push_back(seconds([&] { fused([&](size_t o, size_t k) { pread_all(fd, dest + o, k, o); }); }));
-    if (got != want) { std::fprintf(stderr, "checksums differ: the passes did not see the file\n"); return 1; }
+    if (got != want) {
+      std::fprintf(stderr, "checksums differ: the passes did not see the file\n");
+      return 1;
+    }
   }
   ::close(fd);
   ::unlink(path.c_str());

@@ -115,7 +115,7 @@ double add_process(Tally& t, const nlohmann::json& p) {
   return num(p, "total");
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> files;
@@ -217,10 +217,12 @@ int main(int argc, char** argv) {
     std::vector<std::pair<double, std::string>> rows;
     for (const auto& [k, v] : t.worker) rows.emplace_back(v, k);
     std::sort(rows.rbegin(), rows.rend());
-    for (const auto& [v, k] : rows) std::printf("  %8.1f s  %5.1f %%  %s\n", v / J, 100.0 * v / (tool_wall * J), k.c_str());
+    for (const auto& [v, k] : rows)
+      std::printf("  %8.1f s  %5.1f %%  %s\n", v / J, 100.0 * v / (tool_wall * J), k.c_str());
     std::printf("  %8.1f s  %5.1f %%  unaccounted\n", unaccounted / J, 100.0 * unaccounted / (tool_wall * J));
-    std::printf("not in the workers' time: ranks 1.. of data-parallel processes, %.1f core-seconds (%.1f s at %d cores)\n",
-                t.extra_rank_core, t.extra_rank_core / J, jobs);
+    std::printf(
+        "not in the workers' time: ranks 1.. of data-parallel processes, %.1f core-seconds (%.1f s at %d cores)\n",
+        t.extra_rank_core, t.extra_rank_core / J, jobs);
     fs::remove_all(dir);
   }
   return rc;

@@ -56,8 +56,7 @@ struct Subject {
     }
     opt = std::make_unique<PrecisionAdam>(groups, c);
     if (opt->master_mode() != mode.master) {
-      std::fprintf(stderr, "bench_optim: mode %s did not take effect: %s\n", mode.name,
-                   opt->describe().c_str());
+      std::fprintf(stderr, "bench_optim: mode %s did not take effect: %s\n", mode.name, opt->describe().c_str());
       std::exit(1);
     }
     for (auto& p : params) p.mutable_grad() = torch::randn({kNumel}).to(torch::kBFloat16) * 1e-2;
@@ -65,7 +64,7 @@ struct Subject {
   }
 };
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
@@ -103,8 +102,8 @@ int main(int argc, char** argv) {
       ratio[i].push_back(t / b);
     }
   }
-  std::printf("optimizer step, %lld x %lld params, 1 thread, median of %d rounds\n",
-              static_cast<long long>(kTensors), static_cast<long long>(kNumel), rounds);
+  std::printf("optimizer step, %lld x %lld params, 1 thread, median of %d rounds\n", static_cast<long long>(kTensors),
+              static_cast<long long>(kNumel), rounds);
   std::printf("%-34s %10s %8s\n", "mode", "ms/step", "ratio");
   std::printf("%-34s %10.1f %8.2f\n", "torch::optim::AdamW (fp32)", median(base), 1.0);
   double worst = 0;

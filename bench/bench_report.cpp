@@ -76,16 +76,21 @@ std::string disk_csv(size_t policy_index) {
   return "file,key,kind,dtype,numel,bytes\n"
          "model.safetensors,w,model,BF16,984704,1969408\n"
          "optim_rank_00000.safetensors,w/master_param,master_param,F32,984704,3938816\n"
-         "optim_rank_00000.safetensors,w/exp_avg,exp_avg," + m + ",984704," + mb + "\n"
-         "optim_rank_00000.safetensors,w/exp_avg_sq,exp_avg_sq," + m + ",984704," + mb + "\n"
+         "optim_rank_00000.safetensors,w/exp_avg,exp_avg," +
+         m + ",984704," + mb +
+         "\n"
+         "optim_rank_00000.safetensors,w/exp_avg_sq,exp_avg_sq," +
+         m + ",984704," + mb +
+         "\n"
          "model.safetensors,<header>,metadata,,0,120\n"
          "optim_rank_00000.safetensors,<header>,metadata,,0,260\n"
          "manifest.json,<manifest>,metadata,,0,2400\n";
 }
 
 std::string metrics_csv(int from, int to) {
-  std::string s = "iteration,consumed_samples,lm_loss,lm_loss_hex,aux_loss,aux_loss_hex,total_loss,"
-                  "total_loss_hex,grad_norm,grad_norm_hex,lr,lr_hex,num_zeros\n";
+  std::string s =
+      "iteration,consumed_samples,lm_loss,lm_loss_hex,aux_loss,aux_loss_hex,total_loss,"
+      "total_loss_hex,grad_norm,grad_norm_hex,lr,lr_hex,num_zeros\n";
   for (int i = from; i <= to; ++i) {
     const double l = 4.0 - i / 8.0;
     char buf[512];
@@ -112,8 +117,12 @@ std::string state_csv(size_t policy_index) {
   return "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n"
          "after_load,model/w,model,BF16,BF16,984704,1,0,0\n"
          "after_load,w/master_param,master_param,F32,F32,984704,1,0,0\n"
-         "after_load,w/exp_avg,exp_avg," + m + "," + m + ",984704,1,0,0\n"
-         "after_load,w/exp_avg_sq,exp_avg_sq," + m + "," + m + ",984704,1,0,0\n"
+         "after_load,w/exp_avg,exp_avg," +
+         m + "," + m +
+         ",984704,1,0,0\n"
+         "after_load,w/exp_avg_sq,exp_avg_sq," +
+         m + "," + m +
+         ",984704,1,0,0\n"
          "final,model/w,model,BF16,BF16,984704,1,0,0\n";
 }
 
@@ -135,12 +144,15 @@ void write_run(const fs::path& d, size_t n, bool files) {
     const std::string bytes = bf16 ? "9851904" : "13790720", bpp = bf16 ? "10.0049" : "14.0049";
     std::string row = "\"" + s.name + "\",exact,";
     if (i % 101 == 7) {   // errored: a message with commas, quoted
-      row += "0,error,\"FAIL: error: baseline process exited with 134, core dumped\",\"baseline process exited with "
-             "134, core dumped\",0,,,,,,,0,0,0," + s.policy + ",none,fp32,fp32,fp32,0.5,none,0\n";
+      row +=
+          "0,error,\"FAIL: error: baseline process exited with 134, core dumped\",\"baseline process exited with "
+          "134, core dumped\",0,,,,,,,0,0,0," +
+          s.policy + ",none,fp32,fp32,fp32,0.5,none,0\n";
     } else if (i % 97 == 3) {   // diverged where a bit-exact resume was expected
-      row += "0,diverged,\"FAIL: expected a bit-exact resume: after load: w/exp_avg\",after load: w/exp_avg,"
-             "0.0078125,0,0,,3,0,," + bytes + "," + bpp + ",984704," + s.policy + ",none,fp32,fp32,fp32,2.5,none," +
-             bpp + "\n";
+      row +=
+          "0,diverged,\"FAIL: expected a bit-exact resume: after load: w/exp_avg\",after load: w/exp_avg,"
+          "0.0078125,0,0,,3,0,," +
+          bytes + "," + bpp + ",984704," + s.policy + ",none,fp32,fp32,fp32,2.5,none," + bpp + "\n";
     } else {
       row += "1,identical,PASS: bit-exact resume,,0,0,0,,0,0,," + bytes + "," + bpp + ",984704," + s.policy +
              ",none,fp32,fp32,fp32,2.0,none," + bpp + "\n";
@@ -160,7 +172,8 @@ void write_run(const fs::path& d, size_t n, bool files) {
   for (size_t p = 0; p < 4; ++p)
     for (size_t j = 0; j < kSharedDirs && j < n; ++j) {
       const fs::path sd = d / "scenarios" / ("shared_" + std::string(kPolicies[p]) + "_" + std::to_string(j));
-      write(sd / "result.json", R"({"save_at":10,"iterations":20})" "\n");
+      write(sd / "result.json", R"({"save_at":10,"iterations":20})"
+                                "\n");
       write(sd / "disk.csv", disk_csv(p));
       write(sd / "state_compare.csv", state_csv(p));
       write(sd / "metrics_compare.csv", metrics_compare_csv(11, 20));
@@ -212,7 +225,7 @@ bool time_report(const fs::path& d, size_t n) {
   return true;
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   bool plots = true;
@@ -237,8 +250,8 @@ int main(int argc, char** argv) {
   const std::string python = env_py && *env_py ? env_py : "/usr/bin/python3";
   // The report skips its plots (a script that does not exist): the plot step is timed on its own.
   setenv("RH_PLOTS_SCRIPT", "/nonexistent/bench_report/plots.py", 1);
-  const fs::path base = keep.empty() ? fs::temp_directory_path() / ("rh_bench_report_" + std::to_string(getpid()))
-                                     : fs::path(keep);
+  const fs::path base =
+      keep.empty() ? fs::temp_directory_path() / ("rh_bench_report_" + std::to_string(getpid())) : fs::path(keep);
   for (size_t n : sizes)
     for (bool files : {false, true}) {
       const fs::path d = base / ((files ? "files_" : "summary_") + std::to_string(n));

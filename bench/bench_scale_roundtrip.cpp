@@ -38,9 +38,12 @@ int main(int argc, char** argv) {
     uint64_t S = 0, I = 0, C = 0, A = 0;
     for (unsigned t = 0; t < T; ++t) S += sc[t], I += si[t], C += co[t], A += any[t];
     const double n = double(hi - lo);
-    std::printf("%s: %u amax values in [1,2), %zu probe codes each\n", fp8 ? "fp8 " : "fp16", hi - lo, probe.size() + 1);
+    std::printf("%s: %u amax values in [1,2), %zu probe codes each\n", fp8 ? "fp8 " : "fp16", hi - lo,
+                probe.size() + 1);
     std::printf("  scale changed      %9llu  (%.4f %%)\n", (unsigned long long)S, 100.0 * S / n);
-    if (fp8) std::printf("  scale_inv changed  %9llu  (%.4f %%)  <- what fp8 decodes with\n", (unsigned long long)I, 100.0 * I / n);
+    if (fp8)
+      std::printf("  scale_inv changed  %9llu  (%.4f %%)  <- what fp8 decodes with\n", (unsigned long long)I,
+                  100.0 * I / n);
     std::printf("  codes changed      %9llu  (%.4f %%)\n", (unsigned long long)C, 100.0 * C / n);
     std::printf("  any of them changed %8llu  (%.4f %%)\n", (unsigned long long)A, 100.0 * A / n);
   }

@@ -22,19 +22,19 @@ double best_of(const rh::RunConfig& cfg, int reps) {
   return best;
 }
 
-}  // namespace
+}   // namespace
 
 int main() {
   rh::configure_determinism(1);
   std::printf("%s\n", rh::describe(rh::runtime_info()).c_str());
-  rh::RunConfig def;                         // the default run: bf16 params, compute = auto (fp32 on CPU)
+  rh::RunConfig def;   // the default run: bf16 params, compute = auto (fp32 on CPU)
   def.optim.use_precision_aware_optimizer = true;
   def.optim.exp_avg_dtype = rh::optim::Dtype::bf16;
   def.optim.exp_avg_sq_dtype = rh::optim::Dtype::bf16;
-  rh::RunConfig fp32 = def;                  // the bf16 path replaced by plain fp32 compute
+  rh::RunConfig fp32 = def;   // the bf16 path replaced by plain fp32 compute
   fp32.model.param_dtype = "fp32";
   fp32.optim = rh::optim::OptimizerConfig{};
-  rh::RunConfig native = def;                // bf16 ops (what a GPU runs)
+  rh::RunConfig native = def;   // bf16 ops (what a GPU runs)
   native.model.compute = "native";
   const int reps = 2;
   const double t_def = best_of(def, reps), t_fp32 = best_of(fp32, reps);

@@ -18,4 +18,4 @@ inline double median(std::vector<double> t) {
   return t[t.size() / 2];
 }
 
-}  // namespace rh_bench
+}   // namespace rh_bench

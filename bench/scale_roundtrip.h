@@ -25,7 +25,9 @@ struct RoundTrip {
 // (the reference's search, without its std::pow per probe) so 10^9 round trips take seconds.
 struct E4M3Table {
   float v[128];
-  E4M3Table() { for (int c = 0; c < 128; ++c) v[c] = optim_ref::e4m3_decode(static_cast<uint8_t>(c)); }
+  E4M3Table() {
+    for (int c = 0; c < 128; ++c) v[c] = optim_ref::e4m3_decode(static_cast<uint8_t>(c));
+  }
   // Positive x only (the round trip is sign-symmetric): nearest code, ties to even, saturating.
   uint32_t encode(float x) const {
     if (std::isnan(x)) return 0x7F;
@@ -33,25 +35,27 @@ struct E4M3Table {
     int lo = 0, hi = 0x7E;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (v[mid] <= x) lo = mid; else hi = mid - 1;
+      if (v[mid] <= x) lo = mid;
+      else hi = mid - 1;
     }
     if (lo == 0x7E) return 0x7E;
     const double dlo = double(x) - v[lo], dhi = double(v[lo + 1]) - x;
     return static_cast<uint32_t>(dlo < dhi ? lo : dhi < dlo ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1));
   }
 };
-inline const E4M3Table& e4m3_table() { static const E4M3Table t; return t; }
+inline const E4M3Table& e4m3_table() {
+  static const E4M3Table t;
+  return t;
+}
 inline float code_value(bool fp8, uint32_t code) {
   return fp8 ? e4m3_table().v[code & 0x7F] : optim_ref::fp16_to_f(static_cast<uint16_t>(code));
 }
-inline uint32_t encode_code(bool fp8, float x) {
-  return fp8 ? e4m3_table().encode(x) : optim_ref::fp16_rne(x);
-}
+inline uint32_t encode_code(bool fp8, float x) { return fp8 ? e4m3_table().encode(x) : optim_ref::fp16_rne(x); }
 
 inline RoundTrip roundtrip(float amax, bool fp8, const std::vector<uint32_t>& probe) {
   using optim::codec::make_scaling;
   const optim::codec::Scaling sc = make_scaling(amax, fp8, false);
-  const uint32_t top = encode_code(fp8, amax * sc.mult);   // the amax element's code
+  const uint32_t top = encode_code(fp8, amax * sc.mult);     // the amax element's code
   const float u_max = code_value(fp8, top) * sc.scale_inv;   // saved fp32 value of it
   const optim::codec::Scaling re = make_scaling(u_max, fp8, false);
   RoundTrip r;
@@ -80,4 +84,4 @@ inline std::vector<uint32_t> probe_codes(bool fp8, uint32_t fp16_stride) {
   return out;
 }
 
-}  // namespace rh::bench
+}   // namespace rh::bench

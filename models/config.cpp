@@ -10,8 +10,7 @@
 namespace rh::models {
 namespace {
 
-[[noreturn]] void bad_field(const std::string& field, const std::string& got,
-                            const std::string& expected) {
+[[noreturn]] void bad_field(const std::string& field, const std::string& got, const std::string& expected) {
   throw std::invalid_argument("ModelConfig." + field + " (" + got + ") " + expected);
 }
 
@@ -38,7 +37,7 @@ void require_positive_finite(const std::string& field, double v) {
   if (!(std::isfinite(v) && v > 0.0)) bad_field(field, num(v), "must be finite and > 0");
 }
 
-}  // namespace
+}   // namespace
 
 void validate_config(const ModelConfig& cfg) {
   require_positive("vocab_size", cfg.vocab_size);
@@ -47,23 +46,22 @@ void validate_config(const ModelConfig& cfg) {
   require_positive("n_layers", cfg.n_layers);
   require_positive("n_heads", cfg.n_heads);
   if (cfg.d_model % cfg.n_heads != 0)
-    bad_field("d_model", std::to_string(cfg.d_model),
-              "must be divisible by n_heads = " + std::to_string(cfg.n_heads));
+    bad_field("d_model", std::to_string(cfg.d_model), "must be divisible by n_heads = " + std::to_string(cfg.n_heads));
   if ((cfg.d_model / cfg.n_heads) % 2 != 0)
     bad_field("n_heads", std::to_string(cfg.n_heads),
               "must give an even head dim d_model / n_heads for RoPE (got " +
                   std::to_string(cfg.d_model / cfg.n_heads) + ")");
   require_positive("n_experts", cfg.n_experts);
   if (cfg.top_k < 1 || cfg.top_k > cfg.n_experts)
-    bad_field("top_k", std::to_string(cfg.top_k),
-              "must be in [1, n_experts = " + std::to_string(cfg.n_experts) + "]");
+    bad_field("top_k", std::to_string(cfg.top_k), "must be in [1, n_experts = " + std::to_string(cfg.n_experts) + "]");
   if (cfg.score_function != "softmax" && cfg.score_function != "sigmoid")
     bad_field("score_function", cfg.score_function, "must be softmax or sigmoid");
   // transformer_config.py __post_init__: "Expert bias for aux-loss-free routing only supports
   // sigmoid score function."
   if (cfg.enable_expert_bias && cfg.score_function != "sigmoid")
     bad_field("enable_expert_bias", "true",
-              "needs score_function sigmoid: expert bias for aux-loss-free routing only supports sigmoid score function "
+              "needs score_function sigmoid: expert bias for aux-loss-free routing only supports sigmoid score "
+              "function "
               "(Megatron's transformer_config.py refuses it with softmax)");
   require_nonneg_finite("bias_update_rate", cfg.bias_update_rate);
   if (!std::isfinite(cfg.capacity_factor))
@@ -74,7 +72,8 @@ void validate_config(const ModelConfig& cfg) {
   // moe_pad_expert_input_to_capacity".
   if (cfg.pad_to_capacity && cfg.capacity_factor < 0.0)
     bad_field("pad_to_capacity", "true",
-              "needs capacity_factor >= 0: moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity");
+              "needs capacity_factor >= 0: moe_expert_capacity_factor must be set to use "
+              "moe_pad_expert_input_to_capacity");
   if (cfg.router_dtype != "none" && cfg.router_dtype != "fp32" && cfg.router_dtype != "fp64")
     bad_field("router_dtype", "\"" + cfg.router_dtype + "\"", "must be \"none\", \"fp32\" or \"fp64\"");
   if (cfg.dead_expert < -1 || cfg.dead_expert >= cfg.n_experts)
@@ -99,7 +98,7 @@ void validate_config(const ModelConfig& cfg) {
 
 Numerics resolve_numerics(const ModelConfig& cfg, const torch::Device& device) {
   Numerics n;
-  if (cfg.param_dtype == "fp32") return n;  // compute mode is irrelevant for fp32 params
+  if (cfg.param_dtype == "fp32") return n;   // compute mode is irrelevant for fp32 params
   n.param_dtype = torch::kBFloat16;
   const bool native = cfg.compute == "native" || (cfg.compute == "auto" && device.is_cuda());
   n.compute_dtype = native ? torch::kBFloat16 : torch::kFloat;
@@ -119,11 +118,10 @@ torch::Tensor dropout_fp32(const torch::Tensor& x, double p, bool training, torc
         "dropout: training with dropout > 0 needs a torch::Generator (got null); pass the "
         "generator the caller checkpoints, or call eval()");
   // Drawn on the generator's device so a CPU generator also drives a CUDA model (same bits).
-  auto mask =
-      torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
+  auto mask = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
   mask.bernoulli_(1.0 - p, *gen);
   mask = mask.to(x.device()).mul_(1.0 / (1.0 - p));
   return x.to(torch::kFloat) * mask;
 }
 
-}  // namespace rh::models
+}   // namespace rh::models

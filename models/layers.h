@@ -13,13 +13,10 @@ namespace rh::models {
 // like Megatron's. No bias; torch::nn::Linear is avoided because its constructor draws its own
 // init from the global generator.
 struct NoBiasLinearImpl : torch::nn::Module {
-  NoBiasLinearImpl(int64_t in_features, int64_t out_features, const Numerics& num,
-                   const torch::Device& device);
-  torch::Tensor forward(const torch::Tensor& x) {
-    return num.linear(x, weight);
-  }  // (.., in) -> (.., out)
+  NoBiasLinearImpl(int64_t in_features, int64_t out_features, const Numerics& num, const torch::Device& device);
+  torch::Tensor forward(const torch::Tensor& x) { return num.linear(x, weight); }   // (.., in) -> (.., out)
   Numerics num;
-  torch::Tensor weight;  // (out, in) in num.param_dtype
+  torch::Tensor weight;   // (out, in) in num.param_dtype
 };
 TORCH_MODULE(NoBiasLinear);
 
@@ -27,21 +24,20 @@ TORCH_MODULE(NoBiasLinear);
 // so that the gradient of a token seen many times accumulates in fp32 and is rounded to the param
 // dtype once (a bf16 lookup would accumulate in bf16).
 struct TokenEmbeddingImpl : torch::nn::Module {
-  TokenEmbeddingImpl(int64_t vocab_size, int64_t d_model, const Numerics& num,
-                     const torch::Device& device);
-  torch::Tensor forward(const torch::Tensor& tokens);  // (B, T) int64 -> (B, T, C) compute dtype
+  TokenEmbeddingImpl(int64_t vocab_size, int64_t d_model, const Numerics& num, const torch::Device& device);
+  torch::Tensor forward(const torch::Tensor& tokens);   // (B, T) int64 -> (B, T, C) compute dtype
   Numerics num;
-  torch::Tensor weight;  // (V, C)
+  torch::Tensor weight;   // (V, C)
 };
 TORCH_MODULE(TokenEmbedding);
 
 // y = x / sqrt(mean(x^2) + eps) * weight, statistics in fp32; weight (C) starts at ones.
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps, const Numerics& num, const torch::Device& device);
-  torch::Tensor forward(const torch::Tensor& x);  // (.., C) -> (.., C) in the compute dtype
+  torch::Tensor forward(const torch::Tensor& x);   // (.., C) -> (.., C) in the compute dtype
   double eps;
   Numerics num;
-  torch::Tensor weight;  // (C)
+  torch::Tensor weight;   // (C)
 };
 TORCH_MODULE(RMSNorm);
 
@@ -51,8 +47,7 @@ TORCH_MODULE(RMSNorm);
 struct RopeTables {
   torch::Tensor cos, sin;
 };
-RopeTables make_rope_tables(int64_t max_len, int64_t head_dim, double theta,
-                            const torch::Device& device);
+RopeTables make_rope_tables(int64_t max_len, int64_t head_dim, double theta, const torch::Device& device);
 // x: (B, H, T, D) any float dtype, T <= tables' max_len. Returns fp32 (B, H, T, D):
 // out[i] = x[i] cos - x[i+D/2] sin, out[i+D/2] = x[i+D/2] cos + x[i] sin.
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
@@ -67,11 +62,11 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   int64_t n_heads, head_dim;
   double attn_dropout;
   Numerics num;
-  NoBiasLinear qkv{nullptr};   // weight (3C, C): rows [q; k; v], each head-major (H, D)
-  NoBiasLinear proj{nullptr};  // weight (C, C)
-  RopeTables rope;             // not parameters: derived from the config
-  torch::Tensor causal_mask;   // (seq_len, seq_len) bool, true where a key lies in the future
+  NoBiasLinear qkv{nullptr};    // weight (3C, C): rows [q; k; v], each head-major (H, D)
+  NoBiasLinear proj{nullptr};   // weight (C, C)
+  RopeTables rope;              // not parameters: derived from the config
+  torch::Tensor causal_mask;    // (seq_len, seq_len) bool, true where a key lies in the future
 };
 TORCH_MODULE(CausalSelfAttention);
 
-}  // namespace rh::models
+}   // namespace rh::models

@@ -14,13 +14,13 @@ namespace rh::models {
 // Dimension names used in shape comments: B batch, T sequence, C d_model, H heads, D head dim,
 // E experts, K top-k, F expert hidden size, V vocab, N tokens (B*T).
 struct ModelConfig {
-  int64_t vocab_size = 256;     // V
-  int64_t seq_len = 64;         // T, also the RoPE table length
-  int64_t d_model = 128;        // C
-  int64_t n_layers = 2;         // L
-  int64_t n_heads = 4;          // H, D = C / H (must be even for RoPE)
-  int64_t n_experts = 4;        // E
-  int64_t top_k = 2;            // K
+  int64_t vocab_size = 256;   // V
+  int64_t seq_len = 64;       // T, also the RoPE table length
+  int64_t d_model = 128;      // C
+  int64_t n_layers = 2;       // L
+  int64_t n_heads = 4;        // H, D = C / H (must be even for RoPE)
+  int64_t n_experts = 4;      // E
+  int64_t top_k = 2;          // K
   // Not a Megatron option: an expert index the router never selects (-1 = none), so that expert
   // receives no tokens and its gradients stay exactly zero, as a dead MoE expert's do.
   int64_t dead_expert = -1;
@@ -49,15 +49,15 @@ struct ModelConfig {
   // "fp64", or "none" (upstream's default: the router input's dtype, bf16 in bf16 modes). Our
   // default stays fp32, what this model always did (see README).
   std::string router_dtype = "fp32";
-  int64_t ffn_hidden = 256;     // F, per expert (SwiGLU: gate+up are 2F wide)
-  double aux_loss_coeff = 1e-2; // load-balancing loss coefficient
-  double z_loss_coeff = 0.0;    // router z-loss coefficient (0 = off; 1e-3 usual)
-  double dropout = 0.1;         // on attention probs and hidden states (residual branches)
-  double router_jitter = 0.0;   // router input multiplied by U(1-j, 1+j) in training (0 = off)
+  int64_t ffn_hidden = 256;       // F, per expert (SwiGLU: gate+up are 2F wide)
+  double aux_loss_coeff = 1e-2;   // load-balancing loss coefficient
+  double z_loss_coeff = 0.0;      // router z-loss coefficient (0 = off; 1e-3 usual)
+  double dropout = 0.1;           // on attention probs and hidden states (residual branches)
+  double router_jitter = 0.0;     // router input multiplied by U(1-j, 1+j) in training (0 = off)
   double rope_theta = 10000.0;
-  double norm_eps = 1e-5;       // RMSNorm epsilon (Megatron's layernorm_epsilon default)
+  double norm_eps = 1e-5;   // RMSNorm epsilon (Megatron's layernorm_epsilon default)
   double init_std = 0.02;
-  std::string param_dtype = "bf16"; // bf16 | fp32: the dtype parameters are held in
+  std::string param_dtype = "bf16";   // bf16 | fp32: the dtype parameters are held in
   // How bf16-held parameters compute: "fp32" casts weights to fp32 for every op and rounds each
   // linear/attention output (and every other activation a bf16 model holds: norms, residuals,
   // expert outputs; see models/numerics.h) to bf16, fast on CPUs without bf16 units; "native"
@@ -68,9 +68,9 @@ struct ModelConfig {
 
 // Scalars (0-dim fp32 tensors) from one forward pass.
 struct LossOutput {
-  torch::Tensor lm_loss;   // mean next-token cross-entropy
-  torch::Tensor aux_loss;  // load-balancing + z-loss, summed over layers (already scaled by coeff)
-  std::vector<int64_t> tokens_per_expert; // summed over layers, for diagnostics
+  torch::Tensor lm_loss;                    // mean next-token cross-entropy
+  torch::Tensor aux_loss;                   // load-balancing + z-loss, summed over layers (already scaled by coeff)
+  std::vector<int64_t> tokens_per_expert;   // summed over layers, for diagnostics
 };
 
 // One router's aux-loss-free balancing state, as views of the model's own tensors (updates in
@@ -88,8 +88,7 @@ struct ExpertBiasState {
 class CausalLM : public torch::nn::Module {
  public:
   // tokens, targets: (B, T) int64. gen: used when is_training(); may be null only in eval.
-  virtual LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                          torch::Generator* gen) = 0;
+  virtual LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets, torch::Generator* gen) = 0;
   virtual std::string describe() const = 0;   // one line: architecture and parameter count
   // The routers' expert-bias states (empty without expert bias), in layer order.
   virtual std::vector<ExpertBiasState> expert_bias_states() { return {}; }
@@ -102,7 +101,6 @@ void validate_config(const ModelConfig& cfg);
 // Builds the MoE transformer with parameters initialized from `seed` (bit-identical for the same
 // seed and config), on `device`, held in cfg.param_dtype. Throws std::invalid_argument naming the
 // field on a bad config.
-std::shared_ptr<CausalLM> make_moe_transformer(const ModelConfig& cfg, uint64_t seed,
-                                               const torch::Device& device);
+std::shared_ptr<CausalLM> make_moe_transformer(const ModelConfig& cfg, uint64_t seed, const torch::Device& device);
 
-}  // namespace rh::models
+}   // namespace rh::models

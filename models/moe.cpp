@@ -15,10 +15,10 @@ ExpertImpl::ExpertImpl(int64_t d_model, int64_t f, const Numerics& n, const torc
 }
 
 torch::Tensor ExpertImpl::forward(const torch::Tensor& x) {
-  auto h = fc1(x);  // (n, 2F)
+  auto h = fc1(x);   // (n, 2F)
   auto gate = h.narrow(-1, 0, ffn_hidden), up = h.narrow(-1, ffn_hidden, ffn_hidden);
   // Each op's output rounded as a bf16 model would hold it.
-  return fc2(num.act(num.act(torch::silu(gate)) * up));  // (n, C)
+  return fc2(num.act(num.act(torch::silu(gate)) * up));   // (n, C)
 }
 
 MoELayerImpl::MoELayerImpl(const ModelConfig& cfg, const Numerics& n, const torch::Device& device)
@@ -54,39 +54,36 @@ int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity
   return static_cast<int64_t>(std::ceil((double(num_tokens) / double(num_experts)) * capacity_factor));
 }
 
-torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
-                            int64_t n_experts, int64_t capacity, const std::string& policy) {
+torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs, int64_t n_experts,
+                            int64_t capacity, const std::string& policy) {
   const int64_t N = top_idx.size(0);
   auto bool_opts = top_idx.options().dtype(torch::kBool);
   // moe_utils.py apply_router_token_dropping: `if expert_capacity > num_tokens`: no dropping.
   if (capacity > N) return torch::ones({N, n_experts}, bool_opts);
   auto dense = torch::zeros({N, n_experts}, top_probs.options().requires_grad(false));
   // probs: topk of routing_probs over tokens; position: topk of routing_map.int() (routed first).
-  auto key = policy == "probs" ? dense.scatter(1, top_idx, top_probs.detach())
-                               : dense.to(torch::kInt).scatter(1, top_idx, 1);
+  auto key =
+      policy == "probs" ? dense.scatter(1, top_idx, top_probs.detach()) : dense.to(torch::kInt).scatter(1, top_idx, 1);
   // Stable descending: equal keys keep token order (upstream's topk tie order is unspecified).
   auto order = std::get<1>(torch::sort(key, /*stable=*/c10::optional<bool>(true), /*dim=*/0,
-                                       /*descending=*/true));  // (N, E) token indices
+                                       /*descending=*/true));   // (N, E) token indices
   return torch::zeros({N, n_experts}, top_idx.options().dtype(torch::kInt))
       .scatter(0, order.narrow(0, 0, capacity), 1)
       .to(torch::kBool);
 }
 
-torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
-                                 int64_t n_experts, int64_t capacity, const std::string& policy) {
+torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs, int64_t n_experts,
+                                 int64_t capacity, const std::string& policy) {
   // final_map = routing_map AND capacity_mask, read at each token's chosen experts.
-  return capacity_mask(top_idx, top_probs, n_experts, capacity, policy).gather(1, top_idx);  // (N, K)
+  return capacity_mask(top_idx, top_probs, n_experts, capacity, policy).gather(1, top_idx);   // (N, K)
 }
 
 torch::Tensor MoELayerImpl::router_logits(const torch::Tensor& x, torch::Generator* gen) {
   auto xr = x.to(torch::kFloat);
   const bool jitter = is_training() && router_jitter > 0.0;
   if (jitter) {
-    if (gen == nullptr)
-      throw std::invalid_argument(
-          "MoELayer: router_jitter > 0 in training needs a torch::Generator");
-    auto noise =
-        torch::empty(xr.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
+    if (gen == nullptr) throw std::invalid_argument("MoELayer: router_jitter > 0 in training needs a torch::Generator");
+    auto noise = torch::empty(xr.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(gen->device()));
     noise.uniform_(1.0 - router_jitter, 1.0 + router_jitter, *gen);
     xr = xr * noise.to(xr.device());
   }
@@ -95,7 +92,7 @@ torch::Tensor MoELayerImpl::router_logits(const torch::Tensor& x, torch::Generat
   // the compute dtype, output held as a bf16 model holds it).
   if (router_dtype == "none") return num.linear(jitter ? num.act(xr) : x, router->weight);
   const auto dt = router_dtype == "fp64" ? torch::kDouble : torch::kFloat;
-  return torch::linear(xr.to(dt), router->weight.to(dt));  // (N, E)
+  return torch::linear(xr.to(dt), router->weight.to(dt));   // (N, E)
 }
 
 torch::Tensor MoELayerImpl::z_loss(const torch::Tensor& logits) const {
@@ -146,7 +143,7 @@ torch::Tensor MoELayerImpl::score_and_pick(RouterOutput& r) {
     return scores / (scores.sum(-1, true) + 1e-20);
   }
   // softmax without pre-softmax: top-k of the logits in their dtype, softmax in fp32.
-  auto [top_logits, top_idx] = r.logits.topk(top_k, -1);           // (N, K) each, descending
+  auto [top_logits, top_idx] = r.logits.topk(top_k, -1);   // (N, K) each, descending
   r.top_idx = top_idx;
   r.top_probs = as_logits(torch::softmax(top_logits.to(torch::kFloat), -1));
   return torch::softmax(lf, -1);
@@ -165,7 +162,7 @@ void MoELayerImpl::drop_tokens(RouterOutput& r) {
   // every padded cell (routing_probs is 0 off the routing map), so the routed pairs' probs are the
   // same as without padding.
   if (pad_to_capacity) r.padded_map = mask;
-  r.top_probs = r.top_probs * r.kept.to(r.top_probs.scalar_type());  // final_probs = probs * final_map
+  r.top_probs = r.top_probs * r.kept.to(r.top_probs.scalar_type());   // final_probs = probs * final_map
 }
 
 RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) {
@@ -180,18 +177,17 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   // The aux loss counts its own routing map (moe_utils.py compute_routing_scores_for_aux_loss:
   // `_, top_indices = torch.topk(scores, k=topk, dim=1)` over the aux scores): before dropping
   // and without the expert bias, which steers only the routing itself.
-  auto counts = torch::bincount(std::get<1>(aux_scores.topk(top_k, -1)).reshape(-1), {}, n_experts);  // (E)
+  auto counts = torch::bincount(std::get<1>(aux_scores.topk(top_k, -1)).reshape(-1), {}, n_experts);   // (E)
   auto routed_counts = torch::bincount(r.top_idx.reshape(-1), {}, n_experts);   // the routing's own
   drop_tokens(r);
   // The counts after dropping: upstream's routing_map.sum(dim=0), which with padding is the
   // capacity mask's, `capacity` for every expert (so the expert-bias update sign(mean - count)
   // is 0 and the bias stays where it is while every expert is padded to capacity).
-  auto kept_counts = capacity_factor < 0.0         ? routed_counts
+  auto kept_counts = capacity_factor < 0.0    ? routed_counts
                      : r.padded_map.defined() ? r.padded_map.sum(0).to(torch::kLong)
                                               : torch::bincount(r.top_idx.masked_select(r.kept), {}, n_experts);
   auto counts_cpu = kept_counts.to(torch::kCPU);
-  r.tokens_per_expert.assign(counts_cpu.data_ptr<int64_t>(),
-                             counts_cpu.data_ptr<int64_t>() + n_experts);
+  r.tokens_per_expert.assign(counts_cpu.data_ptr<int64_t>(), counts_cpu.data_ptr<int64_t>() + n_experts);
   // router.py _apply_expert_bias(routing_map): the map after token dropping.
   if (enable_expert_bias && is_training() && torch::GradMode::is_enabled()) {
     torch::NoGradGuard no_grad;
@@ -201,9 +197,8 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
   r.aux_loss = torch::zeros({}, r.logits.options().dtype(torch::kFloat));
   if (aux_loss_coeff > 0.0) {
     // Megatron's switch_load_balancing_loss_func; tokens_e carries no gradient.
-    auto prob_per_expert = aux_scores.sum(0);  // (E)
-    const double scale =
-        double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
+    auto prob_per_expert = aux_scores.sum(0);   // (E)
+    const double scale = double(n_experts) * aux_loss_coeff / (double(top_k) * double(N) * double(N));
     r.aux_loss = r.aux_loss + (prob_per_expert * counts.to(torch::kFloat)).sum() * scale;
   }
   if (z_loss_coeff > 0.0) r.aux_loss = r.aux_loss + z_loss(r.logits).to(torch::kFloat);
@@ -213,43 +208,43 @@ RouterOutput MoELayerImpl::route(const torch::Tensor& x, torch::Generator* gen) 
 torch::Tensor MoELayerImpl::dispatch(const torch::Tensor& x, const RouterOutput& r) {
   if (r.padded_map.defined()) return dispatch_padded(x, r);
   const int64_t N = x.size(0), C = x.size(1), NK = N * top_k;
-  auto pair_expert = r.top_idx.reshape({NK});  // pair p = n*K + j -> expert
-  int64_t n_dropped = 0;   // dropped pairs sort after every expert's (as expert E) and run nowhere
+  auto pair_expert = r.top_idx.reshape({NK});   // pair p = n*K + j -> expert
+  int64_t n_dropped = 0;                        // dropped pairs sort after every expert's (as expert E) and run nowhere
   if (r.kept.defined()) {
     pair_expert = pair_expert.masked_fill(r.kept.reshape({NK}).logical_not(), n_experts);
     n_dropped = NK - r.kept.sum().item<int64_t>();
   }
   // Stable: within an expert, pairs stay in (token, slot) order.
   auto perm = std::get<1>(torch::sort(pair_expert, /*stable=*/c10::optional<bool>(true),
-                                      /*dim=*/0));  // sorted pos -> pair
+                                      /*dim=*/0));   // sorted pos -> pair
   auto inv_perm = torch::empty_like(perm).scatter_(0, perm, torch::arange(NK, perm.options()));
 
   // Each token's row repeated K times (pair order), then permuted: no repeated gather index.
   auto x_pairs = x.unsqueeze(1).expand({N, top_k, C}).reshape({NK, C});
-  auto x_sorted = x_pairs.index_select(0, perm);  // (NK, C), grouped by expert
+  auto x_sorted = x_pairs.index_select(0, perm);   // (NK, C), grouped by expert
   auto sizes = r.tokens_per_expert;
   sizes.push_back(n_dropped);
   auto slices = x_sorted.split_with_sizes(sizes, 0);
   std::vector<torch::Tensor> outs;
   outs.reserve(slices.size());
   for (int64_t e = 0; e < n_experts; ++e) {
-    if (r.tokens_per_expert[e] == 0) continue;  // not run: no grad for its params
+    if (r.tokens_per_expert[e] == 0) continue;   // not run: no grad for its params
     outs.push_back(experts[e]->forward(slices[e]));
   }
-  if (n_dropped > 0) outs.push_back(torch::zeros({n_dropped, C}, x.options()));  // dropped: output 0
-  auto y_pairs = torch::cat(outs, 0).index_select(0, inv_perm);  // (NK, C), pair order
+  if (n_dropped > 0) outs.push_back(torch::zeros({n_dropped, C}, x.options()));   // dropped: output 0
+  auto y_pairs = torch::cat(outs, 0).index_select(0, inv_perm);                   // (NK, C), pair order
   auto weighted = (y_pairs.to(torch::kFloat) * r.top_probs.to(torch::kFloat).reshape({NK, 1})).view({N, top_k, C});
   auto combined = weighted.select(1, 0);
   for (int64_t j = 1; j < top_k; ++j) combined = combined + weighted.select(1, j);
-  return num.act(combined);  // (N, C)
+  return num.act(combined);   // (N, C)
 }
 
 // token_dispatcher.py with moe_pad_expert_input_to_capacity: each expert's input is its column of
 // the routing map (= the capacity mask), `capacity` rows in token order. Cells (n, e), p = n*E + e.
 torch::Tensor MoELayerImpl::dispatch_padded(const torch::Tensor& x, const RouterOutput& r) {
   const int64_t N = x.size(0), C = x.size(1), E = n_experts, NE = N * E;
-  auto cell_expert = torch::arange(E, r.top_idx.options()).repeat({N});  // p -> e
-  cell_expert = cell_expert.masked_fill(r.padded_map.reshape({NE}).logical_not(), E);  // outside: last
+  auto cell_expert = torch::arange(E, r.top_idx.options()).repeat({N});                 // p -> e
+  cell_expert = cell_expert.masked_fill(r.padded_map.reshape({NE}).logical_not(), E);   // outside: last
   int64_t n_outside = NE;
   for (auto c : r.tokens_per_expert) n_outside -= c;
   auto perm = std::get<1>(torch::sort(cell_expert, /*stable=*/c10::optional<bool>(true), /*dim=*/0));
@@ -265,11 +260,11 @@ torch::Tensor MoELayerImpl::dispatch_padded(const torch::Tensor& x, const Router
   auto y_cells = torch::cat(outs, 0).index_select(0, inv_perm).view({N, E, C});
   // The routed pairs (n, top_idx[n, j]): a kept one is a computed row, a dropped one a zero row
   // with weight 0; padded rows are not taken (upstream multiplies them by probability 0).
-  auto y_pairs = y_cells.gather(1, r.top_idx.unsqueeze(-1).expand({N, top_k, C}));  // (N, K, C)
+  auto y_pairs = y_cells.gather(1, r.top_idx.unsqueeze(-1).expand({N, top_k, C}));   // (N, K, C)
   auto weighted = y_pairs.to(torch::kFloat) * r.top_probs.to(torch::kFloat).unsqueeze(-1);
   auto combined = weighted.select(1, 0);
   for (int64_t j = 1; j < top_k; ++j) combined = combined + weighted.select(1, j);
-  return num.act(combined);  // (N, C)
+  return num.act(combined);   // (N, C)
 }
 
-}  // namespace rh::models
+}   // namespace rh::models

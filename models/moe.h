@@ -13,11 +13,11 @@ namespace rh::models {
 // SwiGLU MLP: h = x W1^T (2F wide), y = (silu(h[:F]) * h[F:]) W2^T.
 struct ExpertImpl : torch::nn::Module {
   ExpertImpl(int64_t d_model, int64_t ffn_hidden, const Numerics& num, const torch::Device& device);
-  torch::Tensor forward(const torch::Tensor& x);  // (n, C) -> (n, C), compute dtype
+  torch::Tensor forward(const torch::Tensor& x);   // (n, C) -> (n, C), compute dtype
   int64_t ffn_hidden;
   Numerics num;
-  NoBiasLinear fc1{nullptr};  // weight (2F, C): rows [gate; up]
-  NoBiasLinear fc2{nullptr};  // weight (C, F)
+  NoBiasLinear fc1{nullptr};   // weight (2F, C): rows [gate; up]
+  NoBiasLinear fc2{nullptr};   // weight (C, F)
 };
 TORCH_MODULE(Expert);
 
@@ -34,28 +34,28 @@ int64_t expert_capacity(int64_t num_tokens, int64_t num_experts, double capacity
 // unspecified; here ties go to the lower token index (a stable descending sort), so "position"
 // keeps the first `capacity` routed tokens in token order. capacity > N keeps everything, as
 // upstream's `if expert_capacity > num_tokens`.
-torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
-                                 int64_t n_experts, int64_t capacity, const std::string& policy);
+torch::Tensor capacity_keep_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs, int64_t n_experts,
+                                 int64_t capacity, const std::string& policy);
 // The capacity mask itself, (N, E) bool: column e marks the `capacity` tokens expert e keeps under
 // the same key and tie rule (all N when capacity > N). With --moe-pad-expert-input-to-capacity
 // this is the routing map (apply_router_token_dropping: `final_map = capacity_mask`): every
 // expert processes exactly `capacity` tokens, those it was not routed with at probability 0.
-torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs,
-                            int64_t n_experts, int64_t capacity, const std::string& policy);
+torch::Tensor capacity_mask(const torch::Tensor& top_idx, const torch::Tensor& top_probs, int64_t n_experts,
+                            int64_t capacity, const std::string& policy);
 
 struct RouterOutput {
-  torch::Tensor logits;                    // (N, E) in the router dtype (fp32, fp64, or the input's)
-  torch::Tensor top_idx;                   // (N, K) int64, experts in descending logit order
-  torch::Tensor top_probs;                 // (N, K) in the logits' dtype (router.py: probs.type_as
-                                           // (logits)): softmax over the K chosen logits, or the K
-                                           // sigmoid scores normalised to sum 1; 0 for a dropped pair
-  torch::Tensor kept;                      // (N, K) bool: false for a pair token dropping removed
-  torch::Tensor padded_map;                // (N, E) bool, only with pad_to_capacity: the tokens
-                                           // each expert processes (capacity_mask)
-  torch::Tensor aux_loss;                  // () fp32: load-balancing + z-loss, coefficients applied
-  std::vector<int64_t> tokens_per_expert;  // (E), kept token-expert pairs routed to each expert
-                                           // (with pad_to_capacity: the rows each expert runs,
-                                           // padded_map's column sums, as upstream's routing_map)
+  torch::Tensor logits;                     // (N, E) in the router dtype (fp32, fp64, or the input's)
+  torch::Tensor top_idx;                    // (N, K) int64, experts in descending logit order
+  torch::Tensor top_probs;                  // (N, K) in the logits' dtype (router.py: probs.type_as
+                                            // (logits)): softmax over the K chosen logits, or the K
+                                            // sigmoid scores normalised to sum 1; 0 for a dropped pair
+  torch::Tensor kept;                       // (N, K) bool: false for a pair token dropping removed
+  torch::Tensor padded_map;                 // (N, E) bool, only with pad_to_capacity: the tokens
+                                            // each expert processes (capacity_mask)
+  torch::Tensor aux_loss;                   // () fp32: load-balancing + z-loss, coefficients applied
+  std::vector<int64_t> tokens_per_expert;   // (E), kept token-expert pairs routed to each expert
+                                            // (with pad_to_capacity: the rows each expert runs,
+                                            // padded_map's column sums, as upstream's routing_map)
 };
 
 struct MoELayerImpl : torch::nn::Module {
@@ -87,7 +87,7 @@ struct MoELayerImpl : torch::nn::Module {
   // expert's rows in token order, as upstream's permute of the routing map); a padded row runs
   // through its expert, and its output is weighed by probability 0, i.e. not taken (it gets a
   // zero gradient); the routed pairs are combined over j as above.
-  torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);  // (N, C) -> (N, C)
+  torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);   // (N, C) -> (N, C)
 
   std::pair<torch::Tensor, RouterOutput> forward(const torch::Tensor& x, torch::Generator* gen) {
     auto r = route(x, gen);
@@ -110,17 +110,17 @@ struct MoELayerImpl : torch::nn::Module {
   torch::Tensor expert_bias;   // the registered buffer router.expert_bias (undefined without expert bias)
   double aux_loss_coeff, z_loss_coeff, router_jitter;
   Numerics num;
-  NoBiasLinear router{nullptr};  // weight (E, C)
+  NoBiasLinear router{nullptr};   // weight (E, C)
   torch::nn::ModuleList experts_list{nullptr};
-  std::vector<Expert> experts;  // the same modules as experts_list, typed
+  std::vector<Expert> experts;   // the same modules as experts_list, typed
 
  private:
-  torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);  // (N, E)
-  torch::Tensor z_loss(const torch::Tensor& logits) const;   // in the logits' dtype, scalar
-  torch::Tensor score_and_pick(RouterOutput& r);  // fills top_idx, top_probs; returns aux scores
-  void drop_tokens(RouterOutput& r);              // fills kept (and padded_map), zeroes dropped probs
+  torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);   // (N, E)
+  torch::Tensor z_loss(const torch::Tensor& logits) const;                      // in the logits' dtype, scalar
+  torch::Tensor score_and_pick(RouterOutput& r);   // fills top_idx, top_probs; returns aux scores
+  void drop_tokens(RouterOutput& r);               // fills kept (and padded_map), zeroes dropped probs
   torch::Tensor dispatch_padded(const torch::Tensor& x, const RouterOutput& r);
 };
 TORCH_MODULE(MoELayer);
 
-}  // namespace rh::models
+}   // namespace rh::models

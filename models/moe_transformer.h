@@ -31,9 +31,9 @@ struct TransformerBlockImpl : torch::nn::Module {
 TORCH_MODULE(TransformerBlock);
 
 struct ForwardOutput {
-  torch::Tensor logits;                    // (B, T, V) fp32
-  torch::Tensor aux_loss;                  // () fp32, summed over layers
-  std::vector<int64_t> tokens_per_expert;  // (E), summed over layers
+  torch::Tensor logits;                     // (B, T, V) fp32
+  torch::Tensor aux_loss;                   // () fp32, summed over layers
+  std::vector<int64_t> tokens_per_expert;   // (E), summed over layers
 };
 
 class MoETransformer : public CausalLM {
@@ -48,11 +48,8 @@ class MoETransformer : public CausalLM {
 
   // tokens: (B, T) int64 in [0, V), 1 <= T <= seq_len. gen: see CausalLM::loss.
   ForwardOutput forward(const torch::Tensor& tokens, torch::Generator* gen);
-  torch::Tensor logits(const torch::Tensor& tokens, torch::Generator* gen) {
-    return forward(tokens, gen).logits;
-  }
-  LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets,
-                  torch::Generator* gen) override;
+  torch::Tensor logits(const torch::Tensor& tokens, torch::Generator* gen) { return forward(tokens, gen).logits; }
+  LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets, torch::Generator* gen) override;
   std::string describe() const override;
   std::vector<ExpertBiasState> expert_bias_states() override;
 
@@ -61,9 +58,9 @@ class MoETransformer : public CausalLM {
   const Numerics& numerics() const { return num_; }
 
   TokenEmbedding embedding{nullptr};
-  std::vector<TransformerBlock> layers;  // the same modules as the "layers" ModuleList
+  std::vector<TransformerBlock> layers;   // the same modules as the "layers" ModuleList
   RMSNorm final_norm{nullptr};
-  NoBiasLinear lm_head{nullptr};  // weight (V, C), not tied to the embedding
+  NoBiasLinear lm_head{nullptr};   // weight (V, C), not tied to the embedding
 
  private:
   void check_tokens(const torch::Tensor& t, const char* what) const;
@@ -72,4 +69,4 @@ class MoETransformer : public CausalLM {
   torch::Device device_;
 };
 
-}  // namespace rh::models
+}   // namespace rh::models

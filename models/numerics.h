@@ -19,9 +19,9 @@
 namespace rh::models {
 
 struct Numerics {
-  torch::Dtype param_dtype = torch::kFloat;    // what parameters are held in
-  torch::Dtype compute_dtype = torch::kFloat;  // what matmuls run in
-  bool round_to_bf16 = false;                  // emulate bf16 activations in fp32 containers
+  torch::Dtype param_dtype = torch::kFloat;     // what parameters are held in
+  torch::Dtype compute_dtype = torch::kFloat;   // what matmuls run in
+  bool round_to_bf16 = false;                   // emulate bf16 activations in fp32 containers
 
   // A parameter as an op's operand: cast to the compute dtype (no copy when it already is).
   torch::Tensor weight(const torch::Tensor& p) const {
@@ -36,7 +36,7 @@ struct Numerics {
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w) const {
     return act(torch::linear(x, weight(w)));
   }
-  std::string name() const;  // "fp32", "bf16/fp32-compute" or "bf16/native"
+  std::string name() const;   // "fp32", "bf16/fp32-compute" or "bf16/native"
 };
 
 struct ModelConfig;
@@ -49,4 +49,4 @@ Numerics resolve_numerics(const ModelConfig& cfg, const torch::Device& device);
 // null.
 torch::Tensor dropout_fp32(const torch::Tensor& x, double p, bool training, torch::Generator* gen);
 
-}  // namespace rh::models
+}   // namespace rh::models

@@ -11,7 +11,9 @@
 namespace rh::report {
 namespace {
 
-std::string state(const SummaryRow& r) { return std::string(r.passed ? "PASS (" : "FAIL (") + to_string(r.outcome) + ")"; }
+std::string state(const SummaryRow& r) {
+  return std::string(r.passed ? "PASS (" : "FAIL (") + to_string(r.outcome) + ")";
+}
 
 std::string or_none(const std::string& s) { return s.empty() ? "none" : s; }
 
@@ -19,12 +21,14 @@ nlohmann::json side(const SummaryRow& r) {
   return {{"passed", r.passed}, {"outcome", to_string(r.outcome)}, {"verdict", printable_text(r.verdict)}};
 }
 
-nlohmann::json text_or_null(const std::string& s) { return s.empty() ? nlohmann::json() : nlohmann::json(printable_text(s)); }
+nlohmann::json text_or_null(const std::string& s) {
+  return s.empty() ? nlohmann::json() : nlohmann::json(printable_text(s));
+}
 
 // A byte count as summary.csv holds it: the number where it is one, else null.
 nlohmann::json bytes_or_null(const Num& n) { return n.text.empty() ? nlohmann::json() : nlohmann::json(n.value); }
 
-}  // namespace
+}   // namespace
 
 int compare_runs(const std::string& run_a, const std::string& run_b, std::ostream& out, bool json) {
   namespace fs = std::filesystem;
@@ -45,7 +49,8 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
   size_t regressions = 0, fixes = 0;
   // The same content for --json; each list in the Markdown's order.
   nlohmann::json j_verdicts = nlohmann::json::array(), j_divergences = nlohmann::json::array(),
-                 j_bytes = nlohmann::json::array(), j_only_a = nlohmann::json::array(), j_only_b = nlohmann::json::array();
+                 j_bytes = nlohmann::json::array(), j_only_a = nlohmann::json::array(),
+                 j_only_b = nlohmann::json::array();
   for (const auto& rb : b) {   // B's order: the newer run decides how the comment reads
     auto it = ma.find(rb.scenario);
     if (it == ma.end()) {
@@ -115,8 +120,8 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
       << "- A: " << md_code(run_a) << ": " << a.size() << " scenarios, " << failed(a) << " failed\n"
       << "- B: " << md_code(run_b) << ": " << b.size() << " scenarios, " << failed(b) << " failed\n"
       << "- " << regressions << " regression(s) (passed in A, fail in B), " << fixes << " fixed\n\n";
-  const bool none = verdicts.rows.empty() && divergences.rows.empty() && bytes.rows.empty() && only_a.empty() &&
-                    only_b.empty();
+  const bool none =
+      verdicts.rows.empty() && divergences.rows.empty() && bytes.rows.empty() && only_a.empty() && only_b.empty();
   if (none) out << "No differences in verdicts, first divergences or checkpoint bytes.\n";
   if (!verdicts.rows.empty()) out << "### Verdicts\n\n" << to_markdown(verdicts) << "\n";
   if (!divergences.rows.empty()) out << "### First divergences\n\n" << to_markdown(divergences) << "\n";
@@ -132,4 +137,4 @@ int compare_runs(const std::string& run_a, const std::string& run_b, std::ostrea
   return regressions ? 1 : 0;
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

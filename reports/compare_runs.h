@@ -13,4 +13,4 @@ namespace rh::report {
 // summary.csv.
 int compare_runs(const std::string& run_a, const std::string& run_b, std::ostream& out, bool json = false);
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -11,7 +11,8 @@
 namespace rh::report {
 namespace {
 
-const char* kCss = R"(body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1400px;
+const char* kCss =
+    R"(body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:2em auto;max-width:1400px;
 padding:0 1em;color:#1f2328;line-height:1.45}
 h1{border-bottom:2px solid #d0d7de;padding-bottom:.3em}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
 .status{font-size:16px;padding:.6em 1em;border-radius:6px;margin:0 0 1em}
@@ -33,7 +34,7 @@ img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}
 figcaption{font-size:13px;color:#57606a}
 )";
 
-}  // namespace
+}   // namespace
 
 void Document::heading(const std::string& text, int level) {
   Block b;
@@ -83,7 +84,8 @@ std::string base64(const std::string& in) {
   }
   if (i < in.size()) {
     const bool two = i + 1 < in.size();
-    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) | (two ? static_cast<unsigned char>(in[i + 1]) << 8 : 0);
+    const unsigned v =
+        (static_cast<unsigned char>(in[i]) << 16) | (two ? static_cast<unsigned char>(in[i + 1]) << 8 : 0);
     out += tbl[(v >> 18) & 63];
     out += tbl[(v >> 12) & 63];
     out += two ? tbl[(v >> 6) & 63] : '=';
@@ -109,7 +111,9 @@ std::string render_markdown(const Document& d, bool image_links) {
       continue;
     }
     switch (b.kind) {
-      case Block::Kind::heading: o += std::string(static_cast<size_t>(b.level), '#') + " " + md_text(b.text) + "\n\n"; break;
+      case Block::Kind::heading:
+        o += std::string(static_cast<size_t>(b.level), '#') + " " + md_text(b.text) + "\n\n";
+        break;
       case Block::Kind::paragraph: o += md_text(b.text) + "\n\n"; break;
       case Block::Kind::bullets:
         for (const auto& i : b.items) o += "- " + md_text(i) + "\n";
@@ -166,4 +170,4 @@ std::string render_html(const Document& d, const std::string& run_dir) {
   return o + "</body>\n</html>\n";
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

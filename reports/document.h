@@ -16,7 +16,7 @@ struct Block {
   std::string text;                 // heading / paragraph text, image caption
   std::vector<std::string> items;   // bullets
   Table table;
-  std::string image;                // image path relative to the run dir ("plots/x.png")
+  std::string image;   // image path relative to the run dir ("plots/x.png")
 };
 
 struct Document {
@@ -47,4 +47,4 @@ std::string render_markdown(const Document& d, bool image_links = false);
 // HTML: images are read from run_dir and embedded; an unreadable image is a ReportError.
 std::string render_html(const Document& d, const std::string& run_dir);
 
-}  // namespace rh::report
+}   // namespace rh::report

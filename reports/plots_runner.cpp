@@ -43,7 +43,7 @@ std::string one_line(std::string s) {
   return nl == std::string::npos ? s : s.substr(nl + 1);
 }
 
-}  // namespace
+}   // namespace
 
 void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos) {
   const fs::path dir = fs::path(run.dir) / "plots";
@@ -107,4 +107,4 @@ PlotOutcome run_plots(const RunData& run) {
   return out;
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

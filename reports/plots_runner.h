@@ -19,8 +19,8 @@ inline constexpr const char* kUlpPlot = "ulp_heatmap.png";
 
 struct PlotOutcome {
   bool ok = false;
-  std::string message;                  // why plots are missing, or "" when ok
-  std::vector<std::string> written;     // "plots/<name>.png" that exist afterwards
+  std::string message;                // why plots are missing, or "" when ok
+  std::vector<std::string> written;   // "plots/<name>.png" that exist afterwards
 };
 
 // Exit status of plots.py when matplotlib cannot be imported.
@@ -29,4 +29,4 @@ inline constexpr int kNoMatplotlibExit = 3;
 void write_plot_inputs(const RunData& run, const std::vector<Combo>& combos);
 PlotOutcome run_plots(const RunData& run);
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -54,7 +54,7 @@ const PublishedSize* published_fp32(const ModelSize& m) {
   return nullptr;
 }
 
-}  // namespace
+}   // namespace
 
 std::string default_models_file() { return data_file("reports/models.toml"); }
 
@@ -67,8 +67,8 @@ std::vector<ModelSize> load_models(const std::string& path) {
   try {
     doc = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    throw ReportError(path + ":" + std::to_string(e.source().begin.line) + ": malformed TOML: " +
-                      std::string(e.description()));
+    throw ReportError(path + ":" + std::to_string(e.source().begin.line) +
+                      ": malformed TOML: " + std::string(e.description()));
   }
   const auto* arr = doc.get("model");
   if (!arr || !arr->is_array_of_tables())
@@ -108,8 +108,8 @@ bool published_applies(const PublishedSize& p, const Combo& c) {
     return it != c.dtypes.end() && it->second == dtype;
   };
   // Published sizes are Megatron's uncompressed checkpoints (PR 2790's 222 / 164 GB).
-  return c.compress == "none" && is("model", "BF16") && is("master_param", "F32") && !c.dtypes.count("remainder") && is("exp_avg", d) &&
-         is("exp_avg_sq", d);
+  return c.compress == "none" && is("model", "BF16") && is("master_param", "F32") && !c.dtypes.count("remainder") &&
+         is("exp_avg", d) && is("exp_avg_sq", d);
 }
 
 std::vector<ProjectionRow> project(const std::vector<ModelSize>& models, const std::vector<Combo>& combos) {
@@ -152,13 +152,18 @@ std::string published_text(const ProjectionRow& r, const Combo& c) {
   return s;
 }
 
-}  // namespace
+}   // namespace
 
 Table projection_table(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
                        const std::vector<ProjectionRow>& rows) {
   Table t;
-  t.header = {"model", "parameters", "save policy", "storage configurations", "projected GB",
-              "smallest configuration", "published sizes that apply"};
+  t.header = {"model",
+              "parameters",
+              "save policy",
+              "storage configurations",
+              "projected GB",
+              "smallest configuration",
+              "published sizes that apply"};
   t.right = {false, true, false, true, true, false, false};
   // One row per model and save policy, in the order the rows come (models by size, policies as
   // first measured); every configuration with full precision is in projection.csv.
@@ -181,10 +186,10 @@ Table projection_table(const std::vector<ModelSize>& models, const std::vector<C
     const std::string& label = combos[(*lo)->combo].label;
     const size_t colon = label.find(": ");
     const auto& m = models[key.first];
-    t.rows.push_back({m.name, fmt("%.4g", m.params / 1e9) + " B", key.second, std::to_string(g.size()),
-                      g.size() == 1 ? fmt("%.1f", (*lo)->gb) : fmt("%.1f", (*lo)->gb) + " \u2013 " + fmt("%.1f", (*hi)->gb),
-                      colon == std::string::npos ? label : label.substr(colon + 2),
-                      published.empty() ? kDash : published});
+    t.rows.push_back(
+        {m.name, fmt("%.4g", m.params / 1e9) + " B", key.second, std::to_string(g.size()),
+         g.size() == 1 ? fmt("%.1f", (*lo)->gb) : fmt("%.1f", (*lo)->gb) + " \u2013 " + fmt("%.1f", (*hi)->gb),
+         colon == std::string::npos ? label : label.substr(colon + 2), published.empty() ? kDash : published});
   }
   return t;
 }
@@ -202,10 +207,10 @@ std::string projection_csv(const std::vector<ModelSize>& models, const std::vect
            fmt("%.17g", r.gb) + "," + num(c.has_reduction, c.payload_reduction_pct) + "," +
            num(r.published != nullptr, r.published ? r.published->gb : 0) + "," +
            num(r.published != nullptr, r.published_diff_pct) + "," +
-           num(r.has_published_reduction, r.published_reduction_pct) + "," + num(r.has_published_reduction, r.delta_pp) +
-           "\n";
+           num(r.has_published_reduction, r.published_reduction_pct) + "," +
+           num(r.has_published_reduction, r.delta_pp) + "\n";
   }
   return out;
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -19,7 +19,7 @@ struct PublishedSize {
 
 struct ModelSize {
   std::string name;
-  double params = 0;                        // parameter count, e.g. 15.7e9
+  double params = 0;   // parameter count, e.g. 15.7e9
   std::vector<PublishedSize> published;
 };
 
@@ -32,12 +32,12 @@ std::string default_models_file();
 
 struct ProjectionRow {
   size_t model = 0, combo = 0;
-  double bytes = 0, gb = 0;                 // projected
-  const PublishedSize* published = nullptr; // the published size of this storage, if any
-  double published_diff_pct = 0;            // (projected - published) / published, in %
+  double bytes = 0, gb = 0;                   // projected
+  const PublishedSize* published = nullptr;   // the published size of this storage, if any
+  double published_diff_pct = 0;              // (projected - published) / published, in %
   bool has_published_reduction = false;
-  double published_reduction_pct = 0;       // vs the model's published fp32-states size
-  double delta_pp = 0;                      // projected reduction - published reduction
+  double published_reduction_pct = 0;   // vs the model's published fp32-states size
+  double delta_pp = 0;                  // projected reduction - published reduction
 };
 
 // A published size applies to an uncompressed combination that wrote bf16 model weights, an fp32
@@ -55,4 +55,4 @@ Table projection_table(const std::vector<ModelSize>& models, const std::vector<C
 std::string projection_csv(const std::vector<ModelSize>& models, const std::vector<Combo>& combos,
                            const std::vector<ProjectionRow>& rows);
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -50,7 +50,8 @@ void failing_list(Document& d, const RunData& run) {
   const std::string file = run.matrix_file.empty() ? "" : " --file " + shell_word(run.matrix_file);
   for (const auto& s : run.scenarios) {
     if (s.row.passed) continue;
-    std::string item = s.row.scenario + " (expected " + s.row.expectation + ", found " + to_string(s.row.outcome) + "): ";
+    std::string item =
+        s.row.scenario + " (expected " + s.row.expectation + ", found " + to_string(s.row.outcome) + "): ";
     item += s.row.first_divergence.empty() ? s.row.verdict : "first divergence " + s.row.first_divergence;
     item += "; reproduce: resume-harness check" + file + " " + shell_word(s.row.scenario);
     items.push_back(item);
@@ -65,7 +66,8 @@ void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
   const StatusCounts counts = status_counts(run);
   d.status = status_line(counts);
   d.status_ok = counts.passed();
-  d.paragraph("Run directory " + run.dir + "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
+  d.paragraph("Run directory " + run.dir +
+              "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
               "linked from its row of the matrix table in report.html.");
   failing_list(d, run);
   if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
@@ -73,7 +75,7 @@ void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
 
 // Outcome counts, the per-group lines and one outcome grid per group.
 void outcomes_section(Document& d, const RunData& run) {
-  std::map<Outcome, std::pair<size_t, size_t>> outcomes;     // outcome -> (count, met)
+  std::map<Outcome, std::pair<size_t, size_t>> outcomes;   // outcome -> (count, met)
   struct GroupCount {
     size_t met = 0, exact = 0, count = 0;
   };
@@ -102,10 +104,11 @@ void outcomes_section(Document& d, const RunData& run) {
     items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
                     " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
   d.bullets(std::move(items));
-  d.paragraph("Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
-              "a=v) with the most values that fit 6 columns, the rows the other axes; each cell is how that "
-              "scenario ended (identical / within tolerance / diverged as expected / failed), with its verdict and "
-              "first divergence on hover in report.html.");
+  d.paragraph(
+      "Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
+      "a=v) with the most values that fit 6 columns, the rows the other axes; each cell is how that "
+      "scenario ended (identical / within tolerance / diverged as expected / failed), with its verdict and "
+      "first divergence on hover in report.html.");
   for (auto& g : outcome_grids(run)) {
     d.heading(g.group, 3);
     if (!g.note.empty()) d.paragraph(g.note + ".");
@@ -115,35 +118,41 @@ void outcomes_section(Document& d, const RunData& run) {
 
 void matrix_section(Document& d, const RunData& run, const std::vector<int>& refs, const PlotOutcome& plots) {
   d.heading("Matrix");
-  d.paragraph("One row per scenario, in the order of summary.csv, with its numbers exactly as summary.csv holds "
-              "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
-              "representable values of the saved dtype, between a state right after load and the state that was "
-              "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
-              "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
-              "the verdict is the outcome's hover text and each scenario name links its directory.");
+  d.paragraph(
+      "One row per scenario, in the order of summary.csv, with its numbers exactly as summary.csv holds "
+      "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
+      "representable values of the saved dtype, between a state right after load and the state that was "
+      "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
+      "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
+      "the verdict is the outcome's hover text and each scenario name links its directory.");
   d.table(matrix_table(run, refs));
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
-    d.image(std::string("plots/") + kUlpPlot, "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
-                "red: expectation missed; grey: key not in the checkpoint)");
+    d.image(std::string("plots/") + kUlpPlot,
+            "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
+            "red: expectation missed; grey: key not in the checkpoint)");
 }
 
 void loss_section(Document& d, const PlotOutcome& plots) {
   d.heading("Loss after resume");
-  d.paragraph("Baseline (uninterrupted) and resumed lm loss per iteration, one panel per scenario group; the dashed "
-              "line marks the save point. Below: |d loss| per iteration after resume on a log scale; exact zeros "
-              "(bit-exact iterations) are drawn as markers on their own row, not hidden.");
+  d.paragraph(
+      "Baseline (uninterrupted) and resumed lm loss per iteration, one panel per scenario group; the dashed "
+      "line marks the save point. Below: |d loss| per iteration after resume on a log scale; exact zeros "
+      "(bit-exact iterations) are drawn as markers on their own row, not hidden.");
   for (const char* p : {kLossPlot, kDlossPlot})
     if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + p))
-      d.image(std::string("plots/") + p, std::string(p) == kLossPlot ? "Loss per scenario group, baseline (line) vs resumed (x)"
-                                           : "|d loss| per iteration after resume, log scale; bottom row: exactly 0 (bit-exact)");
+      d.image(std::string("plots/") + p,
+              std::string(p) == kLossPlot
+                  ? "Loss per scenario group, baseline (line) vs resumed (x)"
+                  : "|d loss| per iteration after resume, log scale; bottom row: exactly 0 (bit-exact)");
 }
 
 // Returns the headline of the section ("" when nothing resumed bit-exactly with a reference).
 std::string disk_section(Document& d, const RunData& run, const std::vector<Combo>& combos, const PlotOutcome& plots) {
   d.heading("Checkpoint size per key");
-  d.paragraph("One row per storage combination: the save policy and the dtype each key kind was written in, measured "
-              "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
-              "The reduction compares the total with the fp32-policy checkpoint of the same run configuration.");
+  d.paragraph(
+      "One row per storage combination: the save policy and the dtype each key kind was written in, measured "
+      "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
+      "The reduction compares the total with the fp32-policy checkpoint of the same run configuration.");
   d.table(disk_table(run, combos));
   const Combo* best = nullptr;
   for (const auto& c : combos)
@@ -156,8 +165,9 @@ std::string disk_section(Document& d, const RunData& run, const std::vector<Comb
                " smaller than the fp32 policy (measured in " + run.scenarios[best->scenario].row.scenario + ").";
   if (!headline.empty()) d.paragraph(headline);
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kDiskPlot))
-    d.image(std::string("plots/") + kDiskPlot, "Checkpoint bytes stacked by key kind, one bar per storage configuration grouped by save "
-                                                    "policy, with the reduction vs the fp32 policy");
+    d.image(std::string("plots/") + kDiskPlot,
+            "Checkpoint bytes stacked by key kind, one bar per storage configuration grouped by save "
+            "policy, with the reduction vs the fp32 policy");
   return headline;
 }
 
@@ -172,7 +182,8 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
   const auto models = load_models(models_file);
   const auto rows = project(models, combos);
   d.paragraph("Projected bytes = measured bytes per parameter x the model's parameter count (models from " +
-              models_file + "). Bytes per parameter count the model and optimizer tensors only: the fixed "
+              models_file +
+              "). Bytes per parameter count the model and optimizer tensors only: the fixed "
               "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
               "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
               "the published dtype; the reduction difference is in percentage points (pp). Every model and "
@@ -180,15 +191,16 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
   bool compressed = false;
   for (const auto& c : combos) compressed = compressed || c.compress != "none";
   if (compressed)
-    d.paragraph("Rows \"POLICY + zstd\" are compressed checkpoints (byte planes + zstd), projected with the bytes "
-                "per parameter this run's tiny model compressed to. A tiny model's entropy may not match a real "
-                "one's: weights and moments of a trained 16 B model can compress better or worse, so these rows "
-                "are an estimate, not a measurement; the published sizes are uncompressed and never apply to them.");
+    d.paragraph(
+        "Rows \"POLICY + zstd\" are compressed checkpoints (byte planes + zstd), projected with the bytes "
+        "per parameter this run's tiny model compressed to. A tiny model's entropy may not match a real "
+        "one's: weights and moments of a trained 16 B model can compress better or worse, so these rows "
+        "are an estimate, not a measurement; the published sizes are uncompressed and never apply to them.");
   d.table(projection_table(models, combos, rows));
   write_report_file((fs::path(run_dir) / "projection.csv").string(), projection_csv(models, combos, rows));
   // One finding per model and stored dtypes: policies that store the same dtypes project the same
   // bytes, so they share a line ("policies native, fp32") instead of repeating it.
-  std::vector<std::string> keys;                    // model + dtypes + sentence, first-seen order
+  std::vector<std::string> keys;   // model + dtypes + sentence, first-seen order
   std::map<std::string, std::vector<std::string>> policies;
   std::map<std::string, std::string> head, tail;
   for (const auto& r : rows) {
@@ -196,8 +208,8 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
     const std::string& label = combos[r.combo].label;   // "policy: model BF16, ..."
     const size_t colon = label.find(": ");
     const std::string dtypes = colon == std::string::npos ? label : label.substr(colon + 2);
-    std::string s = ": projected " + fmt("%.1f", r.gb) + " GB vs published " + fmt("%.1f", r.published->gb) +
-                    " GB (" + fmt("%+.1f %%", r.published_diff_pct) + ")";
+    std::string s = ": projected " + fmt("%.1f", r.gb) + " GB vs published " + fmt("%.1f", r.published->gb) + " GB (" +
+                    fmt("%+.1f %%", r.published_diff_pct) + ")";
     if (r.has_published_reduction && r.published->states != "fp32")
       s += "; reduction " + reduction_text(combos[r.combo].payload_reduction_pct) + " vs published " +
            reduction_text(r.published_reduction_pct) + " (" + fmt("%+.2f pp", r.delta_pp) + ")";
@@ -238,14 +250,14 @@ void notes_section(Document& d, const RunData& run) {
   d.bullets(std::move(items));
 }
 
-}  // namespace
+}   // namespace
 
 ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log,
                             bool md_image_links, bool verbose) {
   // What this writes below the run directory (plots.py writes only inside plots/, whose old
   // files write_plot_inputs removes first): a planted link is refused, never followed.
-  std::vector<std::string> outputs = {"report.md", "report.html", "projection.csv", "plots", "plots/index.csv",
-                                      "plots/storage.csv", "plots/plots.log"};
+  std::vector<std::string> outputs = {"report.md",       "report.html",       "projection.csv", "plots",
+                                      "plots/index.csv", "plots/storage.csv", "plots/plots.log"};
   for (const char* p : {kLossPlot, kDlossPlot, kDiskPlot, kUlpPlot}) outputs.push_back(std::string("plots/") + p);
   refuse_symlinks_below(run_dir, outputs);
   const RunData run = load_run(run_dir);
@@ -299,18 +311,18 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
     for (const auto& p : out.plots.written) log << "report: wrote " << (fs::path(run_dir) / p).string() << "\n";
     if (fs::exists(models)) log << "report: wrote " << (fs::path(run_dir) / "projection.csv").string() << "\n";
   }
-  log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size()
-      << " plots)\n";
+  log << "report: wrote " << out.markdown << " and " << out.html << " (" << out.plots.written.size() << " plots)\n";
   return out;
 }
 
-}  // namespace report
+}   // namespace report
 
 bool ReportCommand::active() const { return cmd != nullptr && static_cast<bool>(*cmd); }
 
 void register_report_command(CLI::App& app, ReportCommand& rc) {
-  rc.cmd = app.add_subcommand("report", "write report.md and report.html (with plots) for a matrix run "
-                                        "directory, or compare two run directories");
+  rc.cmd = app.add_subcommand("report",
+                              "write report.md and report.html (with plots) for a matrix run "
+                              "directory, or compare two run directories");
   auto* dir = rc.cmd->add_option("RUN_DIR", rc.run_dir, "run directory written by `matrix`");
   rc.cmd->add_option("--models", rc.models_file, "projection models (default reports/models.toml)");
   rc.cmd->add_flag("--md-image-links", rc.md_image_links,
@@ -339,8 +351,9 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
       ->excludes(dir)
       ->excludes("--compare")
       ->excludes("--json");
-  rc.cmd->footer("Exit codes: 0 written (or no regression), 1 --compare found a regression or --merge a failed "
-                 "cell, 2 missing or malformed run directory, or --merge shards that are not one matrix.");
+  rc.cmd->footer(
+      "Exit codes: 0 written (or no regression), 1 --compare found a regression or --merge a failed "
+      "cell, 2 missing or malformed run directory, or --merge shards that are not one matrix.");
 }
 
 int run_report_command(const ReportCommand& rc, std::ostream& out) {
@@ -376,4 +389,4 @@ int write_report(const std::string& run_dir, const std::string& models_file, std
   }
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -37,4 +37,4 @@ int write_report(const std::string& run_dir, std::ostream& out);
 int write_report(const std::string& run_dir, const std::string& models_file, std::ostream& out,
                  bool md_image_links = false, bool verbose = false);
 
-}  // namespace rh
+}   // namespace rh

@@ -21,4 +21,4 @@ struct ReportFiles {
 ReportFiles generate_report(const std::string& run_dir, const std::string& models_file, std::ostream& log,
                             bool md_image_links = false, bool verbose = false);
 
-}  // namespace rh::report
+}   // namespace rh::report

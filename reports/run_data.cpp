@@ -43,7 +43,8 @@ struct Row {
 // line break, as csv_field writes one (a failure text with a newline once made the matrix's own
 // summary.csv unreadable here). Errors are "path:line: malformed CSV: what".
 template <size_t N>
-std::vector<Row<N>> parse_csv(const std::string& path, const std::string& text, const std::array<const char*, N>& cols) {
+std::vector<Row<N>> parse_csv(const std::string& path, const std::string& text,
+                              const std::array<const char*, N>& cols) {
   std::vector<CsvRecord> recs;
   try {
     recs = csv_parse(text);
@@ -82,8 +83,8 @@ std::vector<Row<N>> read_csv(const std::string& path, const std::array<const cha
 
 [[noreturn]] void bad_field(const std::string& path, unsigned line, const std::string& column,
                             const std::string& expected, const std::string& got) {
-  throw ReportError(path + ":" + std::to_string(line) + ": column " + column + ": expected " + expected +
-                    ", got '" + got + "'");
+  throw ReportError(path + ":" + std::to_string(line) + ": column " + column + ": expected " + expected + ", got '" +
+                    got + "'");
 }
 
 uint64_t parse_u64(const std::string& s, const std::string& path, unsigned line, const std::string& column) {
@@ -110,7 +111,8 @@ nlohmann::json read_json_file(const fs::path& p) {
                       std::to_string(kMaxJsonDepth) + " levels (refused before parsing)");
   // A key named twice in one object is refused naming it (nlohmann keeps the last silently).
   const auto unique = unique_keys_callback([&p](const std::string& key) {
-    throw ReportError(p.string() + ": duplicate key '" + quote_text(key) + "' in one object (each key may appear once)");
+    throw ReportError(p.string() + ": duplicate key '" + quote_text(key) +
+                      "' in one object (each key may appear once)");
   });
   try {
     return nlohmann::json::parse(text, unique);
@@ -123,8 +125,8 @@ nlohmann::json read_json_file(const fs::path& p) {
 // "." or empty part, no NUL (summary.json is input: "dir": "/etc" or "../.." once read outside).
 std::string checked_rel_dir(const std::string& dir, const std::string& summary, const std::string& scenario) {
   auto bad = [&](const std::string& why) {
-    throw ReportError(summary + ": scenario '" + quote_text(scenario) + "': dir '" + quote_text(dir) +
-                      "' " + why + " (expected a path inside the run directory, such as scenarios/NAME)");
+    throw ReportError(summary + ": scenario '" + quote_text(scenario) + "': dir '" + quote_text(dir) + "' " + why +
+                      " (expected a path inside the run directory, such as scenarios/NAME)");
   };
   if (dir.empty()) bad("is empty");
   if (dir.find('\0') != std::string::npos) bad("holds a NUL byte");
@@ -143,7 +145,7 @@ int64_t json_int(const nlohmann::json& j, const char* key) {
   return j.is_object() && j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : -1;
 }
 
-}  // namespace
+}   // namespace
 
 std::string read_run_file(const std::string& path, uint64_t max_bytes) {
   try {
@@ -169,8 +171,8 @@ const std::vector<std::string>& ulp_kinds() {
 }
 
 const std::vector<std::string>& disk_kinds() {
-  static const std::vector<std::string> k = {"model", "master_param", "remainder", "exp_avg",
-                                             "exp_avg_sq", "scale", "metadata"};
+  static const std::vector<std::string> k = {"model",      "master_param", "remainder", "exp_avg",
+                                             "exp_avg_sq", "scale",        "metadata"};
   return k;
 }
 
@@ -185,11 +187,29 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
   if (!fs::exists(path))
     throw ReportError(path + ": missing; expected a run directory written by `resume-harness matrix`");
   const std::string csv = read_run_file(path);   // parsed twice below, read once
-  const auto rows = parse_csv<22>(
-      path, csv, {"scenario", "expectation", "passed", "outcome", "verdict", "first_divergence", "max_abs_dloss",
-             "max_ulp_model", "max_ulp_master_param", "max_ulp_remainder", "max_ulp_exp_avg",
-             "max_ulp_exp_avg_sq", "max_ulp_scale", "checkpoint_bytes", "bytes_per_param", "num_params",
-             "save_policy", "fault", "exp_avg_dtype", "exp_avg_sq_dtype", "master_mode", "seconds"});
+  const auto rows = parse_csv<22>(path, csv,
+                                  {"scenario",
+                                   "expectation",
+                                   "passed",
+                                   "outcome",
+                                   "verdict",
+                                   "first_divergence",
+                                   "max_abs_dloss",
+                                   "max_ulp_model",
+                                   "max_ulp_master_param",
+                                   "max_ulp_remainder",
+                                   "max_ulp_exp_avg",
+                                   "max_ulp_exp_avg_sq",
+                                   "max_ulp_scale",
+                                   "checkpoint_bytes",
+                                   "bytes_per_param",
+                                   "num_params",
+                                   "save_policy",
+                                   "fault",
+                                   "exp_avg_dtype",
+                                   "exp_avg_sq_dtype",
+                                   "master_mode",
+                                   "seconds"});
   std::vector<SummaryRow> out;
   for (const auto& [line, f] : rows) {
     SummaryRow r;
@@ -242,7 +262,8 @@ std::vector<DiskRow> read_disk_csv(const std::string& path) {
   for (const auto& [line, f] : read_csv<6>(path, {"file", "key", "kind", "dtype", "numel", "bytes"})) {
     bool known = false;
     for (const auto& k : disk_kinds()) known = known || k == f[2];
-    if (!known) bad_field(path, line, "kind", "model, master_param, remainder, exp_avg, exp_avg_sq, scale or metadata", f[2]);
+    if (!known)
+      bad_field(path, line, "kind", "model, master_param, remainder, exp_avg, exp_avg_sq, scale or metadata", f[2]);
     out.push_back({f[0], f[1], f[2], f[3], parse_u64(f[4], path, line, "numel"), parse_u64(f[5], path, line, "bytes")});
   }
   return out;
@@ -271,8 +292,8 @@ std::vector<StateRow> read_state_csv(const std::string& path) {
 int64_t check_metrics_compare_csv(const std::string& path) {
   const auto rows = read_csv<10>(path, {"iteration", "metric", "baseline", "baseline_hex", "resumed", "resumed_hex",
                                         "abs_diff", "rel_diff", "ulp", "bit_equal"});
-  static const char* names[] = {"iteration", "metric", "baseline", "baseline_hex", "resumed", "resumed_hex",
-                                "abs_diff", "rel_diff"};
+  static const char* names[] = {"iteration", "metric",      "baseline", "baseline_hex",
+                                "resumed",   "resumed_hex", "abs_diff", "rel_diff"};
   for (const auto& [line, f] : rows) {
     parse_u64(f[0], path, line, "iteration");
     for (size_t c = 2; c < 8; ++c) parse_num(f[c], path, line, names[c]);
@@ -284,10 +305,10 @@ int64_t check_metrics_compare_csv(const std::string& path) {
 
 void check_metrics_csv(const std::string& path) {
   // The format of harness/train/metrics.h; the plots read the hex columns, so those must parse.
-  const auto rows = read_csv<9>(path, {"iteration", "consumed_samples", "lm_loss_hex", "aux_loss_hex",
-                                       "total_loss_hex", "grad_norm_hex", "lr_hex", "num_zeros", "lm_loss"});
-  static const char* names[] = {"iteration", "consumed_samples", "lm_loss_hex", "aux_loss_hex", "total_loss_hex",
-                                "grad_norm_hex", "lr_hex", "num_zeros", "lm_loss"};
+  const auto rows = read_csv<9>(path, {"iteration", "consumed_samples", "lm_loss_hex", "aux_loss_hex", "total_loss_hex",
+                                       "grad_norm_hex", "lr_hex", "num_zeros", "lm_loss"});
+  static const char* names[] = {"iteration",     "consumed_samples", "lm_loss_hex", "aux_loss_hex", "total_loss_hex",
+                                "grad_norm_hex", "lr_hex",           "num_zeros",   "lm_loss"};
   for (const auto& [line, f] : rows) {
     parse_u64(f[0], path, line, names[0]);
     parse_u64(f[1], path, line, names[1]);
@@ -357,4 +378,4 @@ RunData load_run(const std::string& dir) {
   return run;
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -37,12 +37,12 @@ struct Num {
 
 // One row of summary.csv.
 struct SummaryRow {
-  unsigned line = 0;                      // line in summary.csv (1 = header)
+  unsigned line = 0;   // line in summary.csv (1 = header)
   std::string scenario, expectation, verdict, first_divergence;
   Outcome outcome = Outcome::error;   // harness/verify/outcome.h: the verdict type the check wrote
   bool passed = false;
   Num max_abs_dloss;
-  std::map<std::string, Num> max_ulp;     // kind -> value; kinds with an empty field are absent
+  std::map<std::string, Num> max_ulp;   // kind -> value; kinds with an empty field are absent
   Num checkpoint_bytes, bytes_per_param, num_params;
   std::string save_policy, fault, exp_avg_dtype, exp_avg_sq_dtype, master_mode;
   Num seconds;
@@ -54,7 +54,7 @@ struct SummaryRow {
 
 // One row of disk.csv (a tensor, a safetensors header, or the manifest).
 struct DiskRow {
-  std::string file, key, kind, dtype;     // kind: model | master_param | ... | metadata
+  std::string file, key, kind, dtype;   // kind: model | master_param | ... | metadata
   uint64_t numel = 0, bytes = 0;
 };
 
@@ -67,26 +67,26 @@ struct StateRow {
 
 struct ScenarioData {
   SummaryRow row;
-  std::string group;                      // canonical name up to the first '/'
-  std::string rel_dir;                    // "scenarios/<safe name>", relative to the run dir
-  nlohmann::json config;                  // run config (null when neither json file has it)
-  int64_t save_at = -1;                   // K (-1 unknown)
-  int64_t iterations = -1;                // N (-1 unknown)
+  std::string group;         // canonical name up to the first '/'
+  std::string rel_dir;       // "scenarios/<safe name>", relative to the run dir
+  nlohmann::json config;     // run config (null when neither json file has it)
+  int64_t save_at = -1;      // K (-1 unknown)
+  int64_t iterations = -1;   // N (-1 unknown)
   bool has_disk = false, has_state = false, has_metrics_compare = false;
   bool has_baseline = false, has_resumed = false;
   std::vector<DiskRow> disk;
   std::vector<StateRow> state;
-  int64_t metric_rows = 0;                // rows of metrics_compare.csv
-  std::vector<std::string> missing;       // files expected but absent, relative to rel_dir
+  int64_t metric_rows = 0;            // rows of metrics_compare.csv
+  std::vector<std::string> missing;   // files expected but absent, relative to rel_dir
 };
 
 struct RunData {
   std::string dir;
-  std::vector<ScenarioData> scenarios;    // summary.csv order
+  std::vector<ScenarioData> scenarios;   // summary.csv order
   bool has_summary_json = false;
-  nlohmann::json environment;             // summary.json "environment" (null when absent)
-  std::string matrix_file;                // summary.json "file"
-  std::string total_seconds;              // summary.json "seconds", as text
+  nlohmann::json environment;   // summary.json "environment" (null when absent)
+  std::string matrix_file;      // summary.json "file"
+  std::string total_seconds;    // summary.json "seconds", as text
 };
 
 // The whole of one file the harness wrote, read as hostile input: a regular file only (a FIFO is
@@ -114,4 +114,4 @@ void check_metrics_csv(const std::string& path);
 // file is malformed.
 RunData load_run(const std::string& dir);
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -37,7 +37,7 @@ std::string json_text(const nlohmann::json& v) {
   return v.dump();
 }
 
-}  // namespace
+}   // namespace
 
 std::string fmt(const char* format, double v) {
   char buf[64];
@@ -59,11 +59,17 @@ void append_md(std::string& o, const std::string& s) {
       case '<': o += "&lt;"; break;
       case '>': o += "&gt;"; break;
       case '&': o += "&amp;"; break;
-      case '\\': case '`': case '*': case '[': case ']': case '|':
+      case '\\':
+      case '`':
+      case '*':
+      case '[':
+      case ']':
+      case '|':
         o += '\\';
         o += c;
         break;
-      case '\r': case '\n': o += ' '; break;
+      case '\r':
+      case '\n': o += ' '; break;
       default: o += c;
     }
   }
@@ -74,7 +80,7 @@ void append_md_cell(std::string& o, const std::string& s) {
   else append_md(o, s);
 }
 
-}  // namespace
+}   // namespace
 
 std::string md_text(const std::string& s) {
   std::string o;
@@ -102,7 +108,8 @@ std::string md_code(const std::string& s) {
   const std::string fence(longest + 1, '`');
   // A space on each side keeps a backtick at either end from joining the fence (CommonMark strips
   // one space from each side of a span that has both).
-  const bool pad = !body.empty() && (body.front() == '`' || body.back() == '`' || (body.front() == ' ' && body.back() == ' '));
+  const bool pad =
+      !body.empty() && (body.front() == '`' || body.back() == '`' || (body.front() == ' ' && body.back() == ' '));
   return pad ? fence + " " + body + " " + fence : fence + body + fence;
 }
 
@@ -148,11 +155,13 @@ std::string url_path(const std::string& p) {
   return o;
 }
 
-}  // namespace
+}   // namespace
 
 std::string to_html(const Table& t) {
   std::string o = t.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + t.html_class + "\">\n<thead><tr>";
-  const auto hidden = [&t](size_t c) { return t.html_hidden_column >= 0 && c == static_cast<size_t>(t.html_hidden_column); };
+  const auto hidden = [&t](size_t c) {
+    return t.html_hidden_column >= 0 && c == static_cast<size_t>(t.html_hidden_column);
+  };
   for (size_t c = 0; c < t.header.size(); ++c) {
     if (hidden(c)) continue;
     // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
@@ -169,9 +178,9 @@ std::string to_html(const Table& t) {
     for (size_t c = 0; c < t.rows[i].size(); ++c) {
       if (hidden(c)) continue;
       const bool num = c < t.right.size() && t.right[c];
-      const std::string* extra =
-          i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty() ? &t.cell_class[i][c]
-                                                                                                : nullptr;
+      const std::string* extra = i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty()
+                                     ? &t.cell_class[i][c]
+                                     : nullptr;
       o += "<td";
       if (num || extra) {
         o += " class=\"";
@@ -325,15 +334,19 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   t.html_hidden_column = 3;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& r = run.scenarios[i].row;
-    const bool compared = r.outcome != Outcome::error && r.outcome != Outcome::load_refused &&
-                          r.outcome != Outcome::nondeterministic;
-    std::vector<std::string> row = {r.scenario, r.expectation, to_string(r.outcome), r.verdict,
+    const bool compared =
+        r.outcome != Outcome::error && r.outcome != Outcome::load_refused && r.outcome != Outcome::nondeterministic;
+    std::vector<std::string> row = {r.scenario,
+                                    r.expectation,
+                                    to_string(r.outcome),
+                                    r.verdict,
                                     r.first_divergence.empty() ? "none" : r.first_divergence,
                                     compared ? human(r.max_abs_dloss) : kDash};
     for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
     row.push_back(r.checkpoint_bytes.text);
     row.push_back(human(r.bytes_per_param));
-    if (compressed) row.push_back(r.compress != "none" ? human(r.raw_bytes_per_param) + " (" + r.compress + ")" : kDash);
+    if (compressed)
+      row.push_back(r.compress != "none" ? human(r.raw_bytes_per_param) + " (" + r.compress + ")" : kDash);
     if (refs[i] == static_cast<int>(i)) {
       row.push_back("reference");
     } else if (refs[i] >= 0 && r.checkpoint_bytes.value > 0) {
@@ -349,7 +362,8 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     t.row_class.push_back(r.passed ? "pass" : "fail");
     // A scenario that errored before writing anything has no directory to link.
     std::error_code ec;
-    t.row_href.push_back(fs::is_directory(fs::path(run.dir) / run.scenarios[i].rel_dir, ec) ? run.scenarios[i].rel_dir + "/" : "");
+    t.row_href.push_back(
+        fs::is_directory(fs::path(run.dir) / run.scenarios[i].rel_dir, ec) ? run.scenarios[i].rel_dir + "/" : "");
   }
   return t;
 }
@@ -379,10 +393,14 @@ Table environment_table(const RunData& run) {
   Table t;
   t.header = {"setting", "value"};
   t.right = {false, false};
-  static const std::vector<std::pair<const char*, const char*>> keys = {
-      {"harness_version", "harness version"}, {"git_commit", "harness commit"}, {"torch_version", "LibTorch"},
-      {"blas", "BLAS"}, {"cuda_compiled", "CUDA compiled in"}, {"device", "device"},
-      {"threads_per_process", "threads per process"}, {"jobs", "scenarios run at a time"}};
+  static const std::vector<std::pair<const char*, const char*>> keys = {{"harness_version", "harness version"},
+                                                                        {"git_commit", "harness commit"},
+                                                                        {"torch_version", "LibTorch"},
+                                                                        {"blas", "BLAS"},
+                                                                        {"cuda_compiled", "CUDA compiled in"},
+                                                                        {"device", "device"},
+                                                                        {"threads_per_process", "threads per process"},
+                                                                        {"jobs", "scenarios run at a time"}};
   const auto& e = run.environment;
   for (const auto& [k, label] : keys)
     t.rows.push_back({label, e.is_object() && e.contains(k) ? json_text(e[k]) : std::string("unknown")});
@@ -414,8 +432,7 @@ std::string status_line(const StatusCounts& c) {
   auto n = [](size_t v) { return std::to_string(v); };
   return std::string(c.passed() ? "PASSED" : "FAILED") + ": " + n(c.scenarios) + " scenarios, " + n(c.met) +
          " met their expectation (" + n(c.exact) + " bit for bit, " + n(c.tolerance) + " within tolerance, " +
-         n(c.diverged) + " diverged as declared, " + n(c.refused) + " refused as declared), " + n(c.failed) +
-         " failed";
+         n(c.diverged) + " diverged as declared, " + n(c.refused) + " refused as declared), " + n(c.failed) + " failed";
 }
 
 std::string outcome_class(const SummaryRow& r) {
@@ -467,7 +484,7 @@ void grid_cell(const SummaryRow& r, std::vector<std::string>& line, std::vector<
                   (r.first_divergence.empty() ? "" : " (first divergence: " + r.first_divergence + ")"));
 }
 
-}  // namespace
+}   // namespace
 
 std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
   Ordered groups;
@@ -522,7 +539,8 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
         if (mask >> k & 1) product *= values[candidates[k]].items.size();
       if (product > kMaxGridColumns) continue;
       const int pc = __builtin_popcount(mask), best_pc = __builtin_popcount(best_mask);
-      if (product > best_product || (product == best_product && best_mask != 0 && (pc < best_pc || (pc == best_pc && mask > best_mask))))
+      if (product > best_product ||
+          (product == best_product && best_mask != 0 && (pc < best_pc || (pc == best_pc && mask > best_mask))))
         best_mask = mask, best_product = product;
     }
     std::vector<bool> is_col(axes.items.size(), false);
@@ -532,7 +550,7 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
     // One row axis that every scenario names: its values alone label the rows.
     const bool bare_rows = row_axes.size() == 1 && named[row_axes[0]] == members[g].size();
     Ordered rows, cols;
-    std::unordered_map<uint64_t, const SummaryRow*> cells;   // (row << 32 | col) -> first scenario there
+    std::unordered_map<uint64_t, const SummaryRow*> cells;          // (row << 32 | col) -> first scenario there
     std::vector<std::pair<uint64_t, const SummaryRow*>> in_order;   // every scenario's cell, in order
     for (size_t m = 0; m < members[g].size(); ++m) {
       std::string row, col;
@@ -559,8 +577,7 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
       grid.note = std::to_string(rows.items.size()) + " rows x " + std::to_string(cols.items.size()) +
                   " columns would be mostly empty: one line per scenario instead";
       for (const auto& [key, r] : in_order) {
-        std::vector<std::string> line{rows.items[key >> 32], cols.items[key & 0xffffffffu]}, cls{"", ""},
-            title{"", ""};
+        std::vector<std::string> line{rows.items[key >> 32], cols.items[key & 0xffffffffu]}, cls{"", ""}, title{"", ""};
         grid_cell(*r, line, cls, title);
         grid.table.rows.push_back(line);
         grid.table.cell_class.push_back(cls);
@@ -592,4 +609,4 @@ std::vector<OutcomeGrid> outcome_grids(const RunData& run) {
   return out;
 }
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -16,9 +16,9 @@ namespace rh::report {
 
 struct Table {
   std::vector<std::string> header;
-  std::vector<bool> right;                    // right-aligned (numeric) columns
+  std::vector<bool> right;   // right-aligned (numeric) columns
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> row_class;         // HTML row class per row ("pass", "fail" or "")
+  std::vector<std::string> row_class;   // HTML row class per row ("pass", "fail" or "")
   // Optional, per cell (same shape as rows when present): HTML class and hover text (title).
   std::vector<std::vector<std::string>> cell_class, cell_title;
   // Optional, per row: a path relative to report.html that the row's first cell links to in HTML
@@ -61,22 +61,22 @@ std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s);
 // on the first scenario (in summary order) that wrote it and has an fp32 reference with a
 // disk.csv (else the first that wrote it at all).
 struct Combo {
-  std::string label;                          // "per_key: model BF16, master_param F32, ..."
+  std::string label;   // "per_key: model BF16, master_param F32, ..."
   std::string policy;
-  std::string compress = "none";              // "none" | "zstd": dtypes alike, bytes not
-  std::map<std::string, std::string> dtypes;  // kind -> safetensors dtype (metadata excluded)
+  std::string compress = "none";               // "none" | "zstd": dtypes alike, bytes not
+  std::map<std::string, std::string> dtypes;   // kind -> safetensors dtype (metadata excluded)
   // "per_key" or "per_key + zstd": the policy row a projection groups this configuration under.
   std::string policy_label() const { return compress == "none" ? policy : policy + " + " + compress; }
-  size_t scenario = 0;                        // measured scenario (index in run.scenarios)
-  int reference = -1;                         // its fp32 reference scenario, -1 none
-  std::map<std::string, uint64_t> bytes;      // per kind, metadata included
-  uint64_t total_bytes = 0;                   // sum of disk.csv
-  uint64_t payload_bytes = 0;                 // total minus metadata (headers + manifest)
+  size_t scenario = 0;                     // measured scenario (index in run.scenarios)
+  int reference = -1;                      // its fp32 reference scenario, -1 none
+  std::map<std::string, uint64_t> bytes;   // per kind, metadata included
+  uint64_t total_bytes = 0;                // sum of disk.csv
+  uint64_t payload_bytes = 0;              // total minus metadata (headers + manifest)
   uint64_t num_params = 0;
-  double payload_per_param = 0;               // payload_bytes / num_params
+  double payload_per_param = 0;   // payload_bytes / num_params
   bool has_reduction = false;
-  double reduction_pct = 0;                   // total bytes vs the reference's total, in %
-  double payload_reduction_pct = 0;           // payload per parameter vs the reference's, in %
+  double reduction_pct = 0;           // total bytes vs the reference's total, in %
+  double payload_reduction_pct = 0;   // payload per parameter vs the reference's, in %
 };
 
 std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& refs);
@@ -130,4 +130,4 @@ struct OutcomeGrid {
 };
 std::vector<OutcomeGrid> outcome_grids(const RunData& run);
 
-}  // namespace rh::report
+}   // namespace rh::report

@@ -31,7 +31,8 @@ inline nlohmann::json read_manifest(const fs::path& dir) { return nlohmann::json
 // The manifest's checksum sidecar rewritten to match its bytes: a test that edits a manifest to
 // reach a check behind the checksum plays an attacker who rewrites both.
 inline void seal_manifest(const fs::path& dir) {
-  spit(dir / rh::ckpt::detail::kManifestChecksumFile, rh::ckpt::detail::manifest_checksum_text(slurp(dir / "manifest.json")));
+  spit(dir / rh::ckpt::detail::kManifestChecksumFile,
+       rh::ckpt::detail::manifest_checksum_text(slurp(dir / "manifest.json")));
 }
 inline void write_manifest_text(const fs::path& dir, const std::string& text) {
   spit(dir / "manifest.json", text);
@@ -127,7 +128,8 @@ inline Rig make_rig(const Mode& m, uint64_t seed, int64_t width = 16) {
   groups[0].weight_decay = 0.1;
   groups[1].name = "no_decay";
   for (const auto& p : r.model->named_parameters(true))
-    groups[p.key().find(".b") != std::string::npos || p.key() == "norm" ? 1 : 0].params.emplace_back(p.key(), p.value());
+    groups[p.key().find(".b") != std::string::npos || p.key() == "norm" ? 1 : 0].params.emplace_back(p.key(),
+                                                                                                     p.value());
   r.opt = std::make_unique<PrecisionAdam>(std::move(groups), m.cfg);
   r.state.opt_param_scheduler.max_lr = 1e-2;
   r.state.opt_param_scheduler.min_lr = 1e-3;
@@ -189,7 +191,8 @@ inline bool decodes_equal(const StoredState& a, const StoredState& b) {
 inline ::testing::AssertionResult same_state(const Rig& a, const Rig& b) {
   auto pa = a.model->named_parameters(true), pb = b.model->named_parameters(true);
   for (size_t i = 0; i < pa.size(); ++i)
-    if (!bytes_equal(pa[i].value(), pb[i].value())) return ::testing::AssertionFailure() << "model param " << pa[i].key();
+    if (!bytes_equal(pa[i].value(), pb[i].value()))
+      return ::testing::AssertionFailure() << "model param " << pa[i].key();
   for (const auto& p : a.opt->param_names())
     for (StateKey k : kKeys)
       if (!stored_equal(a.opt->stored(p, k), b.opt->stored(p, k)))
@@ -209,4 +212,4 @@ inline rh::ckpt::SaveInput save_input(const Rig& r, rh::ckpt::SavePolicy pol = {
   return in;
 }
 
-}  // namespace ckfix
+}   // namespace ckfix

@@ -14,9 +14,9 @@
 namespace rh::models::testing {
 
 struct NumericsCase {
-  std::string name;         // test-name suffix
-  std::string param_dtype;  // ModelConfig.param_dtype
-  std::string compute;      // ModelConfig.compute
+  std::string name;          // test-name suffix
+  std::string param_dtype;   // ModelConfig.param_dtype
+  std::string compute;       // ModelConfig.compute
 };
 
 inline void PrintTo(const NumericsCase& c, std::ostream* os) {
@@ -24,17 +24,13 @@ inline void PrintTo(const NumericsCase& c, std::ostream* os) {
 }
 
 inline std::vector<NumericsCase> numerics_cases() {
-  return {{"fp32", "fp32", "fp32"},
-          {"bf16_fp32compute", "bf16", "fp32"},
-          {"bf16_native", "bf16", "native"}};
+  return {{"fp32", "fp32", "fp32"}, {"bf16_fp32compute", "bf16", "fp32"}, {"bf16_native", "bf16", "native"}};
 }
 
-inline std::string case_name(const ::testing::TestParamInfo<NumericsCase>& info) {
-  return info.param.name;
-}
+inline std::string case_name(const ::testing::TestParamInfo<NumericsCase>& info) { return info.param.name; }
 
 inline ModelConfig config_for(const NumericsCase& c) {
-  ModelConfig cfg;  // the default ~1M-parameter model: fast enough on one thread
+  ModelConfig cfg;   // the default ~1M-parameter model: fast enough on one thread
   cfg.param_dtype = c.param_dtype;
   cfg.compute = c.compute;
   return cfg;
@@ -46,9 +42,7 @@ inline std::shared_ptr<MoETransformer> build(const ModelConfig& cfg, uint64_t se
   return m;
 }
 
-inline torch::Generator cpu_gen(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
+inline torch::Generator cpu_gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 inline torch::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   auto g = cpu_gen(seed);
@@ -68,4 +62,4 @@ inline bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.numel() * ac.element_size()) == 0;
 }
 
-}  // namespace rh::models::testing
+}   // namespace rh::models::testing

@@ -25,8 +25,16 @@
 
 namespace rh::optim_ref {
 
-inline uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f2u(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float u2f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // --- bf16 ---
 inline uint16_t bf16_rne(float f) {
@@ -42,8 +50,7 @@ inline uint16_t bf16_ties_away(float f) {
   const double x = std::fabs(static_cast<double>(f));
   const double dlo = x - std::fabs(static_cast<double>(bf16_to_f(lo)));
   // Past the largest finite bf16 the next step up is 2^128 (which rounds to inf).
-  const double hv = (hi & 0x7FFF) == 0x7F80 ? std::ldexp(1.0, 128)
-                                            : std::fabs(static_cast<double>(bf16_to_f(hi)));
+  const double hv = (hi & 0x7FFF) == 0x7F80 ? std::ldexp(1.0, 128) : std::fabs(static_cast<double>(bf16_to_f(hi)));
   const double dhi = hv - x;
   return dlo < dhi ? lo : hi;   // tie -> hi, the larger magnitude
 }
@@ -55,16 +62,13 @@ inline uint16_t fp16_rne(float f) {
 }
 // The GPU's NaN result of fp32 arithmetic.
 inline float canon(float f) { return std::isnan(f) ? u2f(0x7FFFFFFFu) : f; }
-inline float fp16_to_f(uint16_t b) {
-  return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(b));
-}
+inline float fp16_to_f(uint16_t b) { return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(b)); }
 
 // --- E4M3 (FN: no inf, 0x7F/0xFF NaN, max 448) ---
 inline float e4m3_decode(uint8_t c) {
   const int sign = c >> 7, exp = (c >> 3) & 15, man = c & 7;
   if (exp == 15 && man == 7) return std::numeric_limits<float>::quiet_NaN();
-  const double mag = exp == 0 ? (man / 8.0) * std::pow(2.0, -6)
-                              : (1.0 + man / 8.0) * std::pow(2.0, exp - 7);
+  const double mag = exp == 0 ? (man / 8.0) * std::pow(2.0, -6) : (1.0 + man / 8.0) * std::pow(2.0, exp - 7);
   return static_cast<float>(sign ? -mag : mag);
 }
 // Nearest of the 127 non-negative finite values (codes 0..0x7E are increasing), ties to the
@@ -77,7 +81,8 @@ inline uint8_t e4m3_encode(float x) {
   int lo = 0, hi = 0x7E;   // largest code with value <= a
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (e4m3_decode(static_cast<uint8_t>(mid)) <= a) lo = mid; else hi = mid - 1;
+    if (e4m3_decode(static_cast<uint8_t>(mid)) <= a) lo = mid;
+    else hi = mid - 1;
   }
   const double dlo = a - e4m3_decode(static_cast<uint8_t>(lo));
   const double dhi = e4m3_decode(static_cast<uint8_t>(lo + 1)) - a;
@@ -159,15 +164,15 @@ struct Config {
 
 struct Param {
   int group = 0;
-  Eigen::ArrayXf master32;                          // Master::fp32
-  Stored half;                                      // Master::fp16: scaled fp16 codes
-  Eigen::Array<uint16_t, Eigen::Dynamic, 1> weight; // bf16 model param bits (bf16 params)
-  Eigen::ArrayXf weight32;                          // fp32 model param (fp32 params)
-  Eigen::Array<int16_t, Eigen::Dynamic, 1> rem;     // Master::remainders
+  Eigen::ArrayXf master32;                            // Master::fp32
+  Stored half;                                        // Master::fp16: scaled fp16 codes
+  Eigen::Array<uint16_t, Eigen::Dynamic, 1> weight;   // bf16 model param bits (bf16 params)
+  Eigen::ArrayXf weight32;                            // fp32 model param (fp32 params)
+  Eigen::Array<int16_t, Eigen::Dynamic, 1> rem;       // Master::remainders
   Stored m, v;
-  Eigen::ArrayXf main_grad;                         // fp32 values (bf16-exact in bf16 mode)
+  Eigen::ArrayXf main_grad;   // fp32 values (bf16-exact in bf16 mode)
   bool has_grad = false;
-  Eigen::ArrayXf last_m, last_v;                    // fp32 moments of the last update
+  Eigen::ArrayXf last_m, last_v;   // fp32 moments of the last update
 };
 
 class Adam {
@@ -234,12 +239,30 @@ class Adam {
       for (Eigen::Index j = 0; j < n; ++j) {
         float w = master_value(p, j), g = p.main_grad[j];
         float m = p.m.value(j), v = p.v.value(j);
-        if (!cfg.adam_w) { const float d = wd * w; g = g + d; }
-        { const float a = b1 * m; const float b = omb1 * g; m = a + b; }
-        { const float a = b2 * v; float b = omb2 * g; b = b * g; v = a + b; }
-        float den = v / bc2; den = std::sqrt(den); den = den + eps;
-        float u = m / bc1; u = u / den;
-        if (cfg.adam_w) { const float d = wd * w; u = u + d; }
+        if (!cfg.adam_w) {
+          const float d = wd * w;
+          g = g + d;
+        }
+        {
+          const float a = b1 * m;
+          const float b = omb1 * g;
+          m = a + b;
+        }
+        {
+          const float a = b2 * v;
+          float b = omb2 * g;
+          b = b * g;
+          v = a + b;
+        }
+        float den = v / bc2;
+        den = std::sqrt(den);
+        den = den + eps;
+        float u = m / bc1;
+        u = u / den;
+        if (cfg.adam_w) {
+          const float d = wd * w;
+          u = u + d;
+        }
         u = lr * u;
         w = w - u;
         nm[j] = canon(m);
@@ -267,4 +290,4 @@ class Adam {
   }
 };
 
-}  // namespace rh::optim_ref
+}   // namespace rh::optim_ref

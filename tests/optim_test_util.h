@@ -26,8 +26,8 @@ struct Case {
   bool bf16_params = true;
 
   std::string name() const {
-    return "m_" + to_string(exp_avg) + "_v_" + to_string(exp_avg_sq) + "_master_" +
-           to_string(master) + (adam_w ? "_adamw" : "_l2") + "_grads_" + to_string(main_grads) +
+    return "m_" + to_string(exp_avg) + "_v_" + to_string(exp_avg_sq) + "_master_" + to_string(master) +
+           (adam_w ? "_adamw" : "_l2") + "_grads_" + to_string(main_grads) +
            (bf16_params ? "_bf16params" : "_fp32params");
   }
   OptimizerConfig config() const {
@@ -43,12 +43,15 @@ struct Case {
   }
   ref::Config ref_config() const {
     auto fmt = [](Dtype d) {
-      return d == Dtype::bf16 ? ref::Fmt::bf16 : d == Dtype::fp16 ? ref::Fmt::fp16
-             : d == Dtype::fp8 ? ref::Fmt::fp8 : ref::Fmt::fp32;
+      return d == Dtype::bf16   ? ref::Fmt::bf16
+             : d == Dtype::fp16 ? ref::Fmt::fp16
+             : d == Dtype::fp8  ? ref::Fmt::fp8
+                                : ref::Fmt::fp32;
     };
     ref::Config r;
-    r.master = master == MasterMode::fp16 ? ref::Master::fp16
-               : master == MasterMode::remainders ? ref::Master::remainders : ref::Master::fp32;
+    r.master = master == MasterMode::fp16         ? ref::Master::fp16
+               : master == MasterMode::remainders ? ref::Master::remainders
+                                                  : ref::Master::fp32;
     r.exp_avg = fmt(exp_avg);
     r.exp_avg_sq = fmt(exp_avg_sq);
     r.bf16_main_grads = main_grads == Dtype::bf16;
@@ -100,7 +103,13 @@ inline int64_t first_diff(const std::vector<uint32_t>& a, const std::vector<uint
 
 // A small model: named params in two groups, some of which miss gradients on some steps.
 struct Rig {
-  struct Spec { std::string name; std::vector<int64_t> shape; int group; int every; int offset; };
+  struct Spec {
+    std::string name;
+    std::vector<int64_t> shape;
+    int group;
+    int every;
+    int offset;
+  };
   Case c;
   std::vector<Spec> specs;
   std::vector<torch::Tensor> params;
@@ -199,4 +208,4 @@ inline std::vector<Rig::Spec> small_specs() {
   return {{"a", {7, 13}, 0, 1, 0}, {"b", {300}, 0, 3, 1}, {"c", {1}, 1, 1, 0}, {"d", {41}, 1, 4, 2}};
 }
 
-}  // namespace rh::optim::testutil
+}   // namespace rh::optim::testutil

@@ -30,7 +30,8 @@ inline const nlohmann::json& python_reference(const std::string& script, const s
 // For a script that computes from an input (`script IN OUT`): writes `in` to stem_in.json, runs the
 // script, returns stem_out.json parsed and removes both files. Not cached: each input is its own
 // computation. Throws std::runtime_error naming the command if the script fails.
-inline nlohmann::json python_reference_of(const std::string& script, const nlohmann::json& in, const std::string& stem) {
+inline nlohmann::json python_reference_of(const std::string& script, const nlohmann::json& in,
+                                          const std::string& stem) {
   const std::string ip = stem + "_in.json", op = stem + "_out.json";
   std::ofstream(ip) << in.dump();
   const std::string cmd = "/usr/bin/python3 " RH_SOURCE_DIR "/tests/" + script + " " + ip + " " + op;
@@ -41,4 +42,4 @@ inline nlohmann::json python_reference_of(const std::string& script, const nlohm
   return out;
 }
 
-}  // namespace rh::testing
+}   // namespace rh::testing

@@ -45,9 +45,15 @@ inline std::string disk(const std::string& master, const std::string& moments) {
   const std::string mp = master == "F32" ? "400" : "200";
   return "file,key,kind,dtype,numel,bytes\n"
          "model.safetensors,w,model,BF16,100,200\n"
-         "optim_rank_00000.safetensors,w/master_param,master_param," + master + ",100," + mp + "\n"
-         "optim_rank_00000.safetensors,w/exp_avg,exp_avg," + moments + ",100," + mb + "\n"
-         "optim_rank_00000.safetensors,w/exp_avg_sq,exp_avg_sq," + moments + ",100," + mb + "\n"
+         "optim_rank_00000.safetensors,w/master_param,master_param," +
+         master + ",100," + mp +
+         "\n"
+         "optim_rank_00000.safetensors,w/exp_avg,exp_avg," +
+         moments + ",100," + mb +
+         "\n"
+         "optim_rank_00000.safetensors,w/exp_avg_sq,exp_avg_sq," +
+         moments + ",100," + mb +
+         "\n"
          "model.safetensors,<header>,metadata,,0,64\n"
          "optim_rank_00000.safetensors,<header>,metadata,,0,136\n"
          "manifest.json,<manifest>,metadata,,0,300\n";
@@ -56,13 +62,14 @@ inline std::string disk(const std::string& master, const std::string& moments) {
 // Metrics rows for iterations [from, to]; lm_loss = 4 - i/8 (exact in binary), + bump on
 // iterations > 3 when bump != 0 (the diverging resumed run).
 inline std::string metrics(int from, int to, double bump) {
-  std::string s = "iteration,consumed_samples,lm_loss,lm_loss_hex,aux_loss,aux_loss_hex,total_loss,"
-                  "total_loss_hex,grad_norm,grad_norm_hex,lr,lr_hex,num_zeros\n";
+  std::string s =
+      "iteration,consumed_samples,lm_loss,lm_loss_hex,aux_loss,aux_loss_hex,total_loss,"
+      "total_loss_hex,grad_norm,grad_norm_hex,lr,lr_hex,num_zeros\n";
   for (int i = from; i <= to; ++i) {
     const double l = 4.0 - i / 8.0 + (i > 3 ? bump : 0.0);
     char buf[512];
-    std::snprintf(buf, sizeof buf, "%d,%d,%.9g,%a,0,0x0p+0,%.9g,%a,1.5,0x1.8p+0,0.01,%a,0\n", i, i * 16, l, l, l,
-                  l, 0.01);
+    std::snprintf(buf, sizeof buf, "%d,%d,%.9g,%a,0,0x0p+0,%.9g,%a,1.5,0x1.8p+0,0.01,%a,0\n", i, i * 16, l, l, l, l,
+                  0.01);
     s += buf;
   }
   return s;
@@ -84,8 +91,9 @@ inline std::string state_compare(int max_ulp_exp_avg) {
   return "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n"
          "after_load,model/w,model,BF16,BF16,100,1,0,0\n"
          "after_load,w/master_param,master_param,F32,F32,100,1,0,0\n"
-         "after_load,w/exp_avg,exp_avg,F32,F32,100," + std::string(max_ulp_exp_avg ? "0.5,0.25," : "1,0,") +
-         std::to_string(max_ulp_exp_avg) + "\nfinal,model/w,model,BF16,BF16,100,1,0,0\n";
+         "after_load,w/exp_avg,exp_avg,F32,F32,100," +
+         std::string(max_ulp_exp_avg ? "0.5,0.25," : "1,0,") + std::to_string(max_ulp_exp_avg) +
+         "\nfinal,model/w,model,BF16,BF16,100,1,0,0\n";
 }
 
 inline std::string result_json(const std::string& name, const std::string& cfg) {
@@ -97,8 +105,8 @@ struct Scen {
   const char* safe;
   const char* moments_cfg;   // in-memory moments of the config
   const char* policy;
-  const char* disk_moments;  // dtype written
-  double bump;               // resumed lm_loss offset after iteration 3
+  const char* disk_moments;   // dtype written
+  double bump;                // resumed lm_loss offset after iteration 3
   int ulp_exp_avg;
 };
 
@@ -136,7 +144,8 @@ inline std::string summary_json() {
   return R"({"file":"scenarios/fixture.toml","filter":"","scenarios":[)" + sc +
          R"(],"failed":1,"total":5,"seconds":7.25,"environment":{"harness_version":"0.1.0","git_commit":"abc123def456",)"
          R"("torch_version":"1.13.1","blas":"OpenBLAS 0.3.21","cuda_compiled":false,"threads_per_process":1,)"
-         R"("jobs":2,"device":"cpu"}})" "\n";
+         R"("jobs":2,"device":"cpu"}})"
+         "\n";
 }
 
 // Writes the whole run directory.
@@ -174,4 +183,4 @@ params = 15.7e9
 )");
 }
 
-}  // namespace report_fixture
+}   // namespace report_fixture

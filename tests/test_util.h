@@ -88,4 +88,4 @@ inline ToolRun run_tool_split(const std::vector<std::string>& args, const std::f
 }
 #endif
 
-}  // namespace rh::testutil
+}   // namespace rh::testutil

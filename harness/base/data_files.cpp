@@ -26,4 +26,4 @@ std::string data_file(const std::string& rel) {
   return d.empty() ? rel : (fs::path(d) / rel).string();
 }
 
-}  // namespace rh
+}   // namespace rh

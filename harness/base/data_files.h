@@ -12,4 +12,4 @@ namespace rh {
 std::string data_dir();                          // "" if none of the places exists
 std::string data_file(const std::string& rel);   // data_dir()/rel ("" + rel when there is none)
 
-}  // namespace rh
+}   // namespace rh

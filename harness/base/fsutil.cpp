@@ -47,7 +47,7 @@ struct FsyncClock {   // adds its lifetime to g_fsync_ns
     g_fsync_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
 };
-}  // namespace
+}   // namespace
 
 double fsync_seconds() { return static_cast<double>(g_fsync_ns.load()) * 1e-9; }
 
@@ -161,9 +161,8 @@ std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what)
   };
   if (hex.size() % 2 != 0) throw InputError(what + ": hex string of odd length");
   std::vector<uint8_t> out(hex.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -35,7 +35,7 @@ void write_file_atomic(const std::string& path, const std::string& content);
 std::string read_small_file(const std::string& path);   // whole file; throws naming it
 
 bool path_exists(const std::string& path);
-void remove_tree(const std::string& path);              // rm -r; missing is fine
+void remove_tree(const std::string& path);   // rm -r; missing is fine
 // Atomically swaps two existing directories (renameat2 RENAME_EXCHANGE). Returns false if the
 // file system does not support it (caller falls back); throws on other errors.
 bool exchange_dirs(const std::string& a, const std::string& b);
@@ -49,4 +49,4 @@ std::string hex_encode(const std::vector<uint8_t>& bytes);
 // Throws InputError (base/input.h) naming `what` on odd length or non-hex characters.
 std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what);
 
-}  // namespace rh
+}   // namespace rh

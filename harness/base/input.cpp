@@ -42,11 +42,11 @@ nlohmann::json parse_json_bounded(const char* p, size_t n, const std::string& wh
                                   const nlohmann::json::parser_callback_t& cb) {
   // nlohmann's lexer takes a NUL byte for the end of the input: "{...}\0garbage" would parse.
   if (const void* z = std::memchr(p, '\0', n))
-    throw std::invalid_argument(what + ": NUL byte at offset " +
-                                std::to_string(static_cast<const char*>(z) - p) + " (not JSON text)");
+    throw std::invalid_argument(what + ": NUL byte at offset " + std::to_string(static_cast<const char*>(z) - p) +
+                                " (not JSON text)");
   if (const size_t at = json_depth_violation(p, n); at != std::string::npos)
-    throw std::invalid_argument(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
-                                " levels at offset " + std::to_string(at) + " (refused before parsing)");
+    throw std::invalid_argument(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels at offset " +
+                                std::to_string(at) + " (refused before parsing)");
   try {
     return nlohmann::json::parse(p, p + n, cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const nlohmann::json::exception& e) {
@@ -69,10 +69,11 @@ nlohmann::json::parser_callback_t unique_keys_callback(std::function<void(const 
 
 nlohmann::json parse_json_unique(const char* p, size_t n, const std::string& what) {
   return parse_json_bounded(p, n, what, unique_keys_callback([&what](const std::string& key) {
-    throw std::invalid_argument(what + ": duplicate key '" + quote_text(key) +
-                                "' in one object (each key may appear once; a parser keeping the last would "
-                                "let an appended edit win unseen)");
-  }));
+                              throw std::invalid_argument(
+                                  what + ": duplicate key '" + quote_text(key) +
+                                  "' in one object (each key may appear once; a parser keeping the last would "
+                                  "let an appended edit win unseen)");
+                            }));
 }
 
 std::string non_ascii_position(const std::string& text) {
@@ -86,7 +87,12 @@ std::string non_ascii_position(const std::string& text) {
              " is not ASCII (TOML files here are ASCII: Debian 12's toml++ 3.3.0 has undefined behaviour on "
              "some non-ASCII characters)";
     }
-    if (b == '\n') { ++line; col = 1; } else { ++col; }
+    if (b == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
   }
   return "";
 }
@@ -94,7 +100,9 @@ std::string non_ascii_position(const std::string& text) {
 std::string toml_nesting_position(const std::string& text) {
   size_t line = 1, col = 1, i = 0;
   int depth = 0, dots = 0;
-  auto at = [&](const std::string& what) { return std::to_string(line) + ": column " + std::to_string(col) + ": " + what; };
+  auto at = [&](const std::string& what) {
+    return std::to_string(line) + ": column " + std::to_string(col) + ": " + what;
+  };
   auto advance = [&] {   // one byte, keeping line and column
     if (text[i] == '\n') ++line, col = 1;
     else ++col;
@@ -180,7 +188,7 @@ size_t utf8_length(const std::string& s, size_t i) {
   }
   return 0;
 }
-}  // namespace
+}   // namespace
 
 std::string printable_text(const std::string& s) {
   std::string q;
@@ -226,14 +234,15 @@ const char* file_type(mode_t m) {
   throw InputError(what + " " + path + ": " + std::strerror(errno));
 }
 
-}  // namespace
+}   // namespace
 
 int open_regular_file(const std::string& path, uint64_t* size, bool no_follow) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (no_follow ? O_NOFOLLOW : 0));
   if (fd < 0) {
     if (no_follow && errno == ELOOP)
-      throw InputError(path + ": is a symbolic link; refused (checkpoint files must be regular files "
-                                   "inside the checkpoint directory)");
+      throw InputError(path +
+                       ": is a symbolic link; refused (checkpoint files must be regular files "
+                       "inside the checkpoint directory)");
     sys_fail("cannot open", path);
   }
   struct stat st;
@@ -263,8 +272,7 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool 
   const int fd = open_regular_file(path, &size, no_follow);
   auto too_big = [&](const std::string& got) {
     ::close(fd);
-    throw InputError(path + ": " + got + ", more than the " + std::to_string(max_bytes) +
-                          "-byte limit for this file");
+    throw InputError(path + ": " + got + ", more than the " + std::to_string(max_bytes) + "-byte limit for this file");
   };
   if (size > max_bytes) too_big(std::to_string(size) + " bytes");
   std::string out;
@@ -299,15 +307,12 @@ void JsonField::fail(const std::string& what) const {
   raise(file_ + ": field " + (path_.empty() ? std::string("(top level)") : path_) + ": " + what);
 }
 
-void JsonField::expected(const char* type) const {
-  fail(std::string("expected ") + type + ", got " + quote_json(*j_));
-}
+void JsonField::expected(const char* type) const { fail(std::string("expected ") + type + ", got " + quote_json(*j_)); }
 
 JsonField JsonField::operator[](const std::string& key) const {
   if (!j_->is_object()) expected("an object");
   auto it = j_->find(key);
-  if (it == j_->end())
-    raise(file_ + ": field " + path_ + "/" + quote_text(key) + ": missing");
+  if (it == j_->end()) raise(file_ + ": field " + path_ + "/" + quote_text(key) + ": missing");
   return JsonField(&*it, file_, path_ + "/" + quote_text(key), raise_);
 }
 
@@ -373,4 +378,4 @@ uint64_t JsonField::u64(uint64_t hi) const {
   return v;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -131,4 +131,4 @@ class JsonField {
   Raise raise_;
 };
 
-}  // namespace rh
+}   // namespace rh

@@ -32,4 +32,4 @@ void remove_tree_below(const fs::path& root, const fs::path& below) {
   fs::remove_all(root / below);
 }
 
-}  // namespace rh
+}   // namespace rh

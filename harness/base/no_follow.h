@@ -31,4 +31,4 @@ void refuse_symlinks_below(const std::filesystem::path& root, const std::vector<
 // link inside the tree, only in the path that leads to it). Missing is fine.
 void remove_tree_below(const std::filesystem::path& root, const std::filesystem::path& below);
 
-}  // namespace rh
+}   // namespace rh

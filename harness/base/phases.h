@@ -32,4 +32,4 @@ class PhaseTimes {
   std::map<std::string, double> seconds_;
 };
 
-}  // namespace rh
+}   // namespace rh

@@ -35,4 +35,4 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
   return m.empty() ? "" : " (did you mean '" + m + "'?)";
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -15,4 +15,4 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 // " (did you mean 'x'?)" or "".
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 
-}  // namespace rh
+}   // namespace rh

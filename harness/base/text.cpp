@@ -154,4 +154,4 @@ std::string markup_escape(const std::string& s) {
   return o;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -57,4 +57,4 @@ std::vector<CsvRecord> csv_parse(const std::string& text);
 // than tab and newline (which XML 1.0 forbids) become spaces.
 std::string markup_escape(const std::string& s);
 
-}  // namespace rh
+}   // namespace rh

@@ -7,4 +7,4 @@ inline const char* harness_version() { return RH_VERSION; }
 // Every error the tool prints starts with this (its own, CLI11's, the report's), so a script or a
 // reader finds them by one prefix.
 inline constexpr const char* kErrorPrefix = "resume-harness: error: ";
-}  // namespace rh
+}   // namespace rh

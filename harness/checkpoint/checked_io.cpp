@@ -19,7 +19,7 @@ decltype(auto) as_checkpoint_error(F&& fn) {
   }
 }
 
-}  // namespace
+}   // namespace
 
 void raise_checkpoint_error(const std::string& message) { throw CheckpointError(message); }
 
@@ -76,4 +76,4 @@ std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what)
   return as_checkpoint_error([&] { return rh::hex_decode(hex, what); });
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -56,13 +56,13 @@ using rh::kMaxJsonDepth;
 using rh::kMaxQuoted;
 using rh::kMaxTomlKeyParts;
 using rh::non_ascii_position;
-using rh::path_exists;
 using rh::parse_json_bounded;
 using rh::parse_json_unique;
+using rh::path_exists;
 using rh::printable_text;
 using rh::quote_json;
 using rh::quote_text;
 using rh::toml_nesting_position;
 using rh::unique_keys_callback;
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -24,17 +24,17 @@
 namespace rh::ckpt {
 
 constexpr int kFormatVersion = 3;   // 2: data-parallel shards (param_ranges within params, rank_states);
-                                     // 3: train_state.opt_param_scheduler = Megatron's scheduler state_dict
+                                    // 3: train_state.opt_param_scheduler = Megatron's scheduler state_dict
 
 // CheckpointError (errors.h) is raised for every problem; it names file, tensor and expectation.
 
 // SavePolicyKind and SavePolicy, with their text forms: save_policy.h.
 
 struct SaveInput {
-  const torch::nn::Module* model = nullptr;       // weights written once, in their own dtype
+  const torch::nn::Module* model = nullptr;   // weights written once, in their own dtype
   const optim::PrecisionAdam* optimizer = nullptr;
   const TrainState* state = nullptr;
-  nlohmann::json run_config;                      // full run config, stored in the manifest
+  nlohmann::json run_config;   // full run config, stored in the manifest
   SavePolicy policy;
   // Data parallel (null: a single process): every rank calls save_checkpoint with the same root and
   // iteration; each writes and verifies its own optimizer shard, rank 0 also the model, and only
@@ -44,9 +44,9 @@ struct SaveInput {
 };
 
 struct SaveResult {
-  std::string dir;                                // the published iter_XXXXXXX directory
+  std::string dir;   // the published iter_XXXXXXX directory
   uint64_t total_bytes = 0;
-  std::map<std::string, uint64_t> bytes_per_key;  // master_param/remainder/exp_avg/.../model/metadata
+  std::map<std::string, uint64_t> bytes_per_key;   // master_param/remainder/exp_avg/.../model/metadata
   double bytes_per_param = 0.0;
 };
 
@@ -55,7 +55,7 @@ struct SaveResult {
 SaveResult save_checkpoint(const std::string& root, const SaveInput& in);
 
 struct LoadOptions {
-  bool allow_lossy = false;          // accept conversions that are not exact (scenario says so)
+  bool allow_lossy = false;   // accept conversions that are not exact (scenario says so)
   // Not upstream. Off (upstream): a load that would hand TransformerEngine's set_scaled_state a
   // master_param of the wrong dtype is refused, as TE's assertion fails upstream (fused_adam.py
   // FusedAdam.set_scaled_state @d0067d0: int16 for a remainder optimizer, fp32 otherwise): an int16
@@ -79,9 +79,8 @@ struct LoadReport {
 // Resolves root (via the pointer) or an iter_ directory, verifies everything before touching any
 // state (manifest version, config compatibility, sizes, checksums, safetensors structure, paths),
 // then restores model weights, optimizer state and TrainState. Throws CheckpointError.
-LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model,
-                           optim::PrecisionAdam& optimizer, TrainState& state,
-                           const nlohmann::json& run_config, const LoadOptions& opts);
+LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model, optim::PrecisionAdam& optimizer,
+                           TrainState& state, const nlohmann::json& run_config, const LoadOptions& opts);
 
 // Verifies structure and checksums of a checkpoint directory and prints every tensor (key,
 // dtype, shape, bytes) with totals per key and per dtype. Returns 0 if intact; 1 (printing the
@@ -120,4 +119,4 @@ struct JoinedTensors {
 // Throws CheckpointError; std::runtime_error for a shard tensor whose param has no shard ranges.
 JoinedTensors read_joined_tensors(const std::string& root_or_iter_dir);
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

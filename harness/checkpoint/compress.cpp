@@ -33,9 +33,7 @@ Compression parse_compression(const std::string& s) {
 
 void split_planes(const uint8_t* src, uint64_t n, int k, uint8_t* dst) {
   switch (k) {
-    case 1:
-      std::memcpy(dst, src, n);
-      return;
+    case 1: std::memcpy(dst, src, n); return;
     case 2:
       for (uint64_t i = 0; i < n; ++i) {
         dst[i] = src[2 * i];
@@ -58,9 +56,7 @@ void split_planes(const uint8_t* src, uint64_t n, int k, uint8_t* dst) {
 
 void join_planes(const uint8_t* src, uint64_t n, int k, uint8_t* dst) {
   switch (k) {
-    case 1:
-      std::memcpy(dst, src, n);
-      return;
+    case 1: std::memcpy(dst, src, n); return;
     case 2:
       for (uint64_t i = 0; i < n; ++i) {
         dst[2 * i] = src[i];
@@ -123,7 +119,7 @@ double plane_entropy_estimate(const uint8_t* p, uint64_t n) {
     }
   return e;
 }
-}  // namespace
+}   // namespace
 
 uint64_t huffman_bytes(const uint8_t* p, uint64_t n) {
   if (n == 0) return 0;
@@ -157,7 +153,7 @@ struct DCtx {
   ~DCtx() { ZSTD_freeDCtx(d); }
 };
 
-}  // namespace
+}   // namespace
 
 namespace {
 
@@ -178,7 +174,7 @@ uint64_t pool_cap() {
   return cap;
 }
 
-}  // namespace
+}   // namespace
 
 Arena::Arena(uint64_t bytes) : n_(bytes) {
   constexpr uint64_t kHuge = 2u << 20;
@@ -278,8 +274,8 @@ EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, co
   return b;
 }
 
-std::vector<EncodedBlock> encode_tensor(const uint8_t* raw, uint64_t raw_len, int itemsize,
-                                        const CodecOptions& opt, unsigned threads) {
+std::vector<EncodedBlock> encode_tensor(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt,
+                                        unsigned threads) {
   const uint64_t nb = raw_len == 0 ? 0 : (raw_len + kCompressBlockBytes - 1) / kCompressBlockBytes;
   std::vector<EncodedBlock> out(nb);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -312,7 +308,7 @@ std::string hex(uint64_t v) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
-}  // namespace
+}   // namespace
 
 nlohmann::json block_json(const EncodedBlock& b) {
   return nlohmann::json::array({b.modes, b.plane_bytes, hex(b.xxh3_stored), hex(b.xxh3_raw)});
@@ -322,9 +318,12 @@ void decode_block(const BlockRef& b, uint8_t* raw, uint64_t raw_len, int itemsiz
   thread_local DCtx dctx;
   thread_local std::vector<uint8_t> planes;
   const int k = static_cast<int>(b.modes.size());
-  if (k != 1 && k != itemsize) throw CheckpointError(what + ": " + std::to_string(k) + " planes for an itemsize of " + std::to_string(itemsize));
+  if (k != 1 && k != itemsize)
+    throw CheckpointError(what + ": " + std::to_string(k) + " planes for an itemsize of " + std::to_string(itemsize));
   if (b.plane_bytes.size() != b.modes.size()) throw CheckpointError(what + ": plane sizes and modes differ in count");
-  if (raw_len % k != 0) throw CheckpointError(what + ": " + std::to_string(raw_len) + " raw bytes do not split into " + std::to_string(k) + " planes");
+  if (raw_len % k != 0)
+    throw CheckpointError(what + ": " + std::to_string(raw_len) + " raw bytes do not split into " + std::to_string(k) +
+                          " planes");
   const uint64_t got_stored = XXH3_64bits(b.stored, b.stored_len);
   if (got_stored != b.xxh3_stored)
     throw CheckpointError(what + ": XXH3-64 of its stored bytes " + hex(got_stored) + " != " + hex(b.xxh3_stored) +
@@ -334,27 +333,33 @@ void decode_block(const BlockRef& b, uint8_t* raw, uint64_t raw_len, int itemsiz
   uint64_t at = 0;
   for (int j = 0; j < k; ++j) {
     const uint64_t len = b.plane_bytes[j];
-    if (len > b.stored_len - at) throw CheckpointError(what + ": plane " + std::to_string(j) + " runs past the block's stored bytes");
+    if (len > b.stored_len - at)
+      throw CheckpointError(what + ": plane " + std::to_string(j) + " runs past the block's stored bytes");
     const uint8_t* src = b.stored + at;
     uint8_t* dst = planes.data() + uint64_t(j) * n;
     if (b.modes[j] == 'r') {
-      if (len != n) throw CheckpointError(what + ": raw plane " + std::to_string(j) + " has " + std::to_string(len) + " bytes, expected " + std::to_string(n));
+      if (len != n)
+        throw CheckpointError(what + ": raw plane " + std::to_string(j) + " has " + std::to_string(len) +
+                              " bytes, expected " + std::to_string(n));
       std::memcpy(dst, src, n);
     } else if (b.modes[j] == 'z') {
       const unsigned long long cs = ZSTD_getFrameContentSize(src, len);
       const size_t fl = ZSTD_findFrameCompressedSize(src, len);
       if (cs != n || ZSTD_isError(fl) || fl != len)
-        throw CheckpointError(what + ": plane " + std::to_string(j) + " is not one zstd frame of " + std::to_string(n) + " bytes");
+        throw CheckpointError(what + ": plane " + std::to_string(j) + " is not one zstd frame of " + std::to_string(n) +
+                              " bytes");
       const size_t r = ZSTD_decompressDCtx(dctx.d, dst, n, src, len);
       if (ZSTD_isError(r) || r != n)
-        throw CheckpointError(what + ": plane " + std::to_string(j) + " does not decode: " +
-                              (ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong size"));
+        throw CheckpointError(what + ": plane " + std::to_string(j) +
+                              " does not decode: " + (ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong size"));
     } else {
       throw CheckpointError(what + ": unknown plane mode '" + std::string(1, b.modes[j]) + "'");
     }
     at += len;
   }
-  if (at != b.stored_len) throw CheckpointError(what + ": planes cover " + std::to_string(at) + " of its " + std::to_string(b.stored_len) + " stored bytes");
+  if (at != b.stored_len)
+    throw CheckpointError(what + ": planes cover " + std::to_string(at) + " of its " + std::to_string(b.stored_len) +
+                          " stored bytes");
   join_planes(planes.data(), n, k, raw);
   const uint64_t got_raw = XXH3_64bits(raw, raw_len);
   if (got_raw != b.xxh3_raw)
@@ -362,4 +367,4 @@ void decode_block(const BlockRef& b, uint8_t* raw, uint64_t raw_len, int itemsiz
                           " (does not decode to the saved bytes)");
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

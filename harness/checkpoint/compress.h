@@ -28,21 +28,21 @@ constexpr uint64_t kCompressBlockBytes = 1ull << 20;
 inline constexpr const char* kCodecName = "byteplane-zstd/1";
 
 struct CodecOptions {
-  int level = 1;                 // zstd level (negative: zstd's fast levels)
-  bool byte_planes = true;       // false: zstd of the raw bytes (one "plane" of itemsize 1)
+  int level = 1;             // zstd level (negative: zstd's fast levels)
+  bool byte_planes = true;   // false: zstd of the raw bytes (one "plane" of itemsize 1)
   // A plane whose order-0 entropy is at least this (bits/byte) is stored raw without trying zstd
   // (mantissa planes of trained values are near 8 bits: zstd would spend time to gain < 1 %).
   double raw_entropy_bits = 7.9;
-  bool huffman_literals = false;  // force zstd's Huffman coding of literals (matters at levels < 0)
-  int min_match = 0;              // > 0: zstd's minimum match length (7: nearly literals-only)
+  bool huffman_literals = false;   // force zstd's Huffman coding of literals (matters at levels < 0)
+  int min_match = 0;               // > 0: zstd's minimum match length (7: nearly literals-only)
 };
 
 struct EncodedBlock {
-  std::string modes;                // one char per plane: 'z' zstd frame, 'r' raw
+  std::string modes;                   // one char per plane: 'z' zstd frame, 'r' raw
   std::vector<uint64_t> plane_bytes;   // stored bytes per plane
   uint64_t xxh3_stored = 0, xxh3_raw = 0;
-  std::vector<uint8_t> bytes;       // the block's stored bytes (encode_block / encode_tensor)
-  uint64_t stored_len = 0;          // encode_block_into: its stored bytes are dst[0, stored_len)
+  std::vector<uint8_t> bytes;   // the block's stored bytes (encode_block / encode_tensor)
+  uint64_t stored_len = 0;      // encode_block_into: its stored bytes are dst[0, stored_len)
 };
 
 // Anonymous memory for whole files' worth of blocks, mapped with transparent huge pages where the
@@ -79,8 +79,8 @@ EncodedBlock encode_block_into(const uint8_t* raw, uint64_t raw_len, int itemsiz
 EncodedBlock encode_block(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt);
 
 // One tensor's blocks, encoded on `threads` threads (0: all cores).
-std::vector<EncodedBlock> encode_tensor(const uint8_t* raw, uint64_t raw_len, int itemsize,
-                                        const CodecOptions& opt, unsigned threads = 0);
+std::vector<EncodedBlock> encode_tensor(const uint8_t* raw, uint64_t raw_len, int itemsize, const CodecOptions& opt,
+                                        unsigned threads = 0);
 
 // The header-table entry of one block: ["zr", [n0, n1], "<xxh3 stored>", "<xxh3 raw>"].
 nlohmann::json block_json(const EncodedBlock& b);
@@ -103,4 +103,4 @@ double byte_entropy(const uint8_t* p, uint64_t n);
 // 256-byte table of code lengths): what a Huffman-only coder of a plane would store.
 uint64_t huffman_bytes(const uint8_t* p, uint64_t n);
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

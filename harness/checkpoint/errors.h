@@ -21,4 +21,4 @@ struct CheckpointError : std::runtime_error {
   bool damaged = false;
 };
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

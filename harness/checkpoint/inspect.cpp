@@ -23,8 +23,8 @@ namespace {
 void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
   bool comp = false;
   for (const auto& t : m["tensors"]) comp = comp || t.contains("stored_bytes");
-  out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape"
-      << std::right << std::setw(12) << "bytes";
+  out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape" << std::right
+      << std::setw(12) << "bytes";
   if (comp) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
   out << "  file\n";
   std::map<std::string, std::pair<uint64_t, uint64_t>> per_key;   // kind -> raw, stored
@@ -33,9 +33,8 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
     const uint64_t st = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
     per_key[t["kind"].get<std::string>()].first += raw;
     per_key[t["kind"].get<std::string>()].second += st;
-    out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9)
-        << t["dtype"].get<std::string>() << std::setw(18) << t["shape"].dump() << std::right
-        << std::setw(12) << raw;
+    out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9) << t["dtype"].get<std::string>()
+        << std::setw(18) << t["shape"].dump() << std::right << std::setw(12) << raw;
     if (comp)
       out << std::setw(12) << st << std::setw(8) << std::fixed << std::setprecision(3)
           << (raw ? double(st) / double(raw) : 1.0) << std::defaultfloat;
@@ -52,8 +51,8 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
   auto section = [&](const char* title, const nlohmann::json& map) {
     out << title << ":\n";
     for (auto it = map.begin(); it != map.end(); ++it)
-      out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14)
-          << it.value().get<uint64_t>() << '\n';
+      out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14) << it.value().get<uint64_t>()
+          << '\n';
   };
   section("bytes per key", d["bytes_per_key"]);
   section("bytes per dtype", d["bytes_per_dtype"]);
@@ -62,8 +61,8 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
       << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
       << " bytes/parameter\n";
   if (d.contains("raw_total_bytes"))
-    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, " << d["raw_bytes_per_param"].get<double>()
-        << " bytes/parameter\n";
+    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, "
+        << d["raw_bytes_per_param"].get<double>() << " bytes/parameter\n";
   out.unsetf(std::ios::fixed);
 }
 
@@ -146,7 +145,8 @@ nlohmann::json listing_json(const std::string& d, const detail::Verified& v) {
           {"raw_total_bytes", disk.contains("raw_total_bytes") ? disk["raw_total_bytes"].get<uint64_t>() : total},
           {"num_params", disk["num_params"]},
           {"bytes_per_param", disk["bytes_per_param"]},
-          {"raw_bytes_per_param", disk.contains("raw_bytes_per_param") ? disk["raw_bytes_per_param"] : disk["bytes_per_param"]}};
+          {"raw_bytes_per_param",
+           disk.contains("raw_bytes_per_param") ? disk["raw_bytes_per_param"] : disk["bytes_per_param"]}};
 }
 
 // A refusal as JSON: status "damaged" (1) or "bad_input" (2), the message, the file and tensor where known.
@@ -163,7 +163,7 @@ int refusal_json(std::ostream& out, const std::string& dir, int code, const std:
   return code;
 }
 
-}  // namespace
+}   // namespace
 
 int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, bool verbose) {
   // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
@@ -175,9 +175,8 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
                   p.filename().string().rfind("iter_", 0) != 0)) {
     const std::string why = !fs::exists(p, ec) ? "no such file or directory"
                             : !is_dir          ? "not a directory"
-                                               : std::string("neither a checkpoint directory (no ") +
-                                                     detail::kManifestFile + ") nor a checkpoint root (no " +
-                                                     detail::kPointerFile + ")";
+                                      : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
+                                            ") nor a checkpoint root (no " + detail::kPointerFile + ")";
     if (json) return refusal_json(out, dir, 2, printable_text(dir) + ": " + why);
     out << kErrorPrefix << printable_text(dir) << ": " << why << "\n";
     return 2;
@@ -185,13 +184,13 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
   try {
     const std::string d = detail::resolve_checkpoint_dir(dir);
     detail::Verified v = detail::verify_checkpoint_dir(d);   // files, checksums, schema: as load
-    (void)detail::check_consistency(v, nullptr);            // counters, generators, shards: as load
+    (void)detail::check_consistency(v, nullptr);             // counters, generators, shards: as load
     if (json) {
       out << dump_text(listing_json(d, v), 2) << "\n";
       return 0;
     }
-    out << "checkpoint " << printable_text(d) << " (iteration " << v.manifest.value("iteration", int64_t(-1)) << ", policy "
-        << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
+    out << "checkpoint " << printable_text(d) << " (iteration " << v.manifest.value("iteration", int64_t(-1))
+        << ", policy " << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
     print_tensor_table(v.manifest, out);
@@ -211,4 +210,4 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
   }
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -37,7 +37,8 @@ void check_skip_keys(const std::set<std::string>& skip_keys) {
   for (const auto& k : skip_keys)
     if (k != "master_param" && k != "remainder" && k != "exp_avg" && k != "exp_avg_sq" && k != "model" && k != "step" &&
         k != "buffers")
-      throw CheckpointError("skip_keys: unknown key '" + k + "' (master_param, remainder, exp_avg, exp_avg_sq, model, "
+      throw CheckpointError("skip_keys: unknown key '" + k +
+                            "' (master_param, remainder, exp_avg, exp_avg_sq, model, "
                             "buffers, step)");
 }
 
@@ -45,7 +46,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-}  // namespace
+}   // namespace
 
 LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& model, optim::PrecisionAdam& opt,
                            TrainState& state, const nlohmann::json& run_config, const LoadOptions& opts) {
@@ -72,7 +73,8 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
 namespace detail {
 namespace {
 
-[[noreturn]] void fail_tensor(const Verified& v, const std::string& file, const std::string& key, const std::string& what) {
+[[noreturn]] void fail_tensor(const Verified& v, const std::string& file, const std::string& key,
+                              const std::string& what) {
   const std::string path = (fs::path(v.dir) / file).string();
   throw CheckpointError("checkpoint file " + path + " tensor '" + key + "': " + what, path, key);
 }
@@ -86,12 +88,13 @@ void check_model(const Verified& v, const torch::nn::Module& model, const nlohma
   for (const auto& b : model.named_buffers(true)) params.insert(b.key(), b.value());
   for (const auto& p : params) {
     const TensorInfo* ti = f.find(p.key());
-    if (!ti) throw CheckpointError("config mismatch: " + f.path() + " has no tensor '" + p.key() + "' (the model has it)");
+    if (!ti)
+      throw CheckpointError("config mismatch: " + f.path() + " has no tensor '" + p.key() + "' (the model has it)");
     const StDtype want = st_from_scalar_type(p.value().scalar_type(), p.key());
     if (ti->dtype != want || ti->shape != p.value().sizes().vec())
       throw CheckpointError("config mismatch: " + f.path() + " tensor '" + p.key() + "' is " + st_name(ti->dtype) +
-                            " " + c10::str(c10::IntArrayRef(ti->shape)) + ", the model has " + st_name(want) +
-                            " " + c10::str(p.value().sizes()));
+                            " " + c10::str(c10::IntArrayRef(ti->shape)) + ", the model has " + st_name(want) + " " +
+                            c10::str(p.value().sizes()));
   }
   if (f.tensors().size() != params.size())
     throw CheckpointError("config mismatch: " + f.path() + " holds " + std::to_string(f.tensors().size()) +
@@ -102,7 +105,8 @@ void check_model(const Verified& v, const torch::nn::Module& model, const nlohma
     std::string diff;
     for (const auto& [k, val] : saved["model"].items())
       if (!run_config["model"].contains(k) || run_config["model"][k] != val)
-        diff += " " + k + "=" + quote_json(val) + " (now " + quote_json(run_config["model"].value(k, nlohmann::json())) + ")";
+        diff += " " + k + "=" + quote_json(val) + " (now " +
+                quote_json(run_config["model"].value(k, nlohmann::json())) + ")";
     throw CheckpointError("config mismatch: " + (fs::path(v.dir) / kManifestFile).string() +
                           " was saved with model config" + diff);
   }
@@ -124,7 +128,8 @@ void check_optimizer(const Verified& v, const optim::PrecisionAdam& opt) {
   for (size_t g = 0; g < groups.size(); ++g)
     if (groups[g].at("name").get<std::string>() != opt.group_name(g))
       throw CheckpointError("config mismatch: " + mpath + " group " + std::to_string(g) + " is '" +
-                            groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) + "'");
+                            groups[g].at("name").get<std::string>() + "', the optimizer's is '" + opt.group_name(g) +
+                            "'");
 }
 
 // Shards: each file named once, the file of its dp_rank (shard_file_name), one shard per rank
@@ -149,8 +154,9 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
     if (!files.insert(file).second) sh["file"].fail("shard file '" + quote_text(file) + "' is named by two shards");
     if (!ranks.insert(rank).second) sh["dp_rank"].fail("dp_rank " + std::to_string(rank) + " has two shards");
     if (file != shard_file_name(static_cast<int>(rank)))
-      sh["file"].fail("the shard of dp_rank " + std::to_string(rank) + " is " + shard_file_name(static_cast<int>(rank)) +
-                      ", not '" + quote_text(file) + "' (shard files swapped or renamed)");
+      sh["file"].fail("the shard of dp_rank " + std::to_string(rank) + " is " +
+                      shard_file_name(static_cast<int>(rank)) + ", not '" + quote_text(file) +
+                      "' (shard files swapped or renamed)");
     sh["param_ranges"].each([&](const JsonField& r) {
       const std::string p = r["param"].str();
       if (!range_len.emplace(std::make_pair(file, p), r["end"].i64() - r["begin"].i64()).second)
@@ -160,8 +166,9 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
       auto [off, first] = flat_offset.emplace(p, offset);
       if (!first && off->second != offset)
         r["flat_begin"].fail(std::to_string(r["flat_begin"].i64()) + ", but another range of '" + quote_text(p) +
-                             "' puts the param at flat offset " + std::to_string(off->second) + " and this range starts at its element " +
-                             std::to_string(r["begin"].i64()) + ": expected " + std::to_string(off->second + r["begin"].i64()));
+                             "' puts the param at flat offset " + std::to_string(off->second) +
+                             " and this range starts at its element " + std::to_string(r["begin"].i64()) +
+                             ": expected " + std::to_string(off->second + r["begin"].i64()));
     });
   });
   {
@@ -173,7 +180,8 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
       if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
         m["shards"].fail("flat_begin puts '" + quote_text(std::get<2>(spans[i])) + "' at flat offset " +
                          std::to_string(std::get<0>(spans[i])) + ", inside '" + quote_text(std::get<2>(spans[i - 1])) +
-                         "' [" + std::to_string(std::get<0>(spans[i - 1])) + ", " + std::to_string(std::get<1>(spans[i - 1])) + ")");
+                         "' [" + std::to_string(std::get<0>(spans[i - 1])) + ", " +
+                         std::to_string(std::get<1>(spans[i - 1])) + ")");
   }
   if (m.has("dp_size")) {
     const int64_t n = m["dp_size"].i64();
@@ -187,12 +195,13 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
     const std::string file = t["file"].str(), param = t["param"].str(), key = t["key"].str();
     auto it = range_len.find({file, param});
     if (it == range_len.end())
-      t["file"].fail("state '" + quote_text(key) + "' is in " + quote_text(file) + ", but no shard range of that file holds '" +
-                     quote_text(param) + "'");
+      t["file"].fail("state '" + quote_text(key) + "' is in " + quote_text(file) +
+                     ", but no shard range of that file holds '" + quote_text(param) + "'");
     const int64_t numel = static_cast<int64_t>(v.files.at(file).info(key).numel());
     if (numel != it->second)
-      fail_tensor(v, file, key, "has " + std::to_string(numel) + " elements, but its shard's range of '" + param +
-                                    "' has " + std::to_string(it->second));
+      fail_tensor(v, file, key,
+                  "has " + std::to_string(numel) + " elements, but its shard's range of '" + param + "' has " +
+                      std::to_string(it->second));
   });
 }
 
@@ -208,8 +217,11 @@ void check_generators(const Verified& v, const TrainState& ts, const std::string
     const nlohmann::json& rs = m["rank_states"][i];
     const std::string at = "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i);
     const int64_t r = rs.at("dp_rank").get<int64_t>();   // the schema check bounded it
-    if (r >= dp_size) throw CheckpointError(at + "/dp_rank: " + std::to_string(r) + " is not below dp_size " + std::to_string(dp_size), mpath);
-    if (!seen.insert(r).second) throw CheckpointError(at + "/dp_rank: rank " + std::to_string(r) + " listed twice", mpath);
+    if (r >= dp_size)
+      throw CheckpointError(at + "/dp_rank: " + std::to_string(r) + " is not below dp_size " + std::to_string(dp_size),
+                            mpath);
+    if (!seen.insert(r).second)
+      throw CheckpointError(at + "/dp_rank: rank " + std::to_string(r) + " listed twice", mpath);
     for (const auto& [name, bytes] : parse_rng_states(rs.at("rng_states"), mpath))
       check_generator_state(bytes, at + "/rng_states/" + name);
   }
@@ -231,11 +243,14 @@ void check_generators_for_device(const Verified& v, const TrainState& ts, const 
   auto check = [&](const std::vector<uint8_t>& bytes, const std::string& what) {
     if ((bytes.size() == kPhiloxStateBytes) == cuda) return;
     throw CheckpointError(what + ": " + std::to_string(bytes.size()) + " bytes is " +
-                              (cuda ? "a CPU generator's state" : "a CUDA generator's state") + ", but this run's generators are on the " +
-                              (cuda ? "GPU (a CUDA generator's has 16 bytes)" : "CPU (a CPU generator's has 5048 or 5056 bytes)"),
+                              (cuda ? "a CPU generator's state" : "a CUDA generator's state") +
+                              ", but this run's generators are on the " +
+                              (cuda ? "GPU (a CUDA generator's has 16 bytes)"
+                                    : "CPU (a CPU generator's has 5048 or 5056 bytes)"),
                           mpath);
   };
-  for (const auto& [name, bytes] : ts.rng_states) check(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
+  for (const auto& [name, bytes] : ts.rng_states)
+    check(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
   const nlohmann::json& m = v.manifest;
   if (!m.contains("rank_states")) return;
   for (size_t i = 0; i < m["rank_states"].size(); ++i)
@@ -243,7 +258,7 @@ void check_generators_for_device(const Verified& v, const TrainState& ts, const 
       check(bytes, "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i) + "/rng_states/" + name);
 }
 
-}  // namespace
+}   // namespace
 
 void check_generator_state(const std::vector<uint8_t>& bytes, const std::string& what) {
   constexpr size_t kPhiloxStateBytes = 16;   // CUDAGeneratorImpl: seed and offset
@@ -255,9 +270,11 @@ void check_generator_state(const std::vector<uint8_t>& bytes, const std::string&
   try {
     gen.set_state(t);
   } catch (const c10::Error&) {
-    throw CheckpointError(what + ": " + std::to_string(bytes.size()) + " bytes is not a generator state (a CPU "
-                          "generator's has " + std::to_string(cpu_bytes) + ", a CUDA generator's " +
-                          std::to_string(kPhiloxStateBytes) + ")");
+    throw CheckpointError(what + ": " + std::to_string(bytes.size()) +
+                          " bytes is not a generator state (a CPU "
+                          "generator's has " +
+                          std::to_string(cpu_bytes) + ", a CUDA generator's " + std::to_string(kPhiloxStateBytes) +
+                          ")");
   }
 }
 
@@ -332,5 +349,5 @@ VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& mo
   return vl;
 }
 
-}  // namespace detail
-}  // namespace rh::ckpt
+}   // namespace detail
+}   // namespace rh::ckpt

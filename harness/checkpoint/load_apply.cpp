@@ -49,7 +49,8 @@ class Undo {
 
   void run() {
     torch::NoGradGuard ng;
-    for (auto it = adopted_.rbegin(); it != adopted_.rend(); ++it) opt_.adopt_stored(it->first->param, it->first->key, it->second);
+    for (auto it = adopted_.rbegin(); it != adopted_.rend(); ++it)
+      opt_.adopt_stored(it->first->param, it->first->key, it->second);
     for (size_t i = 0; i < old_params_.size(); ++i) params_[i].value().set_data(old_params_[i]);
     for (const auto& [a, s] : converted_) opt_.set_stored(a->param, a->key, s);
     for (size_t g = 0; g < steps_.size(); ++g) opt_.set_step_count(g, steps_[g]);
@@ -76,8 +77,8 @@ void adopt_states(const LoadPlan& plan, optim::PrecisionAdam& opt, Undo& undo) {
 
 // Apply, second: converted states through set_scaled_state, as upstream re-stores them. A value
 // that does not come back bit for bit refuses the load, or with allow_lossy is noted.
-void restore_converted(const VerifiedLoad& vl, const LoadPlan& plan, optim::PrecisionAdam& opt,
-                       const LoadOptions& opts, std::vector<std::string>& notes) {
+void restore_converted(const VerifiedLoad& vl, const LoadPlan& plan, optim::PrecisionAdam& opt, const LoadOptions& opts,
+                       std::vector<std::string>& notes) {
   std::vector<std::string> inexact;
   for (const Action& a : plan.actions) {
     if (a.use_stored) continue;
@@ -86,8 +87,8 @@ void restore_converted(const VerifiedLoad& vl, const LoadPlan& plan, optim::Prec
     if (!bits_equal(got, a.value_owned)) {
       const int64_t n = count_bits_differ(got, a.value_owned);
       inexact.push_back(where(vl.v, a.file, a.tkey) + ": " + std::to_string(n) + " of " + std::to_string(got.numel()) +
-                        " values change when the optimizer re-applies " + optim::to_string(opt.stored(a.param, a.key).dtype) +
-                        " storage");
+                        " values change when the optimizer re-applies " +
+                        optim::to_string(opt.stored(a.param, a.key).dtype) + " storage");
     }
   }
   if (inexact.empty()) return;
@@ -113,7 +114,7 @@ void restore_weights(const SafetensorsFile& mf, const LoadPlan& plan, const Para
   }
 }
 
-}  // namespace
+}   // namespace
 
 void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module& model, optim::PrecisionAdam& opt,
                 const LoadOptions& opts, std::vector<std::string>& notes) {
@@ -142,4 +143,4 @@ void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module&
   }
 }
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

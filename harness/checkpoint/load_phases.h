@@ -68,4 +68,4 @@ std::string where(const Verified& v, const std::string& file, const std::string&
 // Generator states ("rng_states": name -> hex), as train_state and rank_states hold them.
 std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::json& j, const std::string& mpath);
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

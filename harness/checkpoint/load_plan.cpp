@@ -58,7 +58,8 @@ void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
     plan.train_state.rng_states = parse_rng_states(mine->at("rng_states"), vl.mpath);
   } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
     plan.notes.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
-                         m.value("dp_size", nlohmann::json(1)).dump() + ") has no generator state for it; rank 0's is used");
+                         m.value("dp_size", nlohmann::json(1)).dump() +
+                         ") has no generator state for it; rank 0's is used");
   }
 }
 
@@ -75,7 +76,8 @@ Entries index_entries(const VerifiedLoad& vl, const LoadOptions& opts, std::vect
       for (const char* f : {"kind", "dtype", "policy", "conversion", "exact"})
         if (o[f] != t[f])
           throw CheckpointError(vl.mpath + ": shards disagree on '" + key + "': " + f + " " + o[f].dump() + " in " +
-                                o["file"].get<std::string>() + ", " + t[f].dump() + " in " + t["file"].get<std::string>());
+                                o["file"].get<std::string>() + ", " + t[f].dump() + " in " +
+                                t["file"].get<std::string>());
       continue;
     }
     entries[key] = &t;
@@ -112,12 +114,12 @@ std::optional<float> read_scalar(const Verified& v, const ShardIndex&, const std
 // One state as the checkpoint holds it, located for this rank.
 struct Source {
   std::string param, skey, file, conv, kind, policy;   // skey: the tensor, "<param>/exp_avg"
-  std::string w;                       // where(): how messages name the tensor
+  std::string w;                                       // where(): how messages name the tensor
   StateKey key = StateKey::master_param;
   StDtype dt = StDtype::F32;
-  int64_t ob = 0, oe = 0;              // the owned range, flat within the param
-  std::vector<int64_t> owned_shape;    // the optimizer's state shape for that range
-  torch::Tensor data;                  // the owned part, as stored
+  int64_t ob = 0, oe = 0;             // the owned range, flat within the param
+  std::vector<int64_t> owned_shape;   // the optimizer's state shape for that range
+  torch::Tensor data;                 // the owned part, as stored
   // A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`.
   std::optional<float> scale, scale_inv, decode_mult;
   // A stored fp16/fp8 state whose saved pieces are not exactly this rank's range: its value is
@@ -161,7 +163,8 @@ class StatePlanner {
   // The whole param's state as stored (set_scaled_state takes the whole value and keeps this
   // rank's part), and this rank's part of such a tensor.
   torch::Tensor full(const Source& s) const {
-    return gather_state(vl_.v, vl_.ix, s.param, s.skey, 0, opt_.param(s.param).numel()).reshape(opt_.param(s.param).sizes());
+    return gather_state(vl_.v, vl_.ix, s.param, s.skey, 0, opt_.param(s.param).numel())
+        .reshape(opt_.param(s.param).sizes());
   }
   // The whole param's fp32 value: a stored fp16/fp8 state decoded piece by piece with each
   // shard's own scale, anything else by its conversion.
@@ -207,8 +210,9 @@ std::optional<Source> StatePlanner::locate(const std::string& p, StateKey k) {
   s.dt = vl_.v.files.at(s.file).info(s.skey).dtype;
   s.w = where(vl_.v, s.file, s.skey);
   if (vl_.ix.shape.at(p) != opt_.param(p).sizes().vec())
-    throw CheckpointError(s.w + ": the parameter was saved with shape " + c10::str(c10::IntArrayRef(vl_.ix.shape.at(p))) +
-                          ", the parameter has " + c10::str(opt_.param(p).sizes()));
+    throw CheckpointError(s.w + ": the parameter was saved with shape " +
+                          c10::str(c10::IntArrayRef(vl_.ix.shape.at(p))) + ", the parameter has " +
+                          c10::str(opt_.param(p).sizes()));
   const auto range = opt_.shard_range(p);
   s.ob = range.first;
   s.oe = range.second;
@@ -238,11 +242,13 @@ void StatePlanner::read_scales(Source& s) const {
   s.file = mine->file;
   s.scale = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale", s.file);
   if (!s.scale)
-    throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale") + ": missing (a stored " + st_name(s.dt) + " state needs its scale)");
+    throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale") + ": missing (a stored " + st_name(s.dt) +
+                          " state needs its scale)");
   if (s.dt == StDtype::F8_E4M3) {
     s.scale_inv = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale_inv", s.file);
     if (!s.scale_inv)
-      throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale_inv") + ": missing (an fp8 state decodes with its scale_inv)");
+      throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale_inv") +
+                            ": missing (an fp8 state decodes with its scale_inv)");
   }
   s.decode_mult = s.dt == StDtype::F8_E4M3 ? s.scale_inv : s.scale;
 }
@@ -256,9 +262,11 @@ torch::Tensor StatePlanner::full_value(const Source& s) const {
     const std::string key = s.skey + (fp8 ? ".scale_inv" : ".scale");
     const std::optional<float> mult = read_scalar(vl_.v, vl_.ix, s.param, key, pc.file);
     if (!mult)
-      throw CheckpointError(where(vl_.v, pc.file, key) + ": missing (a stored " + st_name(s.dt) + " state decodes with it)");
+      throw CheckpointError(where(vl_.v, pc.file, key) + ": missing (a stored " + st_name(s.dt) +
+                            " state decodes with it)");
     if (std::signbit(*mult) && !std::isnan(*mult))
-      throw CheckpointError(where(vl_.v, pc.file, key) + ": " + std::to_string(*mult) + " is negative (a scale is amax / range)");
+      throw CheckpointError(where(vl_.v, pc.file, key) + ": " + std::to_string(*mult) +
+                            " is negative (a scale is amax / range)");
     torch::Tensor data = gather_state(vl_.v, vl_.ix, s.param, s.skey, pc.begin, pc.end);
     parts.push_back(decode_value(data.contiguous(), s.dt, s.conv, *mult).reshape({-1}));
   }
@@ -269,10 +277,13 @@ torch::Tensor StatePlanner::full_value(const Source& s) const {
 std::string StatePlanner::master_conversion_refusal(const Source& s, const std::string& what,
                                                     const std::string& option_does) const {
   return s.w + ": " + what +
-         "; upstream Megatron hands it to TransformerEngine's FusedAdam.set_scaled_state as master_param, which asserts "
-         "unscaled_state.dtype == " + (tgt_rem_ ? "torch.int16" : "torch.float32") +
+         "; upstream Megatron hands it to TransformerEngine's FusedAdam.set_scaled_state as master_param, which "
+         "asserts "
+         "unscaled_state.dtype == " +
+         (tgt_rem_ ? "torch.int16" : "torch.float32") +
          " and fails (fused_adam.py @d0067d0; a fix is proposed in TransformerEngine PR 4222, open): refusing "
-         "(exact_master_conversion " + option_does + ")";
+         "(exact_master_conversion " +
+         option_does + ")";
 }
 
 // master_param under per_key, where the PR's int16 decision (pr_int16_) disagrees with the
@@ -281,14 +292,15 @@ std::string StatePlanner::master_conversion_refusal(const Source& s, const std::
 bool StatePlanner::plan_pr_misfire(const Source& s, Action& a) {
   const bool saved_rem = s.kind == "remainder";
   if (s.policy == "per_key" && pr_int16_ && opt_.master_mode() == optim::MasterMode::fp16)
-    throw CheckpointError(s.w + ": per_key load converts 'param' to int16 (store_param_remainders=true, bf16 params) "
+    throw CheckpointError(s.w +
+                          ": per_key load converts 'param' to int16 (store_param_remainders=true, bf16 params) "
                           "and hands it to set_scaled_state as master_param, but with an fp16 master TransformerEngine "
                           "has remainders off and upstream fails an assertion here (FusedAdam.set_scaled_state: "
                           "assert unscaled_state.dtype == torch.float32); refusing (PR 2790 misfire)");
   if (s.policy != "per_key" || pr_int16_ == saved_rem) return false;
   const std::string why = s.w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
-                          std::string(opt_.config().store_param_remainders ? "true" : "false") +
-                          " and params are " + (bf16_params_ ? "bf16" : "not bf16") + ", but the checkpoint holds " +
+                          std::string(opt_.config().store_param_remainders ? "true" : "false") + " and params are " +
+                          (bf16_params_ ? "bf16" : "not bf16") + ", but the checkpoint holds " +
                           (saved_rem ? "an int16 remainder" : "an fp32 master") + " (PR 2790 misfire)";
   if (!opts_.allow_lossy) throw CheckpointError(why + "; refusing without allow_lossy");
   notes_.push_back(s.skey + ": reproducing the PR misfire (" + why + ")");
@@ -306,27 +318,31 @@ bool StatePlanner::plan_saved_remainder(const Source& s, Action& a) {
   if (s.kind != "remainder") return false;
   auto as_int16 = [&](const torch::Tensor& t) {
     torch::Tensor rem = s.conv == "remainder_widened_f32" ? container_to_int16(t, s.w) : t;
-    if (rem.scalar_type() != torch::kShort) throw CheckpointError(s.w + ": remainder is " + st_name(s.dt) + ", expected I16");
+    if (rem.scalar_type() != torch::kShort)
+      throw CheckpointError(s.w + ": remainder is " + st_name(s.dt) + ", expected I16");
     return rem;
   };
   const bool upstream_refuses = s.policy != "per_key" && !opts_.exact_master_conversion;
   if (tgt_rem_) {
     if (s.conv == "remainder_widened_f32" && upstream_refuses)
-      throw CheckpointError(master_conversion_refusal(
-          s, "the int16 remainder was saved widened to fp32 (policy " + s.policy + ")", "narrows it back to int16 exactly"));
+      throw CheckpointError(
+          master_conversion_refusal(s, "the int16 remainder was saved widened to fp32 (policy " + s.policy + ")",
+                                    "narrows it back to int16 exactly"));
     a.stored = {as_int16(s.data), optim::Dtype::int16, std::nullopt, std::nullopt};
     return true;
   }
   if (upstream_refuses)
-    throw CheckpointError(master_conversion_refusal(
-        s, std::string("the checkpoint holds an int16 remainder") + (s.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
-               ", this optimizer an " + optim::to_string(opt_.master_mode()) + " master",
-        "joins it with the bf16 weight exactly"));
+    throw CheckpointError(
+        master_conversion_refusal(s,
+                                  std::string("the checkpoint holds an int16 remainder") +
+                                      (s.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
+                                      ", this optimizer an " + optim::to_string(opt_.master_mode()) + " master",
+                                  "joins it with the bf16 weight exactly"));
   const torch::Tensor rem = as_int16(full(s));
   const TensorInfo& wi = mf_.info(s.param);
   if (wi.dtype != StDtype::BF16)
-    throw CheckpointError(s.w + ": a remainder needs the bf16 weight, but " + mf_.path() + " holds '" + s.param + "' as " +
-                          st_name(wi.dtype));
+    throw CheckpointError(s.w + ": a remainder needs the bf16 weight, but " + mf_.path() + " holds '" + s.param +
+                          "' as " + st_name(wi.dtype));
   set_value(s, a, optim::codec::remainder_join(mf_.tensor(s.param), rem.contiguous()),
             "bf16 weight + int16 remainder -> " + optim::to_string(opt_.master_mode()) + " master");
   return true;
@@ -338,9 +354,10 @@ void StatePlanner::plan_conversion(const Source& s, Action& a) {
   const optim::StoredState& cur = opt_.stored(s.param, s.key);
   const bool split = s.key == StateKey::master_param && tgt_rem_;
   if (split && !opts_.exact_master_conversion)
-    throw CheckpointError(master_conversion_refusal(
-        s, "the checkpoint holds an " + st_name(s.dt) + " master, this optimizer keeps bf16 weight + int16 remainder",
-        "splits it into weight and remainder exactly"));
+    throw CheckpointError(master_conversion_refusal(s,
+                                                    "the checkpoint holds an " + st_name(s.dt) +
+                                                        " master, this optimizer keeps bf16 weight + int16 remainder",
+                                                    "splits it into weight and remainder exactly"));
   if (s.conv == "stored" && s.dt == st_of(cur.dtype) && !split && !s.repieced) {
     a.stored = {s.data, cur.dtype, s.scale, s.scale_inv};
     try {
@@ -359,13 +376,14 @@ void StatePlanner::plan_conversion(const Source& s, Action& a) {
     notes_.push_back(s.skey + ": " + st_name(s.dt) + " master -> bf16 weight + int16 remainder");
   } else {
     std::string note;
-    if (s.dt != st_of(cur.dtype)) note = st_name(s.dt) + " (" + s.conv + ") -> " + optim::to_string(cur.dtype) + " storage";
+    if (s.dt != st_of(cur.dtype))
+      note = st_name(s.dt) + " (" + s.conv + ") -> " + optim::to_string(cur.dtype) + " storage";
     else if (s.repieced) note = "saved per-shard " + st_name(s.dt) + " scales re-applied to this rank's range";
     set_value(s, a, full_value(s), note);
   }
 }
 
-}  // namespace
+}   // namespace
 
 LoadPlan plan_load(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
   LoadPlan plan;
@@ -379,4 +397,4 @@ LoadPlan plan_load(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, cons
   return plan;
 }
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

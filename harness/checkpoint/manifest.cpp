@@ -47,11 +47,11 @@ namespace {
 struct Want {
   std::string name, path, hash;
   uint64_t size;
-  uint64_t block_bytes = 0;            // > 0: verify block_hash (in parallel) instead of hash
+  uint64_t block_bytes = 0;   // > 0: verify block_hash (in parallel) instead of hash
   std::vector<std::string> block_hash;
-  bool compressed = false;             // "compress": "zstd": decoded after every check
+  bool compressed = false;   // "compress": "zstd": decoded after every check
   uint64_t header_bytes = 0;
-  std::string header_hash;             // compressed files: damage is located to a block
+  std::string header_hash;   // compressed files: damage is located to a block
   // Compressed files: the manifest's tensors of this file, which the file's table must match
   // before anything is decoded (so a load decodes at most what the manifest lists).
   std::map<std::string, TensorInfo> listed;
@@ -106,8 +106,9 @@ void match_table(const Want& w, const SafetensorsFile& sf) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const nlohmann::json& e = it.value();
     StDtype dt;
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !st_parse(e["dtype"].get<std::string>(), &dt) ||
-        !e.contains("shape") || !e["shape"].is_array() || !e.contains("raw_bytes") || !e["raw_bytes"].is_number_unsigned())
+    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() ||
+        !st_parse(e["dtype"].get<std::string>(), &dt) || !e.contains("shape") || !e["shape"].is_array() ||
+        !e.contains("raw_bytes") || !e["raw_bytes"].is_number_unsigned())
       return;
     std::vector<int64_t> shape;
     uint64_t numel = 1;
@@ -124,9 +125,10 @@ void match_table(const Want& w, const SafetensorsFile& sf) {
       fail(w.path, "tensor '" + quote_text(it.key()) + "' is not in the manifest (refused before decoding)", it.key());
     const TensorInfo& m = want->second;
     if (dt != m.dtype || shape != m.shape || raw != m.end)
-      fail(w.path, "tensor '" + quote_text(it.key()) + "' is " + st_name(dt) + " " + nlohmann::json(shape).dump() + " (" +
-                       std::to_string(raw) + " bytes) in rh_tensors, manifest says " + st_name(m.dtype) + " " +
-                       nlohmann::json(m.shape).dump() + " (" + std::to_string(m.end) + " bytes); refused before decoding",
+      fail(w.path,
+           "tensor '" + quote_text(it.key()) + "' is " + st_name(dt) + " " + nlohmann::json(shape).dump() + " (" +
+               std::to_string(raw) + " bytes) in rh_tensors, manifest says " + st_name(m.dtype) + " " +
+               nlohmann::json(m.shape).dump() + " (" + std::to_string(m.end) + " bytes); refused before decoding",
            it.key());
   }
 }
@@ -164,7 +166,8 @@ SafetensorsFile open_verified(const Want& w) {
     const std::string got = hex64(XXH3_64bits(data, size));
     if (got != w.hash) {
       const std::string loc = located(data, size);
-      fail(w.path, loc + "XXH3-64 checksum " + got + " != manifest " + w.hash + (loc.empty() ? " (file is corrupted)" : ")"));
+      fail(w.path,
+           loc + "XXH3-64 checksum " + got + " != manifest " + w.hash + (loc.empty() ? " (file is corrupted)" : ")"));
     }
   };
   // Files with block checksums are read, hashed and copied in one pass into pooled memory
@@ -172,9 +175,10 @@ SafetensorsFile open_verified(const Want& w) {
   // then adopts (load_apply.cpp); a compressed file's stored bytes are decoded from it, which is
   // faster than decoding from a mapping (no page faults on the stored bytes; measured in
   // bench_compress). Files without block checksums are mapped and hashed whole.
-  SafetensorsFile sf = w.block_bytes > 0 ? SafetensorsFile::read_hashed(
-                                               w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks)
-                                         : SafetensorsFile::open(w.path, check);
+  SafetensorsFile sf = w.block_bytes > 0
+                           ? SafetensorsFile::read_hashed(
+                                 w.path, w.block_bytes, [&](uint64_t size) { check_size(size); }, check_blocks)
+                           : SafetensorsFile::open(w.path, check);
   if (sf.compressed() != w.compressed)
     fail(w.path, sf.compressed() ? "is compressed (rh_codec), but the manifest does not say so"
                                  : "the manifest says compressed, but the file names no codec (rh_codec)");
@@ -225,17 +229,19 @@ void expect_tables(const JsonField& mf, const std::string& mpath, std::vector<Wa
     if (kind == "master_param" || kind == "remainder" || kind == "exp_avg" || kind == "exp_avg_sq") {
       auto r = range_len.find({t["file"].str(), t["param"].str()});
       if (r != range_len.end() && r->second != numel)
-        t["shape"].fail(quote_json(t["shape"].raw()) + " is " + std::to_string(numel) + " elements, but the shard range of '" +
-                        quote_text(t["param"].str()) + "' in " + t["file"].str() + " has " + std::to_string(r->second) +
+        t["shape"].fail(quote_json(t["shape"].raw()) + " is " + std::to_string(numel) +
+                        " elements, but the shard range of '" + quote_text(t["param"].str()) + "' in " +
+                        t["file"].str() + " has " + std::to_string(r->second) +
                         " (its shard's range; refused before decoding)");
     }
     if (__builtin_add_overflow(total, ti.end, &total)) t["bytes"].fail("the tensors' bytes overflow");
     it->second->listed[ti.key] = ti;
   });
-  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t phys =
+      static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (total > phys)
-    fail(mpath, "the compressed files' tensors need " + std::to_string(total) + " bytes decoded, more than this machine's memory (" +
-                    std::to_string(phys) + ")");
+    fail(mpath, "the compressed files' tensors need " + std::to_string(total) +
+                    " bytes decoded, more than this machine's memory (" + std::to_string(phys) + ")");
   if (budget > 0 && total > budget)
     throw OverBudget("checkpoint file " + mpath + ": the compressed files' tensors need " + std::to_string(total) +
                          " bytes decoded, more than the " + std::to_string(budget) +
@@ -279,27 +285,33 @@ void match_tensors(const JsonField& mf, const Verified& v) {
     const std::string file = t["file"].str();
     const std::string key = t["key"].str();
     auto it = v.files.find(file);
-    if (it == v.files.end()) t["file"].fail("tensor '" + quote_text(key) + "' refers to unlisted file '" + quote_text(file) + "'");
+    if (it == v.files.end())
+      t["file"].fail("tensor '" + quote_text(key) + "' refers to unlisted file '" + quote_text(file) + "'");
     const std::string path = it->second.path();
-    if (!listed[file].insert(key).second) t["key"].fail("tensor '" + quote_text(key) + "' of " + file + " listed twice");
+    if (!listed[file].insert(key).second)
+      t["key"].fail("tensor '" + quote_text(key) + "' of " + file + " listed twice");
     const TensorInfo* ti = it->second.find(key);
     if (!ti) fail(path, "has no tensor '" + quote_text(key) + "' (listed in the manifest)", key);
     std::vector<int64_t> shape;
     t["shape"].each([&](const JsonField& d) { shape.push_back(d.i64()); });
     const uint64_t stored = t.has("stored_bytes") ? t["stored_bytes"].u64() : t["bytes"].u64();
     if (it->second.stored_bytes(key) != stored)
-      fail(path, "tensor '" + key + "' takes " + std::to_string(it->second.stored_bytes(key)) +
-                     " bytes in the file, manifest says " + std::to_string(stored), key);
+      fail(path,
+           "tensor '" + key + "' takes " + std::to_string(it->second.stored_bytes(key)) +
+               " bytes in the file, manifest says " + std::to_string(stored),
+           key);
     if (st_name(ti->dtype) != t["dtype"].str() || ti->shape != shape || ti->end - ti->begin != t["bytes"].u64())
-      fail(path, "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
-                     ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()), key);
+      fail(path,
+           "tensor '" + key + "' is " + st_name(ti->dtype) + " " + c10::str(c10::IntArrayRef(ti->shape)) +
+               ", manifest says " + quote_text(t["dtype"].str()) + " " + quote_json(t["shape"].raw()),
+           key);
   });
   for (const auto& [name, sf] : v.files)
     for (const auto& ti : sf.tensors())
       if (!listed[name].count(ti.key)) fail(sf.path(), "tensor '" + ti.key + "' is not in the manifest", ti.key);
 }
 
-}  // namespace
+}   // namespace
 
 Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) try {
   Verified v;
@@ -339,7 +351,8 @@ ShardIndex shard_index(const Verified& v) {
     sh["param_ranges"].each([&](const JsonField& r) {
       const std::string p = r["param"].str();
       const int64_t b = r["begin"].i64(0), e = r["end"].i64(0);
-      if (!ix.shape.count(p)) r["param"].fail("shard " + file + " holds state of '" + quote_text(p) + "', which the model does not have");
+      if (!ix.shape.count(p))
+        r["param"].fail("shard " + file + " holds state of '" + quote_text(p) + "', which the model does not have");
       ix.pieces[p].push_back({file, b, e});
     });
   });
@@ -358,13 +371,14 @@ ShardIndex shard_index(const Verified& v) {
       at = pc.end;
     }
     if (at != n)
-      fail(mpath, "the shards hold elements [0, " + std::to_string(at) + ") of '" + p + "', which has " + std::to_string(n));
+      fail(mpath,
+           "the shards hold elements [0, " + std::to_string(at) + ") of '" + p + "', which has " + std::to_string(n));
   }
   return ix;
 }
 
-torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param,
-                           const std::string& key, int64_t begin, int64_t end) {
+torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key,
+                           int64_t begin, int64_t end) {
   std::vector<torch::Tensor> parts;
   for (const auto& pc : ix.pieces.at(param)) {
     const int64_t s = std::max(begin, pc.begin), e = std::min(end, pc.end);
@@ -404,7 +418,8 @@ torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::s
   for (const auto& [pc, t] : piece_scales(v, ix, param, key)) {
     if (!t.defined()) continue;
     if (t.numel() != 1)
-      fail(v.files.at(pc.file).path(), "tensor '" + key + "' has " + std::to_string(t.numel()) + " elements, a scale has 1");
+      fail(v.files.at(pc.file).path(),
+           "tensor '" + key + "' has " + std::to_string(t.numel()) + " elements, a scale has 1");
     if (!found.empty())
       same = same && std::memcmp(t.data_ptr(), found[0].data_ptr(), static_cast<size_t>(t.element_size())) == 0 &&
              t.scalar_type() == found[0].scalar_type();
@@ -420,10 +435,17 @@ torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::s
 nlohmann::json tensor_entry(const std::string& file, const std::string& key, const std::string& param,
                             const std::string& kind, const TensorInfo& info, const std::string& policy,
                             const std::string& conversion, bool exact) {
-  return {{"file", file},   {"key", key},         {"param", param},
-          {"kind", kind},   {"dtype", st_name(info.dtype)}, {"shape", info.shape},
-          {"numel", info.numel()}, {"bytes", info.end - info.begin}, {"policy", policy},
-          {"conversion", conversion}, {"exact", exact}};
+  return {{"file", file},
+          {"key", key},
+          {"param", param},
+          {"kind", kind},
+          {"dtype", st_name(info.dtype)},
+          {"shape", info.shape},
+          {"numel", info.numel()},
+          {"bytes", info.end - info.begin},
+          {"policy", policy},
+          {"conversion", conversion},
+          {"exact", exact}};
 }
 
 std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_params) {
@@ -445,8 +467,9 @@ std::string finalize_disk_accounting(nlohmann::json& m, uint64_t num_model_param
     per_dtype[t["dtype"].get<std::string>()] += stored;
     raw_minus_stored += raw - stored;   // signed in effect: a block that grew is stored raw, never larger
   }
-  const bool compressed = raw_minus_stored != 0 ||
-                          std::any_of(m["files"].begin(), m["files"].end(), [](const nlohmann::json& f) { return f.contains("compress"); });
+  const bool compressed =
+      raw_minus_stored != 0 ||
+      std::any_of(m["files"].begin(), m["files"].end(), [](const nlohmann::json& f) { return f.contains("compress"); });
   // The manifest counts itself. Its length depends on the numbers in it (bytes_per_param's
   // digits can flip back and forth), so grow the assumed size until the text fits, then pad the
   // text with spaces (valid JSON whitespace) to exactly that size. `self` only grows: this ends.
@@ -485,10 +508,9 @@ std::string disk_csv(const nlohmann::json& m) {
   o << "file,key,kind,dtype,numel,bytes,raw_bytes\n";
   for (const auto& t : m["tensors"]) {
     const uint64_t raw = t["bytes"].get<uint64_t>();
-    o << t["file"].get<std::string>() << ',' << t["key"].get<std::string>() << ','
-      << t["kind"].get<std::string>() << ',' << t["dtype"].get<std::string>() << ','
-      << t["numel"].get<uint64_t>() << ',' << (t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw)
-      << ',' << raw << '\n';
+    o << t["file"].get<std::string>() << ',' << t["key"].get<std::string>() << ',' << t["kind"].get<std::string>()
+      << ',' << t["dtype"].get<std::string>() << ',' << t["numel"].get<uint64_t>() << ','
+      << (t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw) << ',' << raw << '\n';
   }
   for (const auto& f : m["files"])
     o << f["name"].get<std::string>() << ",<header>,metadata,,0," << f["header_bytes"].get<uint64_t>() << ','
@@ -498,4 +520,4 @@ std::string disk_csv(const nlohmann::json& m) {
   return o.str();
 }
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

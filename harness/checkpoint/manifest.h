@@ -59,8 +59,8 @@ struct Piece {
   int64_t begin = 0, end = 0;   // within the param, flat
 };
 struct ShardIndex {
-  std::map<std::string, std::vector<Piece>> pieces;   // by param name
-  std::map<std::string, std::vector<int64_t>> shape;  // the param's shape
+  std::map<std::string, std::vector<Piece>> pieces;    // by param name
+  std::map<std::string, std::vector<int64_t>> shape;   // the param's shape
 };
 ShardIndex shard_index(const Verified& v);
 
@@ -82,14 +82,13 @@ void check_generator_state(const std::vector<uint8_t>& bytes, const std::string&
 
 // Elements [begin, end) (flat, within the param) of the state tensor `key` of `param`, joined
 // from the shards that hold them: a 1-D tensor aliasing the mapping when one shard holds them all.
-torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param,
-                           const std::string& key, int64_t begin, int64_t end);
+torch::Tensor gather_state(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key,
+                           int64_t begin, int64_t end);
 // The scale `key` ("<param>/exp_avg.scale") of a state split across shards, for reading without
 // an optimizer: each shard's piece has its own (TE scales per shard upstream): the one value
 // when every shard holding a part stores the same bits, else a 1-D tensor of the shards' values
 // in the order of their pieces. Null tensor when no shard has the key.
-torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param,
-                           const std::string& key);
+torch::Tensor gather_scale(const Verified& v, const ShardIndex& ix, const std::string& param, const std::string& key);
 // The scale `key` of each piece of `param`, in piece order (a null tensor for a piece whose shard
 // lacks the key).
 std::vector<std::pair<Piece, torch::Tensor>> piece_scales(const Verified& v, const ShardIndex& ix,
@@ -111,4 +110,4 @@ std::string finalize_disk_accounting(nlohmann::json& manifest, uint64_t num_mode
 // disk.csv: file,key,kind,dtype,numel,bytes (one row per tensor, one per header, the manifest).
 std::string disk_csv(const nlohmann::json& manifest);
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

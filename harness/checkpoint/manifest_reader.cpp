@@ -26,7 +26,7 @@ void u64_map(const JsonField& f) {
   f.each_member([](const std::string&, const JsonField& v) { (void)v.u64(); });
 }
 
-}  // namespace
+}   // namespace
 
 uint64_t block_count(uint64_t bytes, uint64_t block_bytes) {
   return bytes / block_bytes + (bytes % block_bytes != 0 ? 1 : 0);
@@ -36,8 +36,8 @@ int64_t parse_pointer_text(const std::string& raw, const std::string& path) {
   std::string text = raw;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   auto refuse = [&] {
-    throw CheckpointError(path + ": expected an iteration number in [0, " + std::to_string(kMaxCounter) +
-                          "], got '" + quote_text(raw) + "'");
+    throw CheckpointError(path + ": expected an iteration number in [0, " + std::to_string(kMaxCounter) + "], got '" +
+                          quote_text(raw) + "'");
   };
   if (text.empty() || text.size() > 13) refuse();
   int64_t it = 0;
@@ -73,7 +73,8 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   const int64_t iteration = m["iteration"].i64(0, kMaxCounter);
   if (m.has("dp_size")) (void)m["dp_size"].i64(1, 4096);
   // The run config the checkpoint was saved with: an object, or null when the caller gave none.
-  if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object()) rc.fail("expected an object or null, got " + quote_json(rc.raw()));
+  if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object())
+    rc.fail("expected an object or null, got " + quote_json(rc.raw()));
   (void)m["save_policy"]["kind"].str();
   if (m["save_policy"].has("compress")) {
     const std::string c = m["save_policy"]["compress"].str();
@@ -89,11 +90,13 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
       f.fail("block_xxh3 and block_bytes come together (one is missing)");
     if (f.has("block_xxh3")) {
       const uint64_t bb = f["block_bytes"].u64(kMaxBlockBytes);
-      if (bb < kMinBlockBytes) f["block_bytes"].fail("expected at least " + std::to_string(kMinBlockBytes) + ", got " + std::to_string(bb));
+      if (bb < kMinBlockBytes)
+        f["block_bytes"].fail("expected at least " + std::to_string(kMinBlockBytes) + ", got " + std::to_string(bb));
       const uint64_t want = block_count(bytes, bb);
       if (f["block_xxh3"].size() != want)
-        f["block_xxh3"].fail(std::to_string(f["block_xxh3"].size()) + " block checksums, a file of " + std::to_string(bytes) +
-                             " bytes in blocks of " + std::to_string(bb) + " needs " + std::to_string(want));
+        f["block_xxh3"].fail(std::to_string(f["block_xxh3"].size()) + " block checksums, a file of " +
+                             std::to_string(bytes) + " bytes in blocks of " + std::to_string(bb) + " needs " +
+                             std::to_string(want));
       f["block_xxh3"].each([](const JsonField& h) { hex_string(h, 16); });
       // A file of one block: its whole-file XXH3-64 is that block's, so the two must agree (free).
       // Larger files' whole-file hash is not recomputed: docs/checkpoint-format.md, R7.
@@ -106,7 +109,8 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
                        f["block_xxh3"][size_t{0}].str() + ": they are the same hash");
     }
     if (f.has("compress")) {
-      if (f["compress"].str() != "zstd") f["compress"].fail("expected \"zstd\", got " + quote_json(f["compress"].raw()));
+      if (f["compress"].str() != "zstd")
+        f["compress"].fail("expected \"zstd\", got " + quote_json(f["compress"].raw()));
       hex_string(f["header_xxh3"], 16);
       (void)f["raw_bytes"].u64();
       (void)f["stored_bytes"].u64(bytes);
@@ -176,12 +180,14 @@ void check_manifest_checksum(const std::string& manifest_text, const std::string
   for (size_t i = 0; form && i < 16; ++i)
     form = (sidecar_text[i] >= '0' && sidecar_text[i] <= '9') || (sidecar_text[i] >= 'a' && sidecar_text[i] <= 'f');
   if (!form)
-    throw CheckpointError("checkpoint file " + sidecar_path + ": expected 16 lower-case hex digits and a newline (the "
-                          "XXH3-64 of " + manifest_path + "), got '" + quote_text(sidecar_text) + "'",
+    throw CheckpointError("checkpoint file " + sidecar_path +
+                              ": expected 16 lower-case hex digits and a newline (the "
+                              "XXH3-64 of " +
+                              manifest_path + "), got '" + quote_text(sidecar_text) + "'",
                           sidecar_path);
   if (sidecar_text != want)
-    throw CheckpointError("checkpoint file " + manifest_path + ": XXH3-64 checksum " + want.substr(0, 16) + " != " +
-                              sidecar_path + " " + sidecar_text.substr(0, 16) + " (the manifest is corrupted)",
+    throw CheckpointError("checkpoint file " + manifest_path + ": XXH3-64 checksum " + want.substr(0, 16) +
+                              " != " + sidecar_path + " " + sidecar_text.substr(0, 16) + " (the manifest is corrupted)",
                           manifest_path);
 }
 
@@ -192,8 +198,10 @@ nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_s
   const std::string text = read_regular_file(mpath, kMaxManifestBytes, /*no_follow=*/true);
   struct stat st;
   if (::lstat(spath.c_str(), &st) != 0)
-    throw CheckpointError("checkpoint file " + spath + ": missing: the manifest's checksum (checkpoints written "
-                          "before it existed have none; they cannot be verified, save them again with this version)",
+    throw CheckpointError("checkpoint file " + spath +
+                              ": missing: the manifest's checksum (checkpoints written "
+                              "before it existed have none; they cannot be verified, save them again with this "
+                              "version)",
                           spath);
   check_manifest_checksum(text, read_regular_file(spath, kMaxManifestChecksumBytes, /*no_follow=*/true), mpath, spath);
   return parse_manifest_text(text, mpath, train_state);
@@ -241,12 +249,13 @@ void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_co
   const int64_t ns = ts["opt_param_scheduler"]["num_steps"].i64(0, kMaxCounter);
   const int64_t cs = ts["consumed_samples"].i64(0, kMaxCounter);
   if (ns != cs)
-    ts["opt_param_scheduler"]["num_steps"].fail(std::to_string(ns) + " scheduler steps (samples), but consumed_samples is " +
-                                                std::to_string(cs));
+    ts["opt_param_scheduler"]["num_steps"].fail(
+        std::to_string(ns) + " scheduler steps (samples), but consumed_samples is " + std::to_string(cs));
   std::optional<int64_t> first_step;
   m["optimizer"]["groups"].each([&](const JsonField& g) {
     const int64_t s = g["step"].i64(0, kMaxCounter);
-    if (s > it) g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");
+    if (s > it)
+      g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");
     // One optimizer step advances every group (a skipped step skips them all).
     if (first_step && s != *first_step)
       g["step"].fail("step " + std::to_string(s) + " differs from group 0's step " + std::to_string(*first_step));
@@ -254,4 +263,4 @@ void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_co
   });
 }
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

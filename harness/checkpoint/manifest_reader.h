@@ -63,4 +63,4 @@ uint64_t block_count(uint64_t bytes, uint64_t block_bytes);
 // the manifest and the field.
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path);
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

@@ -77,9 +77,21 @@ namespace {
 EncodedTensor cast_value(const torch::Tensor& u, Dtype to, bool per_key_fp8, const std::string& what) {
   EncodedTensor e;
   switch (to) {
-    case Dtype::fp32: e.data = u; e.dtype = StDtype::F32; e.conversion = "unscaled_fp32"; break;
-    case Dtype::bf16: e.data = u.to(torch::kBFloat16); e.dtype = StDtype::BF16; e.conversion = "cast_bf16"; break;
-    case Dtype::fp16: e.data = u.to(torch::kHalf); e.dtype = StDtype::F16; e.conversion = "cast_f16"; break;
+    case Dtype::fp32:
+      e.data = u;
+      e.dtype = StDtype::F32;
+      e.conversion = "unscaled_fp32";
+      break;
+    case Dtype::bf16:
+      e.data = u.to(torch::kBFloat16);
+      e.dtype = StDtype::BF16;
+      e.conversion = "cast_bf16";
+      break;
+    case Dtype::fp16:
+      e.data = u.to(torch::kHalf);
+      e.dtype = StDtype::F16;
+      e.conversion = "cast_f16";
+      break;
     case Dtype::fp8:
       if (per_key_fp8) {
         e.data = value_copy_u8(u);
@@ -91,17 +103,16 @@ EncodedTensor cast_value(const torch::Tensor& u, Dtype to, bool per_key_fp8, con
         e.conversion = "cast_f8_e4m3";
       }
       break;
-    case Dtype::int16:
-      throw CheckpointError(what + ": int16 is not a value dtype (only remainders are int16)");
+    case Dtype::int16: throw CheckpointError(what + ": int16 is not a value dtype (only remainders are int16)");
   }
   e.exact = bits_equal(decode_value(e.data, e.dtype, e.conversion, std::nullopt), u);
   return e;
 }
 
-}  // namespace
+}   // namespace
 
-std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const std::string& param,
-                                        StateKey key, const SavePolicy& policy) {
+std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const std::string& param, StateKey key,
+                                        const SavePolicy& policy) {
   const std::string kname = optim::key_name(key);
   const std::string field = field_name(opt, key);
   const bool remainder = field == "remainder";
@@ -109,8 +120,8 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
 
   auto ov = policy.overrides.find(kname);
   if (ov != policy.overrides.end()) {
-    EncodedTensor e = cast_value(unscaled(opt, param, key), ov->second, false,
-                                 "override of '" + kname + "' for " + param);
+    EncodedTensor e =
+        cast_value(unscaled(opt, param, key), ov->second, false, "override of '" + kname + "' for " + param);
     e.key = param + "/" + kname;
     e.kind = kname;
     e.policy = "override";
@@ -128,8 +139,8 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
     return out;
   }
   if (policy.kind == SavePolicyKind::dp_reshardable) {
-    return {EncodedTensor{param + "/" + field, field, unscaled(opt, param, key), StDtype::F32,
-                          to_string(policy.kind), "unscaled_fp32", true}};
+    return {EncodedTensor{param + "/" + field, field, unscaled(opt, param, key), StDtype::F32, to_string(policy.kind),
+                          "unscaled_fp32", true}};
   }
   if (policy.kind == SavePolicyKind::fully_reshardable || policy.kind == SavePolicyKind::dp_zero) {
     // get_parameter_state_dp_zero: `local_shards[key][...].data.copy_(tensors[key])` into
@@ -145,10 +156,10 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
   // unscaled fp32 value (no scale is written: fp16 unscaled, fp8 by value copy into uint8).
   if (key == StateKey::master_param) {
     if (remainder)
-      return {EncodedTensor{param + "/remainder", "remainder", s.data.to(torch::kFloat), StDtype::F32,
-                            "per_key", "remainder_widened_f32", true}};
-    return {EncodedTensor{param + "/master_param", "master_param", unscaled(opt, param, key),
-                          StDtype::F32, "per_key", "unscaled_fp32", true}};
+      return {EncodedTensor{param + "/remainder", "remainder", s.data.to(torch::kFloat), StDtype::F32, "per_key",
+                            "remainder_widened_f32", true}};
+    return {EncodedTensor{param + "/master_param", "master_param", unscaled(opt, param, key), StDtype::F32, "per_key",
+                          "unscaled_fp32", true}};
   }
   const Dtype configured = key == StateKey::exp_avg ? opt.config().exp_avg_dtype : opt.config().exp_avg_sq_dtype;
   EncodedTensor e = cast_value(unscaled(opt, param, key), configured, true, param + "/" + kname);
@@ -158,5 +169,5 @@ std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const s
   return {e};
 }
 
-}  // namespace detail
-}  // namespace rh::ckpt
+}   // namespace detail
+}   // namespace rh::ckpt

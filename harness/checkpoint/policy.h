@@ -26,8 +26,8 @@
 namespace rh::ckpt::detail {
 
 struct EncodedTensor {
-  std::string key;          // "<param>/exp_avg", "<param>/exp_avg.scale", ".scale_inv", "<param>/remainder"
-  std::string kind;         // master_param | remainder | exp_avg | exp_avg_sq | scale
+  std::string key;    // "<param>/exp_avg", "<param>/exp_avg.scale", ".scale_inv", "<param>/remainder"
+  std::string kind;   // master_param | remainder | exp_avg | exp_avg_sq | scale
   torch::Tensor data;
   StDtype dtype;
   std::string policy;       // native | dp_reshardable | fully_reshardable | dp_zero | per_key | override
@@ -46,8 +46,8 @@ std::string field_name(const optim::PrecisionAdam& opt, optim::StateKey k);
 
 // The tensors the policy writes for one state of one parameter (one, or two with a scale).
 // Throws CheckpointError on an unusable override.
-std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const std::string& param,
-                                        optim::StateKey key, const SavePolicy& policy);
+std::vector<EncodedTensor> encode_state(const optim::PrecisionAdam& opt, const std::string& param, optim::StateKey key,
+                                        const SavePolicy& policy);
 
 // The fp32 value a value-type conversion's bytes stand for (every conversion except stored
 // I16 remainders and remainder_widened_f32). `decode_mult`: what a stored fp16/fp8 state decodes
@@ -62,4 +62,4 @@ torch::Tensor value_copy_u8(const torch::Tensor& x);
 bool bits_equal(const torch::Tensor& a, const torch::Tensor& b);
 int64_t count_bits_differ(const torch::Tensor& a, const torch::Tensor& b);
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

@@ -27,7 +27,7 @@ void clean_stale(const std::string& root_str) {
     if (!tmp && !old) continue;
     const size_t dot = n.rfind('.');
     long pid = std::strtol(n.c_str() + dot + 1, nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;  // live saver
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;   // live saver
     const fs::path published = root / n.substr(5, dot - 5);
     if (old && !path_exists(published.string()) && path_exists((p / kManifestFile).string())) {
       rename_path(p.string(), published.string());
@@ -96,7 +96,7 @@ void write_pointer(const fs::path& root, const std::string& name, int64_t iterat
   }
 }
 
-}  // namespace
+}   // namespace
 
 void publish_dir(const std::string& root, const std::string& tmp, const std::string& name, int64_t iteration,
                  const std::vector<std::pair<std::string, std::string>>& files) {
@@ -113,7 +113,8 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
   const fs::path ptr = p / kPointerFile;
   if (!path_exists(ptr.string())) {
     if (path_exists(p.string()) && p.filename().string().rfind("iter_", 0) == 0) {
-      CheckpointError e("checkpoint " + p.string() + ": no " + kManifestFile + " (an incomplete save; not a checkpoint)",
+      CheckpointError e("checkpoint " + p.string() + ": no " + kManifestFile +
+                            " (an incomplete save; not a checkpoint)",
                         (p / kManifestFile).string());
       e.damaged = true;   // as inspect says: an iter_ directory without its manifest is damage
       throw e;
@@ -147,4 +148,4 @@ std::string resolve_checkpoint_dir(const std::string& root_or_dir) {
   throw e;
 }
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

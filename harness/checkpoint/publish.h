@@ -37,4 +37,4 @@ void publish_dir(const std::string& root, const std::string& tmp, const std::str
 // checkpoint directory; throws CheckpointError saying what is missing.
 std::string resolve_checkpoint_dir(const std::string& root_or_dir);
 
-}  // namespace rh::ckpt::detail
+}   // namespace rh::ckpt::detail

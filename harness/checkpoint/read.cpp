@@ -29,7 +29,7 @@ torch::Tensor joined_state(const detail::Verified& v, const detail::ShardIndex& 
   return detail::gather_state(v, ix, param, t.key, 0, n).reshape(ix.shape.at(param));
 }
 
-}  // namespace
+}   // namespace
 
 CheckpointSize measure_checkpoint(const std::string& root_or_iter_dir) {
   CheckpointSize s;
@@ -47,7 +47,8 @@ CheckpointSize measure_checkpoint(const std::string& root_or_iter_dir) {
   s.raw_bytes = s.stored_bytes;
   const nlohmann::json manifest = detail::read_manifest_file((iter / detail::kManifestFile).string());
   for (const auto& file : manifest["files"])
-    if (file.contains("compress")) s.raw_bytes += file["raw_bytes"].get<uint64_t>() - file["stored_bytes"].get<uint64_t>();
+    if (file.contains("compress"))
+      s.raw_bytes += file["raw_bytes"].get<uint64_t>() - file["stored_bytes"].get<uint64_t>();
   return s;
 }
 
@@ -71,4 +72,4 @@ JoinedTensors read_joined_tensors(const std::string& root_or_iter_dir) {
   return out;
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -33,9 +33,9 @@ struct TorchDtypeRow {
   torch::ScalarType t;
 };
 const TorchDtypeRow kTorchDtypes[] = {
-    {StDtype::F32, torch::kFloat},  {StDtype::F16, torch::kHalf}, {StDtype::BF16, torch::kBFloat16},
+    {StDtype::F32, torch::kFloat},    {StDtype::F16, torch::kHalf},  {StDtype::BF16, torch::kBFloat16},
     {StDtype::F8_E4M3, torch::kByte}, {StDtype::I16, torch::kShort}, {StDtype::U8, torch::kByte},
-    {StDtype::I32, torch::kInt},    {StDtype::I64, torch::kLong}, {StDtype::F64, torch::kDouble},
+    {StDtype::I32, torch::kInt},      {StDtype::I64, torch::kLong},  {StDtype::F64, torch::kDouble},
 };
 const TorchDtypeRow& torch_row(StDtype d) {
   for (const auto& r : kTorchDtypes)
@@ -69,14 +69,13 @@ void map_file(const std::string& path, void** addr, size_t* len) {
   ::close(fd);
 }
 
-}  // namespace
+}   // namespace
 
 torch::ScalarType st_scalar_type(StDtype d) { return torch_row(d).t; }
 StDtype st_from_scalar_type(torch::ScalarType t, const std::string& what) {
   for (const auto& r : kTorchDtypes)
     if (r.t == t && r.d != StDtype::F8_E4M3) return r.d;
-  throw CheckpointError(what + ": torch dtype " + std::string(c10::toString(t)) +
-                        " has no safetensors name here");
+  throw CheckpointError(what + ": torch dtype " + std::string(c10::toString(t)) + " has no safetensors name here");
 }
 
 std::string hex64(uint64_t v) {
@@ -88,7 +87,8 @@ std::string hex64(uint64_t v) {
 namespace detail {
 
 std::shared_ptr<SafetensorsFile::Mapping> owned_mapping(const std::string& path, uint64_t bytes, const char* why) {
-  const uint64_t phys = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t phys =
+      static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (bytes > phys)
     bad_safetensors(path, "needs " + std::to_string(bytes) + " bytes " + why + ", more than this machine's memory (" +
                               std::to_string(phys) + ")");
@@ -123,10 +123,10 @@ std::vector<std::string> run_blocks_on_all_cores(size_t n, const std::function<v
   return errs;
 }
 
-}  // namespace detail
+}   // namespace detail
 
-SafetensorsFile SafetensorsFile::open(
-    const std::string& path, const std::function<void(const uint8_t*, uint64_t)>& check_bytes) {
+SafetensorsFile SafetensorsFile::open(const std::string& path,
+                                      const std::function<void(const uint8_t*, uint64_t)>& check_bytes) {
   SafetensorsFile f;
   f.path_ = path;
   f.map_ = std::make_shared<Mapping>();
@@ -172,8 +172,9 @@ SafetensorsFile SafetensorsFile::read_hashed(
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) throw_errno("cannot read", path);
         if (r == 0)
-          throw CheckpointError(path + ": ended at byte " + std::to_string(off + got) + " while reading it (its size was " +
-                                std::to_string(size) + "; changed while loading?)");
+          throw CheckpointError(path + ": ended at byte " + std::to_string(off + got) +
+                                " while reading it (its size was " + std::to_string(size) +
+                                "; changed while loading?)");
         got += static_cast<uint64_t>(r);
       }
       XXH3_64bits_update(st.get(), base + off, want);
@@ -223,7 +224,8 @@ torch::Tensor SafetensorsFile::tensor(const std::string& key) const {
     return c;
   }
   std::shared_ptr<Mapping> keep = map_;
-  return torch::from_blob(p, t.shape, [keep](void*) {}, opts);
+  return torch::from_blob(
+      p, t.shape, [keep](void*) {}, opts);
 }
 
 uint64_t SafetensorsFile::xxh3() const { return XXH3_64bits(map_->addr, map_->len); }
@@ -235,4 +237,4 @@ uint64_t xxh3_file(const std::string& path, uint64_t* size_out) {
   return XXH3_64bits(m.addr, m.len);
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

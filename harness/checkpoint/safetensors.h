@@ -20,7 +20,7 @@
 
 namespace rh::ckpt {
 
-torch::ScalarType st_scalar_type(StDtype d);    // F8_E4M3 -> kByte (raw E4M3 bytes)
+torch::ScalarType st_scalar_type(StDtype d);   // F8_E4M3 -> kByte (raw E4M3 bytes)
 // The natural safetensors dtype of a torch dtype (kByte -> U8; fp8 bytes must say F8_E4M3).
 StDtype st_from_scalar_type(torch::ScalarType t, const std::string& what);
 
@@ -34,10 +34,10 @@ struct WriteTensor {
 };
 
 struct WriteStats {
-  uint64_t file_bytes = 0;     // whole file
-  uint64_t header_bytes = 0;   // 8 + N: length prefix plus JSON header (with padding)
-  uint64_t xxh3 = 0;           // XXH3-64 of the whole file, computed while writing
-  uint64_t header_xxh3 = 0;    // XXH3-64 of the first header_bytes (trusted header: damage is located)
+  uint64_t file_bytes = 0;            // whole file
+  uint64_t header_bytes = 0;          // 8 + N: length prefix plus JSON header (with padding)
+  uint64_t xxh3 = 0;                  // XXH3-64 of the whole file, computed while writing
+  uint64_t header_xxh3 = 0;           // XXH3-64 of the first header_bytes (trusted header: damage is located)
   std::vector<uint64_t> block_xxh3;   // XXH3-64 of each kHashBlock bytes of the file (the last
                                       // block shorter): verifiable in parallel on load
 };
@@ -58,8 +58,7 @@ struct CompressedKeyStats {
 };
 WriteStats write_safetensors_compressed(const std::string& path, const std::vector<WriteTensor>& tensors,
                                         const std::map<std::string, std::string>& metadata, bool do_fsync,
-                                        const CodecOptions& opt,
-                                        std::map<std::string, CompressedKeyStats>* per_key);
+                                        const CodecOptions& opt, std::map<std::string, CompressedKeyStats>* per_key);
 
 // A mapped, validated safetensors file. Cheap to copy (shares the mapping).
 class SafetensorsFile {
@@ -68,9 +67,8 @@ class SafetensorsFile {
   // with parse_safetensors() (safetensors_format.h). Throws CheckpointError naming path and tensor.
   // `check_bytes`, if given, sees the whole mapped file before any structural check (the
   // checkpoint loader verifies size and checksum there, so damage is reported as such).
-  static SafetensorsFile open(
-      const std::string& path,
-      const std::function<void(const uint8_t* data, uint64_t size)>& check_bytes = {});
+  static SafetensorsFile open(const std::string& path,
+                              const std::function<void(const uint8_t* data, uint64_t size)>& check_bytes = {});
 
   // The loader's path ("verify while copying"): reads the whole file with pread() into
   // pooled anonymous memory (an Arena, reused from the previous load where one is free) and
@@ -80,9 +78,10 @@ class SafetensorsFile {
   // check_blocks(data, size, hashes) sees every block's XXH3-64 before any structural check (so
   // damage is reported as damage); then the file is validated as open() does. Tensors alias the
   // buffer, which stays alive as long as any of them does and then goes back to the pool.
-  static SafetensorsFile read_hashed(
-      const std::string& path, uint64_t block_bytes, const std::function<void(uint64_t size)>& check_size,
-      const std::function<void(const uint8_t* data, uint64_t size, const std::vector<uint64_t>& block_xxh3)>& check_blocks);
+  static SafetensorsFile read_hashed(const std::string& path, uint64_t block_bytes,
+                                     const std::function<void(uint64_t size)>& check_size,
+                                     const std::function<void(const uint8_t* data, uint64_t size,
+                                                              const std::vector<uint64_t>& block_xxh3)>& check_blocks);
 
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const;
@@ -114,7 +113,7 @@ class SafetensorsFile {
   // Locating without a validated file: parses data (a whole file) itself; "" on any problem.
   static std::string locate_damaged_block(const std::string& path, const uint8_t* data, uint64_t size);
 
- struct Mapping;   // the mmap, shared by every tensor handed out (defined in the .cpp)
+  struct Mapping;   // the mmap, shared by every tensor handed out (defined in the .cpp)
 
  private:
   std::string path_;
@@ -130,4 +129,4 @@ class SafetensorsFile {
 uint64_t xxh3_file(const std::string& path, uint64_t* size_out);
 std::string hex64(uint64_t v);   // 16 lower-case hex digits
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

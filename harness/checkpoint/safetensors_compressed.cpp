@@ -18,8 +18,7 @@ namespace rh::ckpt {
 
 WriteStats write_safetensors_compressed(const std::string& path, const std::vector<WriteTensor>& tensors,
                                         const std::map<std::string, std::string>& metadata, bool do_fsync,
-                                        const CodecOptions& opt,
-                                        std::map<std::string, CompressedKeyStats>* per_key) {
+                                        const CodecOptions& opt, std::map<std::string, CompressedKeyStats>* per_key) {
   // Every block of every tensor is one job, so small tensors do not leave cores idle.
   struct Job {
     size_t t;
@@ -36,8 +35,9 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
     const WriteTensor& t = tensors[i];
     if (!t.data.defined()) bad_safetensors(path, "tensor '" + t.key + "' is undefined");
     if (t.data.scalar_type() != st_scalar_type(t.dtype))
-      bad_safetensors(path, "tensor '" + t.key + "' has torch dtype " + std::string(c10::toString(t.data.scalar_type())) +
-                    ", expected " + c10::toString(st_scalar_type(t.dtype)) + " for " + st_name(t.dtype));
+      bad_safetensors(path, "tensor '" + t.key + "' has torch dtype " +
+                                std::string(c10::toString(t.data.scalar_type())) + ", expected " +
+                                c10::toString(st_scalar_type(t.dtype)) + " for " + st_name(t.dtype));
     raw[i] = t.data.contiguous().cpu();
     const uint64_t bytes = static_cast<uint64_t>(raw[i].numel()) * st_itemsize(t.dtype);
     enc[i].resize((bytes + kCompressBlockBytes - 1) / kCompressBlockBytes);
@@ -73,8 +73,10 @@ WriteStats write_safetensors_compressed(const std::string& path, const std::vect
       w.pieces.push_back({arena->data() + base[i] + b * kCompressBlockBytes, enc[i][b].stored_len});
     }
     const uint64_t rawb = static_cast<uint64_t>(raw[i].numel()) * st_itemsize(tensors[i].dtype);
-    table[tensors[i].key] = {{"dtype", st_name(tensors[i].dtype)}, {"shape", raw[i].sizes().vec()},
-                             {"raw_bytes", rawb}, {"blocks", blocks}};
+    table[tensors[i].key] = {{"dtype", st_name(tensors[i].dtype)},
+                             {"shape", raw[i].sizes().vec()},
+                             {"raw_bytes", rawb},
+                             {"blocks", blocks}};
     if (per_key) (*per_key)[tensors[i].key] = {rawb, stored, enc[i].size()};
     if (w.pieces.empty()) w.data = torch::empty({0}, torch::kByte);   // an empty tensor: an empty blob
     blobs.push_back(std::move(w));
@@ -114,7 +116,7 @@ std::vector<TableEntry> read_table(const std::string& path, const std::vector<Te
   const JsonField root(j, what);
   if (root.object_size() != stored.size())
     bad_safetensors(path, "rh_tensors lists " + std::to_string(root.object_size()) + " tensors, the file stores " +
-                  std::to_string(stored.size()));
+                              std::to_string(stored.size()));
   std::vector<TableEntry> out;
   for (const TensorInfo& ti : stored) {
     if (ti.dtype != StDtype::U8 || ti.shape.size() != 1)
@@ -124,7 +126,8 @@ std::vector<TableEntry> read_table(const std::string& path, const std::vector<Te
     TableEntry te;
     te.blob = &ti;
     te.logical.key = ti.key;
-    if (!st_parse(e["dtype"].str(), &te.logical.dtype)) e["dtype"].fail("unknown dtype " + quote_json(e["dtype"].raw()));
+    if (!st_parse(e["dtype"].str(), &te.logical.dtype))
+      e["dtype"].fail("unknown dtype " + quote_json(e["dtype"].raw()));
     const int64_t k = st_itemsize(te.logical.dtype);
     uint64_t n = 1;
     e["shape"].each([&](const JsonField& d) {
@@ -135,11 +138,13 @@ std::vector<TableEntry> read_table(const std::string& path, const std::vector<Te
     uint64_t raw = 0;
     if (__builtin_mul_overflow(n, static_cast<uint64_t>(k), &raw)) e["shape"].fail("the tensor's byte count overflows");
     if (e["raw_bytes"].u64() != raw)
-      e["raw_bytes"].fail(std::to_string(e["raw_bytes"].u64()) + " raw bytes, the shape and dtype need " + std::to_string(raw));
+      e["raw_bytes"].fail(std::to_string(e["raw_bytes"].u64()) + " raw bytes, the shape and dtype need " +
+                          std::to_string(raw));
     te.logical.end = raw;
     const uint64_t nb = (raw + kCompressBlockBytes - 1) / kCompressBlockBytes;
     if (e["blocks"].size() != nb)
-      e["blocks"].fail(std::to_string(e["blocks"].size()) + " blocks, " + std::to_string(raw) + " raw bytes need " + std::to_string(nb));
+      e["blocks"].fail(std::to_string(e["blocks"].size()) + " blocks, " + std::to_string(raw) + " raw bytes need " +
+                       std::to_string(nb));
     const uint64_t blob_len = ti.end - ti.begin;
     uint64_t at = 0;
     e["blocks"].each([&](const JsonField& b) {
@@ -154,7 +159,8 @@ std::vector<TableEntry> read_table(const std::string& path, const std::vector<Te
         r.plane_bytes.push_back(v);
         len += v;   // each <= blob_len and at most 8 planes: no overflow
       });
-      if (len > blob_len - at) b[size_t(1)].fail("the blocks run past the tensor's " + std::to_string(blob_len) + " stored bytes");
+      if (len > blob_len - at)
+        b[size_t(1)].fail("the blocks run past the tensor's " + std::to_string(blob_len) + " stored bytes");
       for (size_t h = 2; h <= 3; ++h) {
         const std::string s = b[h].str();
         char* endp = nullptr;
@@ -168,8 +174,8 @@ std::vector<TableEntry> read_table(const std::string& path, const std::vector<Te
       te.blocks.push_back(std::move(r));
     });
     if (at != blob_len)
-      bad_safetensors(path, "tensor '" + ti.key + "': its blocks cover " + std::to_string(at) + " of its " + std::to_string(blob_len) +
-                    " stored bytes");
+      bad_safetensors(path, "tensor '" + ti.key + "': its blocks cover " + std::to_string(at) + " of its " +
+                                std::to_string(blob_len) + " stored bytes");
     out.push_back(std::move(te));
   }
   return out;
@@ -180,7 +186,7 @@ std::string block_name(const std::string& key, size_t i, size_t n) {
          std::to_string(i * kCompressBlockBytes) + ", ...))";
 }
 
-}  // namespace
+}   // namespace
 
 SafetensorsFile SafetensorsFile::decoded() const {
   if (!compressed()) return *this;
@@ -235,7 +241,8 @@ std::string SafetensorsFile::locate_damaged_block() const {
         if (got != r.xxh3_stored) {
           const uint64_t at = static_cast<uint64_t>(r.stored - map_->bytes());
           return block_name(te.logical.key, b, te.blocks.size()) + ", stored bytes [" + std::to_string(at) + ", " +
-                 std::to_string(at + r.stored_len) + ") of the file: XXH3-64 " + hex64(got) + " != " + hex64(r.xxh3_stored);
+                 std::to_string(at + r.stored_len) + ") of the file: XXH3-64 " + hex64(got) +
+                 " != " + hex64(r.xxh3_stored);
         }
       }
   } catch (const std::exception&) {
@@ -263,4 +270,4 @@ std::string SafetensorsFile::locate_damaged_block(const std::string& path, const
   }
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

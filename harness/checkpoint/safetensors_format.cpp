@@ -19,9 +19,9 @@ struct DtypeRow {
   int64_t size;
 };
 const DtypeRow kDtypes[] = {
-    {StDtype::F32, "F32", 4},  {StDtype::F16, "F16", 2}, {StDtype::BF16, "BF16", 2},
+    {StDtype::F32, "F32", 4},         {StDtype::F16, "F16", 2}, {StDtype::BF16, "BF16", 2},
     {StDtype::F8_E4M3, "F8_E4M3", 1}, {StDtype::I16, "I16", 2}, {StDtype::U8, "U8", 1},
-    {StDtype::I32, "I32", 4},  {StDtype::I64, "I64", 8}, {StDtype::F64, "F64", 8},
+    {StDtype::I32, "I32", 4},         {StDtype::I64, "I64", 8}, {StDtype::F64, "F64", 8},
 };
 const DtypeRow& row(StDtype d) {
   for (const auto& r : kDtypes)
@@ -42,7 +42,7 @@ nlohmann::json parse_header(const std::string& path, const char* p, size_t n) {
   }
 }
 
-}  // namespace
+}   // namespace
 
 std::string st_name(StDtype d) { return row(d).name; }
 int64_t st_itemsize(StDtype d) { return row(d).size; }
@@ -63,14 +63,15 @@ uint64_t TensorInfo::numel() const {
 
 ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data, uint64_t size) {
   ParsedSafetensors f;
-  if (size < 8) bad_safetensors(path, "file has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
+  if (size < 8)
+    bad_safetensors(path, "file has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
   uint64_t n;
   std::memcpy(&n, data, 8);
   if (n < 2) bad_safetensors(path, "header length " + std::to_string(n) + " < 2");
   if (n > kMaxHeaderBytes) bad_safetensors(path, "header length " + std::to_string(n) + " exceeds the 100 MB cap");
   if (n > size - 8)
     bad_safetensors(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                  std::to_string(size) + " bytes)");
+                              std::to_string(size) + " bytes)");
   f.header_len = n;
   const char* h = reinterpret_cast<const char*>(data + 8);
   if (h[0] != '{') bad_safetensors(path, "header does not start with '{'");
@@ -84,7 +85,8 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
     if (key == "__metadata__") {
       if (!e.is_object()) bad_safetensors(path, "__metadata__ is not an object");
       for (auto m = e.begin(); m != e.end(); ++m) {
-        if (!m.value().is_string()) bad_safetensors(path, "__metadata__ value of '" + quote_text(m.key()) + "' is not a string");
+        if (!m.value().is_string())
+          bad_safetensors(path, "__metadata__ value of '" + quote_text(m.key()) + "' is not a string");
         f.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -111,8 +113,7 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
       ti.shape.push_back(static_cast<int64_t>(v));
     }
     const auto& off = e.contains("data_offsets") ? e["data_offsets"] : nlohmann::json();
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned())
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       tb("data_offsets must be [begin, end] of integers >= 0");
     ti.begin = off[0].get<uint64_t>();
     ti.end = off[1].get<uint64_t>();
@@ -122,9 +123,8 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
          "] out of range: the data buffer has " + std::to_string(buffer) + " bytes");
     uint64_t want = numel * static_cast<uint64_t>(st_itemsize(ti.dtype));
     if (ti.end - ti.begin != want)
-      tb("data_offsets span " + std::to_string(ti.end - ti.begin) + " bytes, expected numel " +
-         std::to_string(numel) + " * itemsize " + std::to_string(st_itemsize(ti.dtype)) + " = " +
-         std::to_string(want));
+      tb("data_offsets span " + std::to_string(ti.end - ti.begin) + " bytes, expected numel " + std::to_string(numel) +
+         " * itemsize " + std::to_string(st_itemsize(ti.dtype)) + " = " + std::to_string(want));
     f.tensors.push_back(std::move(ti));
   }
 
@@ -138,17 +138,18 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
   const TensorInfo* prev = nullptr;
   for (const TensorInfo* t : by_off) {
     if (t->begin < cursor)
-      bad_safetensors(path, "tensor '" + quote_text(t->key) + "' [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
-                    ") overlaps tensor '" + quote_text(prev->key) + "' ending at " + std::to_string(cursor));
+      bad_safetensors(path, "tensor '" + quote_text(t->key) + "' [" + std::to_string(t->begin) + ", " +
+                                std::to_string(t->end) + ") overlaps tensor '" + quote_text(prev->key) +
+                                "' ending at " + std::to_string(cursor));
     if (t->begin > cursor)
-      bad_safetensors(path, "hole of " + std::to_string(t->begin - cursor) + " bytes before tensor '" + quote_text(t->key) +
-                    "' at offset " + std::to_string(cursor));
+      bad_safetensors(path, "hole of " + std::to_string(t->begin - cursor) + " bytes before tensor '" +
+                                quote_text(t->key) + "' at offset " + std::to_string(cursor));
     cursor = t->end;
     prev = t;
   }
   if (cursor != buffer)
     bad_safetensors(path, "file size " + std::to_string(size) + " != 8 + header " + std::to_string(n) +
-                  " + tensor bytes " + std::to_string(cursor));
+                              " + tensor bytes " + std::to_string(cursor));
   return f;   // tensors are sorted by key: the JSON object iterates in key order
 }
 
@@ -156,4 +157,4 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
   throw CheckpointError("safetensors file " + path + ": " + what);
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -10,7 +10,7 @@
 namespace rh::ckpt {
 
 enum class StDtype { F32, F16, BF16, F8_E4M3, I16, U8, I32, I64, F64 };
-std::string st_name(StDtype d);                 // "F32", "BF16", ...
+std::string st_name(StDtype d);                      // "F32", "BF16", ...
 bool st_parse(const std::string& s, StDtype* out);   // false if unknown
 int64_t st_itemsize(StDtype d);
 
@@ -25,8 +25,8 @@ struct TensorInfo {
 };
 
 struct ParsedSafetensors {
-  uint64_t header_len = 0;                    // N (the JSON header with its padding)
-  std::vector<TensorInfo> tensors;            // sorted by key
+  uint64_t header_len = 0;           // N (the JSON header with its padding)
+  std::vector<TensorInfo> tensors;   // sorted by key
   std::map<std::string, std::string> metadata;
 };
 
@@ -40,4 +40,4 @@ ParsedSafetensors parse_safetensors(const std::string& path, const uint8_t* data
 // Throws CheckpointError "safetensors file <path>: <what>", the one message shape of this format.
 [[noreturn]] void bad_safetensors(const std::string& path, const std::string& what);
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -39,5 +39,5 @@ std::shared_ptr<SafetensorsFile::Mapping> owned_mapping(const std::string& path,
 // the first failure in job order whatever order the threads met them in.
 std::vector<std::string> run_blocks_on_all_cores(size_t n, const std::function<void(size_t)>& fn);
 
-}  // namespace detail
-}  // namespace rh::ckpt
+}   // namespace detail
+}   // namespace rh::ckpt

@@ -51,7 +51,7 @@ class WriteBack {
   uint64_t started_ = 0;
 };
 
-}  // namespace
+}   // namespace
 
 namespace {
 
@@ -71,8 +71,8 @@ std::vector<const WriteTensor*> write_order(const std::string& path, const std::
     if (!t.data.defined()) bad_safetensors(path, "tensor '" + t.key + "' is undefined");
     if (t.data.scalar_type() != st_scalar_type(t.dtype))
       bad_safetensors(path, "tensor '" + t.key + "' has torch dtype " +
-                    std::string(c10::toString(t.data.scalar_type())) + ", expected " +
-                    c10::toString(st_scalar_type(t.dtype)) + " for " + st_name(t.dtype));
+                                std::string(c10::toString(t.data.scalar_type())) + ", expected " +
+                                c10::toString(st_scalar_type(t.dtype)) + " for " + st_name(t.dtype));
     order.push_back(&t);
   }
   std::sort(order.begin(), order.end(), [](const WriteTensor* a, const WriteTensor* b) {
@@ -98,15 +98,13 @@ std::string header_bytes(const std::string& path, const std::vector<const WriteT
       bytes = static_cast<uint64_t>(t->data.numel()) * st_itemsize(t->dtype);
       shape = t->data.sizes().vec();
     }
-    header[t->key] = {{"dtype", st_name(t->dtype)},
-                      {"shape", shape},
-                      {"data_offsets", {offset, offset + bytes}}};
+    header[t->key] = {{"dtype", st_name(t->dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');   // 8 + N stays a multiple of 8
-  if (json.size() > kMaxHeaderBytes) bad_safetensors(path, "header of " + std::to_string(json.size()) +
-                                                   " bytes exceeds the 100 MB cap");
+  if (json.size() > kMaxHeaderBytes)
+    bad_safetensors(path, "header of " + std::to_string(json.size()) + " bytes exceeds the 100 MB cap");
   std::string prefix(8, '\0');
   const uint64_t n = json.size();
   std::memcpy(prefix.data(), &n, 8);
@@ -166,7 +164,8 @@ void write_data(int fd, const std::string& path, const std::vector<const WriteTe
     torch::Tensor c;
     if (pieces.empty()) {
       c = t->data.contiguous().cpu();   // no copy for contiguous CPU tensors
-      pieces.push_back({static_cast<const uint8_t*>(c.data_ptr()), static_cast<uint64_t>(c.numel()) * st_itemsize(t->dtype)});
+      pieces.push_back(
+          {static_cast<const uint8_t*>(c.data_ptr()), static_cast<uint64_t>(c.numel()) * st_itemsize(t->dtype)});
     }
     for (const auto& [piece, piece_len] : pieces) {
       const char* p = reinterpret_cast<const char*>(piece);
@@ -184,7 +183,7 @@ void write_data(int fd, const std::string& path, const std::vector<const WriteTe
   }
 }
 
-}  // namespace
+}   // namespace
 
 WriteStats write_safetensors(const std::string& path, const std::vector<WriteTensor>& tensors,
                              const std::map<std::string, std::string>& metadata, bool do_fsync) {
@@ -212,4 +211,4 @@ WriteStats write_safetensors(const std::string& path, const std::vector<WriteTen
   return out;
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -33,8 +33,11 @@ nlohmann::json optimizer_json(const optim::PrecisionAdam& opt) {
           {"exp_avg_dtype", optim::to_string(c.exp_avg_dtype)},
           {"exp_avg_sq_dtype", optim::to_string(c.exp_avg_sq_dtype)},
           {"store_param_remainders", c.store_param_remainders},
-          {"beta1", c.beta1}, {"beta2", c.beta2}, {"eps", c.eps},
-          {"weight_decay", c.weight_decay}, {"adam_w_mode", c.adam_w_mode}};
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"eps", c.eps},
+          {"weight_decay", c.weight_decay},
+          {"adam_w_mode", c.adam_w_mode}};
 }
 
 TensorInfo info_of(const std::string& key, const torch::Tensor& t, StDtype d) {
@@ -51,8 +54,10 @@ TensorInfo info_of(const std::string& key, const torch::Tensor& t, StDtype d) {
 nlohmann::json file_entry(const std::string& name, const char* kind, const WriteStats& ws) {
   nlohmann::json blocks = nlohmann::json::array();
   for (uint64_t h : ws.block_xxh3) blocks.push_back(hex64(h));
-  return {{"name", name}, {"kind", kind}, {"bytes", ws.file_bytes}, {"header_bytes", ws.header_bytes},
-          {"xxh3", hex64(ws.xxh3)}, {"block_bytes", kHashBlock}, {"block_xxh3", blocks}};
+  return {{"name", name},           {"kind", kind},
+          {"bytes", ws.file_bytes}, {"header_bytes", ws.header_bytes},
+          {"xxh3", hex64(ws.xxh3)}, {"block_bytes", kHashBlock},
+          {"block_xxh3", blocks}};
 }
 
 // Writes a data file as the policy says (plain or compressed). For a compressed one, adds to the
@@ -112,10 +117,10 @@ nlohmann::json write_shard(const fs::path& tmp, const SaveInput& in, int rank, b
   const std::string path = (tmp / shard).string();
   const int size = in.group ? in.group->size() : 1;
   nlohmann::json fentry;
-  const WriteStats ws = write_data_file(path, opt_t,
-                                        {{"format", "pt"}, {"dp_rank", std::to_string(rank)},
-                                         {"dp_size", std::to_string(size)}},
-                                        in.policy, part["tensors"], fentry, "optimizer_shard", shard);
+  const WriteStats ws =
+      write_data_file(path, opt_t,
+                      {{"format", "pt"}, {"dp_rank", std::to_string(rank)}, {"dp_size", std::to_string(size)}},
+                      in.policy, part["tensors"], fentry, "optimizer_shard", shard);
   if (verify) {   // what reached the file system, not what we meant to write
     SafetensorsFile::open(path, [&](const uint8_t* data, uint64_t n) {
       if (n != ws.file_bytes || XXH3_64bits(data, n) != ws.xxh3)
@@ -169,7 +174,8 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
   m["model"] = {{"num_params", num_params}, {"num_tensors", model_t.size()}, {"buffers", buffer_names}};
   const optim::PrecisionAdam& opt = *in.optimizer;
   nlohmann::json groups = nlohmann::json::array();
-  for (size_t g = 0; g < opt.num_groups(); ++g) groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
+  for (size_t g = 0; g < opt.num_groups(); ++g)
+    groups.push_back({{"name", opt.group_name(g)}, {"step", opt.step_count(g)}});
   nlohmann::json params = nlohmann::json::array();
   for (const std::string& p : opt.param_names())
     params.push_back({{"name", p}, {"group", opt.group_name(opt.group_of(p))}, {"numel", opt.param(p).numel()}});
@@ -195,8 +201,11 @@ optim::RankOutcome outcome(const std::string& err, std::string payload = "") {
 // One save as every rank sees it.
 struct SaveJob {
   SaveJob(const std::string& root_str_, const SaveInput& in_)
-      : in(in_), rank(in_.group ? in_.group->rank() : 0), size(in_.group ? in_.group->size() : 1),
-        root_str(root_str_), root(root_str_) {}
+      : in(in_),
+        rank(in_.group ? in_.group->rank() : 0),
+        size(in_.group ? in_.group->size() : 1),
+        root_str(root_str_),
+        root(root_str_) {}
   // Rank 0 owns the temp directory: never a published one.
   void abandon() const {
     if (rank != 0) return;
@@ -208,9 +217,9 @@ struct SaveJob {
   const int rank, size;
   const std::string root_str;
   const fs::path root;
-  std::string name;       // iter_0000010
-  fs::path final_dir;     // root/name
-  fs::path tmp;           // rank 0's temp directory, agreed in phase 1
+  std::string name;     // iter_0000010
+  fs::path final_dir;   // root/name
+  fs::path tmp;         // rank 0's temp directory, agreed in phase 1
 };
 
 // Phase 1, every rank: its own input.
@@ -227,8 +236,8 @@ void check_input(const SaveJob& job) {
   }
   if (in.optimizer->layout().size != job.size || in.optimizer->layout().rank != job.rank)
     throw CheckpointError("save_checkpoint(" + job.root_str + "): the optimizer is sharded as " +
-                          in.optimizer->layout().describe() + " but the save group is rank " + std::to_string(job.rank) +
-                          " of " + std::to_string(job.size));
+                          in.optimizer->layout().describe() + " but the save group is rank " +
+                          std::to_string(job.rank) + " of " + std::to_string(job.size));
 }
 
 // Phase 1: every rank checks its input and rank 0 prepares the temp directory; all learn the
@@ -253,8 +262,8 @@ void prepare(SaveJob& job) {
 
 // What phase 2 wrote.
 struct Written {
-  nlohmann::json manifest;          // rank 0: the skeleton write_model made
-  uint64_t num_params = 0;          // rank 0: the model's parameter count
+  nlohmann::json manifest;             // rank 0: the skeleton write_model made
+  uint64_t num_params = 0;             // rank 0: the model's parameter count
   std::vector<nlohmann::json> parts;   // every rank's write_shard part, in rank order
 };
 
@@ -345,8 +354,10 @@ SaveResult publish(const SaveJob& job, Written& w) {
 
 // A SaveResult between ranks: JSON text (only across processes).
 std::string result_text(const SaveResult& r) {
-  return nlohmann::json{{"total_bytes", r.total_bytes}, {"bytes_per_key", r.bytes_per_key},
-                        {"bytes_per_param", r.bytes_per_param}}.dump();
+  return nlohmann::json{{"total_bytes", r.total_bytes},
+                        {"bytes_per_key", r.bytes_per_key},
+                        {"bytes_per_param", r.bytes_per_param}}
+      .dump();
 }
 SaveResult result_of_text(const std::string& dir, const std::string& text) {
   const nlohmann::json j = nlohmann::json::parse(text);
@@ -367,7 +378,7 @@ SaveResult agreed_result(const SaveJob& job, const std::string& err, const SaveR
   return result_of_text(job.final_dir.string(), a.payloads.at(0));
 }
 
-}  // namespace
+}   // namespace
 
 SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   SaveJob job(root_str, in);
@@ -394,4 +405,4 @@ SaveResult save_checkpoint(const std::string& root_str, const SaveInput& in) {
   return agreed_result(job, err, result);
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

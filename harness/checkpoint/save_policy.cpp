@@ -29,7 +29,7 @@ constexpr KindName kKinds[] = {
 constexpr optim::StateKey kOverrideKeys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
                                              optim::StateKey::exp_avg_sq};
 
-}  // namespace
+}   // namespace
 
 std::string to_string(SavePolicyKind k) {
   for (const auto& e : kKinds)
@@ -75,7 +75,9 @@ optim::StateKey parse_override_key(const std::string& key, const std::string& wh
     if (key == optim::key_name(k)) return k;
   std::string all;
   for (size_t i = 0; i < std::size(kOverrideKeys); ++i)
-    all += std::string(i == 0 ? "" : i + 1 == std::size(kOverrideKeys) ? " or " : ", ") +
+    all += std::string(i == 0                              ? ""
+                       : i + 1 == std::size(kOverrideKeys) ? " or "
+                                                           : ", ") +
            optim::key_name(kOverrideKeys[i]);
   throw std::invalid_argument(what + ": expected " + all + ", got '" + quote_text(key) + "'");
 }
@@ -114,8 +116,7 @@ SavePolicy parse_save_policy_json(const JsonField& j, const char* kind_key) {
     }
   };
   if (j.has(kind_key)) p.kind = checked(j[kind_key], [](const std::string& s) { return parse_save_policy(s); });
-  if (j.has("compress"))
-    p.compress = checked(j["compress"], [](const std::string& s) { return parse_compression(s); });
+  if (j.has("compress")) p.compress = checked(j["compress"], [](const std::string& s) { return parse_compression(s); });
   if (j.has("overrides"))
     j["overrides"].each_member([&](const std::string& k, const JsonField& d) {
       try {
@@ -129,4 +130,4 @@ SavePolicy parse_save_policy_json(const JsonField& j, const char* kind_key) {
   return p;
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

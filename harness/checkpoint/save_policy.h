@@ -58,4 +58,4 @@ class JsonField;
 // none, a missing compress none); throws CheckpointError naming the field.
 SavePolicy parse_save_policy_json(const JsonField& j, const char* kind_key = "kind");
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

@@ -27,8 +27,7 @@ const std::vector<SchedulerField>& scheduler_fields() {
 
 nlohmann::json to_json(const OptParamSchedulerState& s) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& f : scheduler_fields())
-    std::visit([&](auto m) { j[f.key] = s.*m; }, f.member);
+  for (const auto& f : scheduler_fields()) std::visit([&](auto m) { j[f.key] = s.*m; }, f.member);
   return j;
 }
 
@@ -50,7 +49,8 @@ nlohmann::json to_json(const TrainState& s) {
 
 std::vector<uint8_t> parse_hex(const JsonField& f, size_t exact_len) {
   const std::string s = f.str();
-  if (exact_len && s.size() != exact_len) f.fail("expected " + std::to_string(exact_len) + " hex digits, got '" + quote_text(s) + "'");
+  if (exact_len && s.size() != exact_len)
+    f.fail("expected " + std::to_string(exact_len) + " hex digits, got '" + quote_text(s) + "'");
   if (s.size() % 2) f.fail("expected hex digits of even length, got '" + quote_text(s) + "'");
   auto nibble = [&](char c) -> uint8_t {
     if (c >= '0' && c <= '9') return static_cast<uint8_t>(c - '0');
@@ -96,4 +96,4 @@ TrainState parse_train_state(const JsonField& j, int64_t iteration, int64_t max_
   return s;
 }
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

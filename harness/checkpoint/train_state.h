@@ -19,15 +19,15 @@ namespace rh::ckpt {
 // global batch, and the scheduler advances by the global batch after each optimizer step.
 struct OptParamSchedulerState {
   double max_lr = 0.0;
-  int64_t lr_warmup_steps = 0;   // samples
-  int64_t num_steps = 0;         // samples consumed by the steps taken so far
+  int64_t lr_warmup_steps = 0;             // samples
+  int64_t num_steps = 0;                   // samples consumed by the steps taken so far
   std::string lr_decay_style = "cosine";   // constant | linear | cosine | inverse-square-root | WSD
-  int64_t lr_decay_steps = 0;    // samples, fixed by config, not by where a run stops
+  int64_t lr_decay_steps = 0;              // samples, fixed by config, not by where a run stops
   double min_lr = 0.0;
   double start_wd = 0.0;
   double end_wd = 0.0;
   std::string wd_incr_style = "constant";   // constant | linear | cosine
-  int64_t wd_incr_steps = 0;     // samples (train.iterations x global batch)
+  int64_t wd_incr_steps = 0;                // samples (train.iterations x global batch)
 };
 
 // The scheduler's keys, one row each: written into the manifest, read back (type and range
@@ -39,7 +39,8 @@ struct SchedulerField {
                       // load_state_dict adds (step(increment=num_steps)) instead of comparing
   int load_order;     // position among the compared keys in load_state_dict (-1: num_steps)
   std::variant<double OptParamSchedulerState::*, int64_t OptParamSchedulerState::*,
-               std::string OptParamSchedulerState::*> member;
+               std::string OptParamSchedulerState::*>
+      member;
 };
 const std::vector<SchedulerField>& scheduler_fields();
 
@@ -47,7 +48,7 @@ struct TrainState {
   int64_t iteration = 0;          // completed iterations
   int64_t consumed_samples = 0;   // data position: index of the next sample to read
   OptParamSchedulerState opt_param_scheduler;
-  std::map<std::string, std::vector<uint8_t>> rng_states;  // generator name -> get_state() bytes
+  std::map<std::string, std::vector<uint8_t>> rng_states;   // generator name -> get_state() bytes
 };
 
 class JsonField;
@@ -68,4 +69,4 @@ std::map<std::string, std::vector<uint8_t>> parse_rng_states(const JsonField& j)
 // Hex digits (of even length; exact_len of them, if not 0) as bytes.
 std::vector<uint8_t> parse_hex(const JsonField& f, size_t exact_len = 0);
 
-}  // namespace rh::ckpt
+}   // namespace rh::ckpt

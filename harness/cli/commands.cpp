@@ -47,8 +47,8 @@ struct CommandState {
   CLI::App* inspect_cmd = nullptr;
   std::string inspect_dir;
   bool inspect_quiet = false, report_quiet = false;   // -q: the exit code alone
-  bool inspect_verbose = false;                        // inspect -v: files and training state too
-  bool inspect_json = false;                           // inspect --json
+  bool inspect_verbose = false;                       // inspect -v: files and training state too
+  bool inspect_json = false;                          // inspect --json
   MatrixOptions check, matrix;
   std::string shard;   // matrix --shard I/N
   bool list = false;   // check/matrix --list
@@ -61,18 +61,22 @@ struct CommandState {
 void register_train(CLI::App& app, CommandState& st) {
   auto* train = st.train_cmd = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
   TrainJob& job = st.job;
-  train->add_option("--out", job.out_dir, "output directory for metrics.csv, timing.csv, "
-                                          "fingerprints.csv")->default_val("runs/train");
-  train->add_option_function<std::string>(
-           "--config",
-           [&st](const std::string& file) { st.job.cfg = load_run_config_file(file, &st.config_keys); },
-           "run config JSON (as written to config.json / manifests); later flags override it")
+  train
+      ->add_option("--out", job.out_dir,
+                   "output directory for metrics.csv, timing.csv, "
+                   "fingerprints.csv")
+      ->default_val("runs/train");
+  train
+      ->add_option_function<std::string>(
+          "--config", [&st](const std::string& file) { st.job.cfg = load_run_config_file(file, &st.config_keys); },
+          "run config JSON (as written to config.json / manifests); later flags override it")
       ->trigger_on_parse();
   train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
   train->add_option("--stop-at", job.stop_at, "stop after this iteration (default: --train-iters)");
-  train->add_option("--load", job.load, "resume from this checkpoint root or iter_ directory "
-                                        "(writes load_result.json into --out); model, optimizer and "
-                                        "training settings not given as flags are the checkpoint's");
+  train->add_option("--load", job.load,
+                    "resume from this checkpoint root or iter_ directory "
+                    "(writes load_result.json into --out); model, optimizer and "
+                    "training settings not given as flags are the checkpoint's");
   train->add_option("--fault", st.fault, "deliberate fault on load (for the resume check; needs --load)")
       ->check(CLI::IsMember(fault_names()))
       ->default_str("none");
@@ -83,15 +87,19 @@ void register_train(CLI::App& app, CommandState& st) {
                   "TransformerEngine fails its set_scaled_state dtype assertion");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
   auto* tq = train->add_flag("-q,--quiet", job.quiet, "print nothing but errors");
-  train->add_flag("-v,--verbose", job.verbose, "also print the bytes per key of each checkpoint saved and the "
-                                              "seconds per phase at the end")
+  train
+      ->add_flag("-v,--verbose", job.verbose,
+                 "also print the bytes per key of each checkpoint saved and the "
+                 "seconds per phase at the end")
       ->excludes(tq);
-  train->add_option("--nproc", st.nproc,
-                    "data parallel: start N local worker processes (ranks) of this command; under "
-                    "torchrun or srun leave it out, the ranks come from the environment")
+  train
+      ->add_option("--nproc", st.nproc,
+                   "data parallel: start N local worker processes (ranks) of this command; under "
+                   "torchrun or srun leave it out, the ranks come from the environment")
       ->check(CLI::Range(1, 256));
-  train->add_option("--dist-timeout", job.dist_timeout_s,
-                    "seconds a data-parallel rendezvous or collective waits before failing")
+  train
+      ->add_option("--dist-timeout", job.dist_timeout_s,
+                   "seconds a data-parallel rendezvous or collective waits before failing")
       ->check(CLI::PositiveNumber);
   train->add_option("--save-compress", st.compress, "none | zstd: byte planes + zstd blocks, lossless")
       ->check(CLI::IsMember({"none", "zstd"}));
@@ -112,9 +120,10 @@ void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& defaul
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   c.add_flag("--list", list, "print the scenarios this selects (filter and --shard applied), run nothing");
-  auto* quiet = c.add_flag_callback("-q,--quiet", [&o] { o.verbosity = 0; },
-                                    "print only the scenarios that failed and the closing line");
-  c.add_flag_callback("-v,--verbose", [&o] { o.verbosity = 2; }, "also print each scenario's directory")
+  auto* quiet = c.add_flag_callback(
+      "-q,--quiet", [&o] { o.verbosity = 0; }, "print only the scenarios that failed and the closing line");
+  c.add_flag_callback(
+       "-v,--verbose", [&o] { o.verbosity = 2; }, "also print each scenario's directory")
       ->excludes(quiet);
   c.add_option("--junit", o.junit_path, "also write junit.xml to PATH (CI test reports)");
   c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
@@ -127,8 +136,9 @@ void register_check_and_matrix(CLI::App& app, CommandState& st) {
   // Both take the scenario file as -f/--file; matrix also as its first argument (matrix FILE).
   st.check.file = kDefaultScenarioFile;
   st.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
-  st.check_cmd->add_option("SCENARIO", st.check.filter,
-                           "canonical scenario name, a substring of names, or a glob with *")->required();
+  st.check_cmd
+      ->add_option("SCENARIO", st.check.filter, "canonical scenario name, a substring of names, or a glob with *")
+      ->required();
   st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
   add_matrix_options(*st.check_cmd, st.check, "runs/check", st.list);
   st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
@@ -151,7 +161,8 @@ void adopt_checkpoint_config(CommandState& st) {
   std::string mpath;
   nlohmann::json manifest;
   try {
-    mpath = (std::filesystem::path(ckpt::detail::resolve_checkpoint_dir(job.load)) / ckpt::detail::kManifestFile).string();
+    mpath =
+        (std::filesystem::path(ckpt::detail::resolve_checkpoint_dir(job.load)) / ckpt::detail::kManifestFile).string();
     manifest = ckpt::detail::read_manifest_file(mpath);   // verified by the load itself
   } catch (const ckpt::CheckpointError&) {
     return;   // the load itself reports what is missing or damaged, with its exit code
@@ -197,7 +208,10 @@ int run_train_command(CommandState& st, int argc, char** argv) {
     std::vector<std::string> args;   // the same command for every rank, without --nproc
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--nproc") { ++i; continue; }
+      if (a == "--nproc") {
+        ++i;
+        continue;
+      }
       if (a.rfind("--nproc=", 0) == 0) continue;
       args.push_back(a);
     }
@@ -244,8 +258,7 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
       for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
     }
   if (cmd == st.matrix_cmd && !st.no_report && !o.shard.active()) {
-    const std::string dir =
-        o.run_dir.empty() ? default_run_dir(o.file) : o.run_dir;
+    const std::string dir = o.run_dir.empty() ? default_run_dir(o.file) : o.run_dir;
     std::ostream nowhere(nullptr);
     if (write_report(dir, "", o.verbosity == 0 ? nowhere : std::cout, /*md_image_links=*/false,
                      /*verbose=*/o.verbosity == 2) == 2)
@@ -274,15 +287,16 @@ std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
     list.push_back(sub->get_name());
   }
-  return std::string("unknown subcommand '") + argv[1] + "'" + did_you_mean(argv[1], list) +
-         "; the subcommands are " + names + " (resume-harness --help)";
+  return std::string("unknown subcommand '") + argv[1] + "'" + did_you_mean(argv[1], list) + "; the subcommands are " +
+         names + " (resume-harness --help)";
 }
 
 void register_commands(CLI::App& app, CommandState& st) {
   register_train(app, st);
   st.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
   st.inspect_cmd->add_option("CKPT_DIR", st.inspect_dir, "checkpoint root or iter_ directory")->required();
-  auto* iq = st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
+  auto* iq =
+      st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
   st.inspect_cmd
       ->add_flag("--json", st.inspect_json,
                  "print what inspect finds as one JSON object on stdout (keys in docs/running.md, "
@@ -334,14 +348,15 @@ int run_command(CommandState& st, int argc, char** argv) {
   return 2;
 }
 
-}  // namespace
+}   // namespace
 
 int tool_main(int argc, char** argv) {
   set_tool_entry(&tool_main);   // the launcher's ranks run it in forks of this process (process.h)
   CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", [] { return describe(runtime_info()); },
-                       "print the version, git commit, LibTorch, BLAS and its core, then exit");
+  app.set_version_flag(
+      "--version", [] { return describe(runtime_info()); },
+      "print the version, git commit, LibTorch, BLAS and its core, then exit");
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
     std::string where = a->get_parent() ? a->get_name() + " " : "";
     // An unknown flag: the closest of this subcommand's flags, if one is close.
@@ -392,4 +407,4 @@ int tool_main(int argc, char** argv) {
   }
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -14,4 +14,4 @@ namespace rh {
 // numerics; the pre-started worker (process/prestart.h) runs it in its children.
 int tool_main(int argc, char** argv);
 
-}  // namespace rh
+}   // namespace rh

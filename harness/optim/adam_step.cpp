@@ -68,7 +68,7 @@ void track_amax(float& acc, const torch::Tensor& x) {
   else acc = std::max(acc, a);
 }
 
-}  // namespace
+}   // namespace
 
 // Scale from the whole tensor's amax, then encode chunk by chunk.
 void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws) {
@@ -81,13 +81,12 @@ void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool g
   const int64_t n = dst.numel();
   for (int64_t s = 0; s < n; s += ws.chunk) {
     const int64_t len = std::min(ws.chunk, n - s);
-    codec::encode_scaled_into(full.narrow(0, s, len), dst.narrow(0, s, len), fp8, sc, ws.t1.narrow(0, 0, len),
-                              ws.fp8, !std::isfinite(amax));
+    codec::encode_scaled_into(full.narrow(0, s, len), dst.narrow(0, s, len), fp8, sc, ws.t1.narrow(0, 0, len), ws.fp8,
+                              !std::isfinite(amax));
   }
 }
 
-StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr,
-                              int64_t step) {
+StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr, int64_t step) {
   StepScalars k{};
   k.beta1 = static_cast<float>(cfg.beta1);
   k.one_minus_beta1 = 1.0f - k.beta1;
@@ -135,9 +134,8 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
   // fp32 scalars as 0-dim fp32 tensors: exactly the fp32 values, and LibTorch 1.13's out= ops
   // are several times faster with a tensor operand than with a Scalar.
   auto f0 = [](float v) { return torch::scalar_tensor(v, torch::kFloat); };
-  const auto b1 = f0(k.beta1), omb1 = f0(k.one_minus_beta1), b2 = f0(k.beta2),
-             omb2 = f0(k.one_minus_beta2), bc1 = f0(k.bc1), bc2 = f0(k.bc2), eps = f0(k.eps),
-             wd = f0(k.weight_decay), lr = f0(k.lr);
+  const auto b1 = f0(k.beta1), omb1 = f0(k.one_minus_beta1), b2 = f0(k.beta2), omb2 = f0(k.one_minus_beta2),
+             bc1 = f0(k.bc1), bc2 = f0(k.bc2), eps = f0(k.eps), wd = f0(k.weight_decay), lr = f0(k.lr);
   auto P = flat(ps.master.data), W = flat(ps.param).narrow(0, ps.begin, n),
        G = flat(ps.main_grad).narrow(0, ps.begin, n);
   const bool bf16_weight = W.scalar_type() == torch::kBFloat16;
@@ -196,9 +194,7 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
 
     // The new fp32 master: in its storage (fp32), the full-length buffer (fp16: scaled once the
     // whole tensor's amax is known), or the joined bits (remainders: split below).
-    torch::Tensor p_new = mode == MasterMode::fp32   ? Pc
-                          : mode == MasterMode::fp16 ? p_full.narrow(0, s, len)
-                                                     : p;
+    torch::Tensor p_new = mode == MasterMode::fp32 ? Pc : mode == MasterMode::fp16 ? p_full.narrow(0, s, len) : p;
     at::sub_out(p_new, p, t2);
     // A NaN anywhere in m, v or the update reaches p_new, so one check of p_new finds them all.
     const bool nan = codec::canonicalize_nan_(p_new);
@@ -209,7 +205,7 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
     if (mode == MasterMode::remainders) {   // split into the bf16 weight (ties away) and remainder
       codec::remainder_split_into(cut(ws.bits), Wc, Pc, cut(ws.idx));
     } else {
-      Wc.copy_(p_new);                        // bf16 params: RNE cast; fp32 params: copy
+      Wc.copy_(p_new);   // bf16 params: RNE cast; fp32 params: copy
       if (nan && bf16_weight) codec::canonical_nan_16_(Wc, p_new);
     }
 
@@ -234,4 +230,4 @@ void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspac
   if (p_scaled) store_scaled(ps.master, ws.p_full.narrow(0, 0, n), p_amax, k.scale_zero_guard, ws);
 }
 
-}  // namespace rh::optim::detail
+}   // namespace rh::optim::detail

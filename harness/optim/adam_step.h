@@ -14,12 +14,12 @@ namespace rh::optim::detail {
 struct ParamState {
   std::string name;
   size_t group = 0;
-  torch::Tensor param;       // the model parameter (shares storage with the model), (N...)
+  torch::Tensor param;          // the model parameter (shares storage with the model), (N...)
   int64_t begin = 0, end = 0;   // the part of the param this rank owns (ShardLayout::piece); the
                                 // states below hold only that part: param-shaped when it is the
                                 // whole param, else 1-D of end - begin elements
-  StoredState master;        // fp32 / fp16 master, or the int16 remainder
-  StoredState exp_avg;       // fp32 | bf16 | fp16+scale | fp8 bytes+scale
+  StoredState master;           // fp32 / fp16 master, or the int16 remainder
+  StoredState exp_avg;          // fp32 | bf16 | fp16+scale | fp8 bytes+scale
   StoredState exp_avg_sq;
   torch::Tensor main_grad;   // fp32 or bf16, shape of param (the whole param on every rank)
   bool has_grad = false;
@@ -33,15 +33,14 @@ inline bool is_scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
 struct StepScalars {
   float beta1, one_minus_beta1;   // one_minus = 1.0f - beta1 in fp32, as the TE kernel computes
   float beta2, one_minus_beta2;
-  float bc1, bc2;                 // TE (adam.cu, multi_tensor_adam*_cuda): `1 - std::pow(beta1,
-                                  // step)` with `const float beta1`, int step: pow(double, double)
-                                  // of the fp32 beta, 1 - in double, one rounding to fp32
+  float bc1, bc2;   // TE (adam.cu, multi_tensor_adam*_cuda): `1 - std::pow(beta1,
+                    // step)` with `const float beta1`, int step: pow(double, double)
+                    // of the fp32 beta, 1 - in double, one rounding to fp32
   float eps, weight_decay, lr;
   bool adam_w_mode;
   bool scale_zero_guard;
 };
-StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr,
-                              int64_t step);
+StepScalars make_step_scalars(const OptimizerConfig& cfg, double group_weight_decay, double lr, int64_t step);
 
 // Chunk buffers reused across params and steps; the full-length buffers hold the new fp32
 // fp16/fp8 moments until their scale (amax of the whole tensor) is known.
@@ -61,17 +60,16 @@ struct Workspace {
 // agreed on the amax (all-reduce max). By default (upstream) each piece is scaled by its own amax
 // at once, as TE's FusedAdam holding only that shard does.
 struct Deferred {
-  torch::Tensor m_full, v_full, p_full;   // (end - begin,) kFloat, owned by this struct
+  torch::Tensor m_full, v_full, p_full;                // (end - begin,) kFloat, owned by this struct
   float m_amax = 0.0f, v_amax = 0.0f, p_amax = 0.0f;   // p: an fp16 master
 };
 
 // One Adam update of the owned part of one parameter in place (master, moments, model param), in
 // fp32 with the op order documented in adam_step.cpp. With `defer`, scaled moments are left in it
 // instead of being stored.
-void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws,
-                 Deferred* defer = nullptr);
+void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws, Deferred* defer = nullptr);
 // Scale from `amax` (TE _apply_scale), then encode `full` (kFloat, st's numel) into st chunk by
 // chunk.
 void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws);
 
-}  // namespace rh::optim::detail
+}   // namespace rh::optim::detail

@@ -30,4 +30,4 @@ inline float clip_coefficient(float total_norm, double max_norm) {
   return coeff >= 1.0f ? 1.0f : coeff;
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

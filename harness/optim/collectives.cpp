@@ -11,7 +11,7 @@ std::string encode(const RankOutcome& o) {
   return (o.flag ? "f" : "e") + o.error;
 }
 
-}  // namespace
+}   // namespace
 
 Agreement agree(Collectives* group, const RankOutcome& mine) {
   Agreement a;
@@ -40,4 +40,4 @@ Agreement agree(Collectives* group, const RankOutcome& mine) {
   return a;
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

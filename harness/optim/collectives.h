@@ -49,4 +49,4 @@ struct Agreement {
 // null group is a process of its own: its outcome, nothing sent.
 Agreement agree(Collectives* group, const RankOutcome& mine);
 
-}  // namespace rh::optim
+}   // namespace rh::optim

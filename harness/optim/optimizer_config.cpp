@@ -25,8 +25,7 @@ Dtype parse_dtype(const std::string& s, const std::string& what) {
   if (s == "fp16") return Dtype::fp16;
   if (s == "fp8") return Dtype::fp8;
   if (s == "int16") return Dtype::int16;
-  throw std::invalid_argument(what + ": unknown dtype '" + s +
-                              "' (expected one of fp32, bf16, fp16, fp8)");
+  throw std::invalid_argument(what + ": unknown dtype '" + s + "' (expected one of fp32, bf16, fp16, fp8)");
 }
 
 torch::ScalarType storage_scalar_type(Dtype d) {
@@ -34,7 +33,7 @@ torch::ScalarType storage_scalar_type(Dtype d) {
     case Dtype::fp32: return torch::kFloat;
     case Dtype::bf16: return torch::kBFloat16;
     case Dtype::fp16: return torch::kHalf;
-    case Dtype::fp8: return torch::kByte;    // E4M3 bytes: LibTorch 1.13 has no fp8 dtype
+    case Dtype::fp8: return torch::kByte;   // E4M3 bytes: LibTorch 1.13 has no fp8 dtype
     case Dtype::int16: return torch::kShort;
   }
   throw std::invalid_argument("storage_scalar_type: invalid Dtype");
@@ -71,19 +70,15 @@ const char* key_name(StateKey k) {
 
 namespace {
 
-[[noreturn]] void refuse(const std::string& msg) {
-  throw std::invalid_argument("optimizer config: " + msg);
-}
+[[noreturn]] void refuse(const std::string& msg) { throw std::invalid_argument("optimizer config: " + msg); }
 
-void check_allowed(Dtype d, const char* flag, std::initializer_list<Dtype> allowed,
-                   const char* allowed_text) {
+void check_allowed(Dtype d, const char* flag, std::initializer_list<Dtype> allowed, const char* allowed_text) {
   for (Dtype a : allowed)
     if (d == a) return;
-  refuse(std::string(flag) + " " + to_string(d) + " is not supported (allowed: " +
-         allowed_text + ")");
+  refuse(std::string(flag) + " " + to_string(d) + " is not supported (allowed: " + allowed_text + ")");
 }
 
-}  // namespace
+}   // namespace
 
 void validate(const OptimizerConfig& cfg, torch::ScalarType param_dtype) {
   if (param_dtype != torch::kFloat && param_dtype != torch::kBFloat16)
@@ -98,18 +93,18 @@ void validate(const OptimizerConfig& cfg, torch::ScalarType param_dtype) {
                                                     {"--exp-avg-sq-dtype", cfg.exp_avg_sq_dtype}};
     for (const auto& [flag, d] : fields)
       if (d != Dtype::fp32)
-        refuse(std::string(flag) + " can only be fp32 when not using precision-aware optimizer"
-               " (got " + to_string(d) + "); HINT: add --use-precision-aware-optimizer");
+        refuse(std::string(flag) +
+               " can only be fp32 when not using precision-aware optimizer"
+               " (got " +
+               to_string(d) + "); HINT: add --use-precision-aware-optimizer");
   }
-  check_allowed(cfg.main_grads_dtype, "--main-grads-dtype", {Dtype::fp32, Dtype::bf16},
-                "fp32, bf16");
+  check_allowed(cfg.main_grads_dtype, "--main-grads-dtype", {Dtype::fp32, Dtype::bf16}, "fp32, bf16");
   // TransformerEngine's FusedAdam takes fp32 or fp16 master weights only.
-  check_allowed(cfg.main_params_dtype, "--main-params-dtype", {Dtype::fp32, Dtype::fp16},
-                "fp32, fp16");
-  check_allowed(cfg.exp_avg_dtype, "--exp-avg-dtype",
-                {Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8}, "fp32, bf16, fp16, fp8");
-  check_allowed(cfg.exp_avg_sq_dtype, "--exp-avg-sq-dtype",
-                {Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8}, "fp32, bf16, fp16, fp8");
+  check_allowed(cfg.main_params_dtype, "--main-params-dtype", {Dtype::fp32, Dtype::fp16}, "fp32, fp16");
+  check_allowed(cfg.exp_avg_dtype, "--exp-avg-dtype", {Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8},
+                "fp32, bf16, fp16, fp8");
+  check_allowed(cfg.exp_avg_sq_dtype, "--exp-avg-sq-dtype", {Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8},
+                "fp32, bf16, fp16, fp8");
   if (!(cfg.beta1 >= 0.0 && cfg.beta1 < 1.0)) refuse("beta1 must be in [0, 1)");
   if (!(cfg.beta2 >= 0.0 && cfg.beta2 < 1.0)) refuse("beta2 must be in [0, 1)");
   if (!(cfg.eps > 0.0)) refuse("eps must be > 0");
@@ -124,4 +119,4 @@ MasterMode effective_master_mode(const OptimizerConfig& cfg, torch::ScalarType p
   return MasterMode::fp32;
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

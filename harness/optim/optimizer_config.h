@@ -23,17 +23,17 @@ std::string to_string(MasterMode m);
 // Option names mirror Megatron's.
 struct OptimizerConfig {
   bool use_precision_aware_optimizer = false;
-  Dtype main_grads_dtype = Dtype::fp32;   // fp32 | bf16
-  Dtype main_params_dtype = Dtype::fp32;  // fp32 | fp16
-  Dtype exp_avg_dtype = Dtype::fp32;      // fp32 | bf16 | fp16 | fp8
-  Dtype exp_avg_sq_dtype = Dtype::fp32;   // fp32 | bf16 | fp16 | fp8
-  bool store_param_remainders = true;     // effective only with fp32 master and bf16 params
+  Dtype main_grads_dtype = Dtype::fp32;    // fp32 | bf16
+  Dtype main_params_dtype = Dtype::fp32;   // fp32 | fp16
+  Dtype exp_avg_dtype = Dtype::fp32;       // fp32 | bf16 | fp16 | fp8
+  Dtype exp_avg_sq_dtype = Dtype::fp32;    // fp32 | bf16 | fp16 | fp8
+  bool store_param_remainders = true;      // effective only with fp32 master and bf16 params
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.1;             // default for "decay" groups (ParamGroup::weight_decay
-                                         // is what step() applies)
-  bool adam_w_mode = true;                // false: L2 mode (decay folded into the gradient)
+  double weight_decay = 0.1;   // default for "decay" groups (ParamGroup::weight_decay
+                               // is what step() applies)
+  bool adam_w_mode = true;     // false: L2 mode (decay folded into the gradient)
   // Not an upstream option: the guard we would propose to TransformerEngine for fp16/fp8 states
   // whose scale has no finite reciprocal (an all-zero tensor: a dead MoE expert). Off = upstream.
   bool scale_zero_guard = false;
@@ -58,4 +58,4 @@ MasterMode effective_master_mode(const OptimizerConfig& cfg, torch::ScalarType p
 enum class StateKey { master_param, exp_avg, exp_avg_sq };
 const char* key_name(StateKey k);   // "master_param", "exp_avg", "exp_avg_sq"
 
-}  // namespace rh::optim
+}   // namespace rh::optim

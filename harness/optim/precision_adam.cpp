@@ -44,7 +44,7 @@ torch::Tensor block_square_sums(const torch::Tensor& g) {
   return torch::constant_pad_nd(g * g, {0, pad}).view({-1, kNormBlock}).sum(1).contiguous();
 }
 
-}  // namespace
+}   // namespace
 
 PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg, Collectives* comm,
                              const std::vector<std::string>& model_order)
@@ -59,9 +59,9 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
       if (!p.defined()) throw std::invalid_argument("PrecisionAdam: param '" + name + "' is undefined");
       if (!have_dtype) I.param_dtype = p.scalar_type(), have_dtype = true;
       if (p.scalar_type() != I.param_dtype)
-        throw std::invalid_argument("PrecisionAdam: param '" + name + "' is " +
-                                    c10::toString(p.scalar_type()) + " but earlier params are " +
-                                    c10::toString(I.param_dtype) + "; all params share one dtype");
+        throw std::invalid_argument("PrecisionAdam: param '" + name + "' is " + c10::toString(p.scalar_type()) +
+                                    " but earlier params are " + c10::toString(I.param_dtype) +
+                                    "; all params share one dtype");
       if (!p.device().is_cpu() || !p.is_contiguous())
         throw std::invalid_argument("PrecisionAdam: param '" + name +
                                     "' must be a contiguous CPU tensor (its state is updated "
@@ -84,8 +84,8 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
     order.push_back(it->second);
   }
   if (!model_order.empty() && order.size() != numels.size())
-    throw std::invalid_argument("PrecisionAdam: model_order names " + std::to_string(order.size()) + " params, the groups hold " +
-                                std::to_string(numels.size()));
+    throw std::invalid_argument("PrecisionAdam: model_order names " + std::to_string(order.size()) +
+                                " params, the groups hold " + std::to_string(numels.size()));
   const BufferOptions bo{cfg.ddp_bucket_size, cfg.ddp_pad_buckets_for_high_nccl_busbw};
   try {
     I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1, bo, order);
@@ -103,8 +103,7 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
     I.group_wd.push_back(groups[gi].weight_decay);
     I.steps.push_back(0);
     for (auto& [name, p] : groups[gi].params) {
-      if (I.index.count(name))
-        throw std::invalid_argument("PrecisionAdam: param '" + name + "' appears twice");
+      if (I.index.count(name)) throw std::invalid_argument("PrecisionAdam: param '" + name + "' appears twice");
       ParamState ps;
       ps.name = name;
       ps.group = gi;
@@ -142,8 +141,8 @@ std::string PrecisionAdam::describe() const {
   const Impl& I = *impl_;
   const auto& c = I.cfg;
   std::ostringstream os;
-  os << (c.adam_w_mode ? "AdamW" : "Adam(L2)") << " precision_aware="
-     << (c.use_precision_aware_optimizer ? "on" : "off") << " master=" << to_string(I.mode);
+  os << (c.adam_w_mode ? "AdamW" : "Adam(L2)")
+     << " precision_aware=" << (c.use_precision_aware_optimizer ? "on" : "off") << " master=" << to_string(I.mode);
   if (I.mode == MasterMode::remainders) os << "(bf16 weight + int16 remainder)";
   os << " exp_avg=" << to_string(c.exp_avg_dtype) << " exp_avg_sq=" << to_string(c.exp_avg_sq_dtype)
      << " main_grads=" << to_string(c.main_grads_dtype) << " params=" << c10::toString(I.param_dtype)
@@ -157,7 +156,7 @@ std::string PrecisionAdam::remainders_note() const {
   const auto& c = I.cfg;
   if (!c.store_param_remainders || I.mode == MasterMode::remainders) return "";
   return std::string("store_param_remainders=true NOT in effect (") +
-         (!c.use_precision_aware_optimizer ? "needs --use-precision-aware-optimizer"
+         (!c.use_precision_aware_optimizer     ? "needs --use-precision-aware-optimizer"
           : c.main_params_dtype != Dtype::fp32 ? "needs fp32 --main-params-dtype"
                                                : "needs bf16 params") +
          ")";
@@ -172,7 +171,7 @@ void PrecisionAdam::accumulate_grads() {
       throw std::invalid_argument("accumulate_grads: grad of '" + ps.name + "' has the wrong shape");
     if (ps.main_grad.scalar_type() == torch::kFloat) {
       ps.main_grad.add_(grad);   // fp32 add of the widened grad: one rounding
-    } else {                      // bf16 main grad: fp32 sum, then one RNE to bf16
+    } else {                     // bf16 main grad: fp32 sum, then one RNE to bf16
       ps.main_grad.copy_(ps.main_grad.to(torch::kFloat) + grad.to(torch::kFloat));
     }
     ps.has_grad = true;
@@ -260,9 +259,7 @@ int64_t PrecisionAdam::count_zeros() const {
   return z;
 }
 
-const torch::Tensor& PrecisionAdam::main_grad(const std::string& param) const {
-  return impl_->at(param).main_grad;
-}
+const torch::Tensor& PrecisionAdam::main_grad(const std::string& param) const { return impl_->at(param).main_grad; }
 
 void PrecisionAdam::step(double lr) {
   torch::NoGradGuard no_grad;
@@ -362,9 +359,7 @@ std::pair<int64_t, int64_t> PrecisionAdam::shard_range(const std::string& param)
   const auto& ps = impl_->at(param);
   return {ps.begin, ps.end};
 }
-const torch::Tensor& PrecisionAdam::param(const std::string& name) const {
-  return impl_->at(name).param;
-}
+const torch::Tensor& PrecisionAdam::param(const std::string& name) const { return impl_->at(name).param; }
 size_t PrecisionAdam::num_groups() const { return impl_->steps.size(); }
 const std::string& PrecisionAdam::group_name(size_t g) const {
   impl_->check_group(g);
@@ -382,7 +377,8 @@ double PrecisionAdam::weight_decay(size_t g) const {
 void PrecisionAdam::set_weight_decay(size_t g, double wd) {
   impl_->check_group(g);
   if (!(wd >= 0) || !std::isfinite(wd))
-    throw std::invalid_argument("set_weight_decay: weight decay must be finite and >= 0 for group " + std::to_string(g));
+    throw std::invalid_argument("set_weight_decay: weight decay must be finite and >= 0 for group " +
+                                std::to_string(g));
   impl_->group_wd[g] = wd;
 }
 void PrecisionAdam::set_step_count(size_t g, int64_t step) {
@@ -391,4 +387,4 @@ void PrecisionAdam::set_step_count(size_t g, int64_t step) {
   impl_->steps[g] = step;
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

@@ -20,10 +20,10 @@
 namespace rh::optim {
 
 struct ParamGroup {
-  std::string name;                                          // e.g. "decay", "no_decay"
-  std::vector<std::pair<std::string, torch::Tensor>> params; // (name, model parameter)
-  double weight_decay = 0.0;  // applied to this group's params by step(); OptimizerConfig's
-                              // weight_decay is the value callers give their "decay" groups
+  std::string name;                                            // e.g. "decay", "no_decay"
+  std::vector<std::pair<std::string, torch::Tensor>> params;   // (name, model parameter)
+  double weight_decay = 0.0;   // applied to this group's params by step(); OptimizerConfig's
+                               // weight_decay is the value callers give their "decay" groups
 };
 
 class PrecisionAdam {
@@ -43,20 +43,20 @@ class PrecisionAdam {
   ~PrecisionAdam();
   PrecisionAdam(PrecisionAdam&&) noexcept;
   PrecisionAdam& operator=(PrecisionAdam&&) noexcept;
-  PrecisionAdam(const PrecisionAdam&) = delete;             // owns per-param state buffers
+  PrecisionAdam(const PrecisionAdam&) = delete;   // owns per-param state buffers
   PrecisionAdam& operator=(const PrecisionAdam&) = delete;
 
   const OptimizerConfig& config() const;
-  MasterMode master_mode() const;        // the mode in effect (reported, never silently changed)
-  std::string describe() const;          // one line: mode, dtypes
+  MasterMode master_mode() const;   // the mode in effect (reported, never silently changed)
+  std::string describe() const;     // one line: mode, dtypes
   // Why store_param_remainders (default true, as upstream) has no effect in this configuration,
   // or "" when it has or is off; the tool prints it only when the user set the flag.
   std::string remainders_note() const;
 
   // --- gradients (main_grad buffers, in main_grads_dtype) ---
-  void accumulate_grads();               // main_grad += param.grad for params with a grad; then
-                                         // param.grad is reset; marks the param as having a grad
-  void zero_grads();                     // main_grad = 0 and "has grad" cleared for every param
+  void accumulate_grads();   // main_grad += param.grad for params with a grad; then
+                             // param.grad is reset; marks the param as having a grad
+  void zero_grads();         // main_grad = 0 and "has grad" cleared for every param
   // Marks every param as having a grad (its main grad, zero if nothing was accumulated): what
   // Megatron's distributed optimizer does, whose main grads live in a buffer every param has, so
   // TE's FusedAdam steps an expert that received no tokens with a zero gradient.
@@ -69,8 +69,8 @@ class PrecisionAdam {
   // block sums are all-reduced (each slot has one non-zero term: exact), so every rank and every
   // group size gets the single-process value bit for bit, given the same grads.
   double grad_norm() const;
-  void scale_grads(float coef);          // main_grad *= coef (clipping)
-  int64_t count_zeros() const;           // number of zero elements in the main grads
+  void scale_grads(float coef);   // main_grad *= coef (clipping)
+  int64_t count_zeros() const;    // number of zero elements in the main grads
   const torch::Tensor& main_grad(const std::string& param) const;
 
   // --- the update ---
@@ -133,8 +133,8 @@ class PrecisionAdam {
   void check_stored(const std::string& param, StateKey key, const StoredState& s) const;
 
  private:
-  struct Impl;                  // per-param state, workspaces (precision_adam_impl.h)
+  struct Impl;   // per-param state, workspaces (precision_adam_impl.h)
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace rh::optim
+}   // namespace rh::optim

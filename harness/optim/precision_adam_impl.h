@@ -22,27 +22,24 @@ struct PrecisionAdam::Impl {
   std::vector<std::string> group_names;
   std::vector<double> group_wd;
   std::vector<int64_t> steps;
-  std::vector<detail::ParamState> params;         // group order, then param order
+  std::vector<detail::ParamState> params;   // group order, then param order
   std::unordered_map<std::string, size_t> index;
   detail::Workspace ws;
-  Collectives* comm = nullptr;                     // null: a group of one
+  Collectives* comm = nullptr;   // null: a group of one
   ShardLayout layout;
-  std::vector<size_t> split;                       // params split across ranks
-  std::vector<int> split_slot;                     // param index -> slot in `split`, or -1
+  std::vector<size_t> split;     // params split across ranks
+  std::vector<int> split_slot;   // param index -> slot in `split`, or -1
 
   int dp_size() const { return layout.size; }
 
   detail::ParamState& at(const std::string& name) {
     auto it = index.find(name);
-    if (it == index.end())
-      throw std::invalid_argument("PrecisionAdam: unknown param '" + name + "'");
+    if (it == index.end()) throw std::invalid_argument("PrecisionAdam: unknown param '" + name + "'");
     return params[it->second];
   }
   const detail::ParamState& at(const std::string& name) const { return const_cast<Impl*>(this)->at(name); }
   static StoredState& state(detail::ParamState& ps, StateKey key) {
-    return key == StateKey::master_param ? ps.master
-           : key == StateKey::exp_avg    ? ps.exp_avg
-                                         : ps.exp_avg_sq;
+    return key == StateKey::master_param ? ps.master : key == StateKey::exp_avg ? ps.exp_avg : ps.exp_avg_sq;
   }
   static const StoredState& state(const detail::ParamState& ps, StateKey key) {
     return state(const_cast<detail::ParamState&>(ps), key);
@@ -75,5 +72,5 @@ inline torch::Tensor owned_part(const ParamState& ps, const torch::Tensor& full)
   return owned_part(full, ps.begin, ps.end);
 }
 
-}  // namespace detail
-}  // namespace rh::optim
+}   // namespace detail
+}   // namespace rh::optim

@@ -23,7 +23,7 @@ std::string where(const std::string& param, StateKey key) {
   return "param '" + param + "' state '" + key_name(key) + "'";
 }
 
-}  // namespace
+}   // namespace
 
 torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateKey key) const {
   Impl& I = *impl_;
@@ -36,8 +36,7 @@ torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateK
   return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 
-void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
-                                     const torch::Tensor& value) {
+void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key, const torch::Tensor& value) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
   ParamState& ps = I.at(param);
@@ -51,7 +50,8 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
                                 (remainder ? "the int16 remainder" : std::string("an fp32 value")) + ", got " +
                                 (value.defined() ? c10::toString(value.scalar_type()) : "undefined") +
                                 " (upstream TransformerEngine fails an assertion here: FusedAdam.set_scaled_state "
-                                "asserts unscaled_state.dtype == " + (remainder ? "torch.int16" : "torch.float32") + ")");
+                                "asserts unscaled_state.dtype == " +
+                                (remainder ? "torch.int16" : "torch.float32") + ")");
   const bool whole = value.sizes() == ps.param.sizes();
   if (!(whole || value.sizes() == st.data.sizes()))
     throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects shape " +
@@ -64,11 +64,13 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key,
   if (is_scaled(st.dtype)) {
     const bool shared = I.cfg.shared_dp_scale;
     if (shared && !whole && ps.end - ps.begin != ps.param.numel())
-      throw std::invalid_argument("set_scaled_state: " + where(param, key) + " is scaled by the whole tensor's amax "
+      throw std::invalid_argument("set_scaled_state: " + where(param, key) +
+                                  " is scaled by the whole tensor's amax "
                                   "(shared_dp_scale); give the whole param's value");
-    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, shared, I.ws);
+    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, shared,
+                       I.ws);
   } else {
-    st.data.copy_(v);            // fp32 copy, bf16 RNE, or the int16 remainder
+    st.data.copy_(v);   // fp32 copy, bf16 RNE, or the int16 remainder
     if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);
   }
 }
@@ -83,18 +85,18 @@ void PrecisionAdam::check_stored(const std::string& param, StateKey key, const S
   const StoredState& st = Impl::state(I.at(param), key);
   const std::string w = "set_stored: " + where(param, key);
   if (s.dtype != st.dtype)
-    throw std::invalid_argument(w + " is held as " + to_string(st.dtype) + ", got " +
-                                to_string(s.dtype) + " (master mode " + to_string(I.mode) + ")");
+    throw std::invalid_argument(w + " is held as " + to_string(st.dtype) + ", got " + to_string(s.dtype) +
+                                " (master mode " + to_string(I.mode) + ")");
   if (!s.data.defined() || s.data.scalar_type() != st.data.scalar_type())
-    throw std::invalid_argument(w + " expects data of type " + c10::toString(st.data.scalar_type()) +
-                                ", got " + (s.data.defined() ? c10::toString(s.data.scalar_type()) : "undefined"));
+    throw std::invalid_argument(w + " expects data of type " + c10::toString(st.data.scalar_type()) + ", got " +
+                                (s.data.defined() ? c10::toString(s.data.scalar_type()) : "undefined"));
   if (s.data.sizes() != st.data.sizes())
     throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
                                 c10::str(s.data.sizes()));
   const bool scaled = is_scaled(st.dtype), fp8 = st.dtype == Dtype::fp8;
   if (scaled != s.scale.has_value())
-    throw std::invalid_argument(w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)"
-                                            : std::string(" takes no scale")));
+    throw std::invalid_argument(
+        w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)" : std::string(" takes no scale")));
   if (fp8 != s.scale_inv.has_value())
     throw std::invalid_argument(w + (fp8 ? " needs a scale_inv (fp8 state)" : std::string(" takes no scale_inv")));
   if (!scaled) return;
@@ -107,9 +109,10 @@ void PrecisionAdam::check_stored(const std::string& param, StateKey key, const S
     const float plain = codec::scaling_from_scale(*s.scale, true, false).scale_inv;
     const float guarded = codec::scaling_from_scale(*s.scale, true, true).scale_inv;
     if (!same(*s.scale_inv, plain) && !same(*s.scale_inv, guarded))
-      throw std::invalid_argument(w + ": scale_inv " + std::to_string(*s.scale_inv) + " does not belong to scale " +
-                                  std::to_string(*s.scale) + " (expected 1/(1/scale) = " + std::to_string(plain) +
-                                  (same(plain, guarded) ? std::string() : ", or " + std::to_string(guarded) + " with scale_zero_guard") + ")");
+      throw std::invalid_argument(
+          w + ": scale_inv " + std::to_string(*s.scale_inv) + " does not belong to scale " + std::to_string(*s.scale) +
+          " (expected 1/(1/scale) = " + std::to_string(plain) +
+          (same(plain, guarded) ? std::string() : ", or " + std::to_string(guarded) + " with scale_zero_guard") + ")");
   }
 }
 
@@ -129,4 +132,4 @@ void PrecisionAdam::adopt_stored(const std::string& param, StateKey key, StoredS
   st.scale_inv = s.scale_inv;
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

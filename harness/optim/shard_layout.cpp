@@ -12,14 +12,14 @@ namespace {
 
 int64_t pad_to(int64_t v, int64_t d) { return (v + d - 1) / d * d; }
 
-}  // namespace
+}   // namespace
 
 ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int size, const BufferOptions& opt,
                               std::vector<size_t> model_order) {
   if (size < 1) throw std::invalid_argument("ShardLayout: data-parallel size " + std::to_string(size) + " < 1");
   if (rank < 0 || rank >= size)
-    throw std::invalid_argument("ShardLayout: rank " + std::to_string(rank) + " outside [0, " +
-                                std::to_string(size) + ")");
+    throw std::invalid_argument("ShardLayout: rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) +
+                                ")");
   for (int64_t n : numels)
     if (n < 0) throw std::invalid_argument("ShardLayout: negative parameter size");
   if (model_order.empty())
@@ -89,8 +89,8 @@ ShardLayout::Range ShardLayout::piece(size_t i, int r) const {
 
 int ShardLayout::owner(int64_t flat) const {
   if (flat < 0 || flat >= total) throw std::out_of_range("ShardLayout::owner: buffer index out of range");
-  auto it = std::upper_bound(buckets.begin(), buckets.end(), flat,
-                             [](int64_t f, const Range& b) { return f < b.second; });
+  auto it =
+      std::upper_bound(buckets.begin(), buckets.end(), flat, [](int64_t f, const Range& b) { return f < b.second; });
   const int64_t n = (it->second - it->first) / size;
   return static_cast<int>((flat - it->first) / n);
 }
@@ -126,4 +126,4 @@ std::string ShardLayout::describe() const {
          " bucket(s), " + std::to_string(per_rank()) + " of " + std::to_string(total) + " buffer elements";
 }
 
-}  // namespace rh::optim
+}   // namespace rh::optim

@@ -27,19 +27,19 @@
 namespace rh::optim {
 
 struct BufferOptions {
-  int64_t bucket_size = 0;                 // --ddp-bucket-size; <= 0: one bucket (upstream's
-                                           // default without --overlap-grad-reduce)
-  bool pad_for_high_nccl_busbw = false;    // --ddp-pad-buckets-for-high-nccl-busbw
+  int64_t bucket_size = 0;                // --ddp-bucket-size; <= 0: one bucket (upstream's
+                                          // default without --overlap-grad-reduce)
+  bool pad_for_high_nccl_busbw = false;   // --ddp-pad-buckets-for-high-nccl-busbw
 };
 
 struct ShardLayout {
   using Range = std::pair<int64_t, int64_t>;   // [begin, end)
   int rank = 0, size = 1;
-  int64_t total = 0;                 // elements of the padded buffer (every bucket's end padded)
-  std::vector<int64_t> offsets;      // buffer offset of parameter i (i: the order given to make)
-  std::vector<int64_t> numels;       // elements of parameter i
-  std::vector<Range> buckets;        // buffer ranges of the buckets, in buffer order
-  std::vector<int> bucket_of;        // bucket of parameter i
+  int64_t total = 0;              // elements of the padded buffer (every bucket's end padded)
+  std::vector<int64_t> offsets;   // buffer offset of parameter i (i: the order given to make)
+  std::vector<int64_t> numels;    // elements of parameter i
+  std::vector<Range> buckets;     // buffer ranges of the buckets, in buffer order
+  std::vector<int> bucket_of;     // bucket of parameter i
 
   // `model_order`: the indices of `numels` in the model's parameter order (Megatron's buffer holds
   // them reversed); empty = 0, 1, ..., n-1. Throws std::invalid_argument if size < 1, rank is
@@ -53,12 +53,12 @@ struct ShardLayout {
   // when it owns none of it).
   Range piece(size_t i, int r) const;
   Range piece(size_t i) const { return piece(i, rank); }
-  int owner(int64_t flat) const;     // the rank owning a buffer index (padding included)
+  int owner(int64_t flat) const;   // the rank owning a buffer index (padding included)
   // Where buffer index `flat` (owned by rank r) sits in rank r's concatenated ranges.
   int64_t local_index(int r, int64_t flat) const;
-  bool is_split(size_t i) const;     // parameter i has elements on more than one rank
+  bool is_split(size_t i) const;              // parameter i has elements on more than one rank
   std::vector<size_t> split_params() const;   // in parameter order
-  std::string describe() const;      // "rank 1 of 2: 1 bucket(s), 492352 of 984832 buffer elements"
+  std::string describe() const;               // "rank 1 of 2: 1 bucket(s), 492352 of 984832 buffer elements"
 };
 
-}  // namespace rh::optim
+}   // namespace rh::optim

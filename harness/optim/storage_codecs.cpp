@@ -18,11 +18,11 @@ constexpr int32_t kSignMask = static_cast<int32_t>(0x80000000u);
 constexpr int32_t kBitsOne = 0x3F800000;   // 1.0f
 
 void check_float(const torch::Tensor& x, const char* what) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), what,
-              ": expected a contiguous fp32 tensor, got ", x.scalar_type());
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous(), what, ": expected a contiguous fp32 tensor, got ",
+              x.scalar_type());
 }
 
-}  // namespace
+}   // namespace
 
 namespace {
 // A NaN scalar as the GPU computes it (canonical 0x7FFFFFFF, see canonicalize_nan_).
@@ -32,7 +32,7 @@ float canon(float f) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-}  // namespace
+}   // namespace
 
 Scaling scaling_from_scale(float scale_in, bool fp8, bool guard) {
   const float scale = canon(scale_in);
@@ -46,8 +46,8 @@ Scaling scaling_from_scale(float scale_in, bool fp8, bool guard) {
     sc.mult = canon(guard && unusable && !std::isnan(scale) ? 1.0f : r);   // quantizer.scale = 1/scale
     sc.scale_inv = canon(1.0f / sc.mult);                                  // __frcp_rn(quantizer.scale)
   } else {
-    sc.mult = scale > 0.0f && !(guard && unusable) ? r : 0.0f;      // rscale
-    sc.scale_inv = scale;                                           // decode multiplies by scale
+    sc.mult = scale > 0.0f && !(guard && unusable) ? r : 0.0f;   // rscale
+    sc.scale_inv = scale;                                        // decode multiplies by scale
   }
   return sc;
 }
@@ -86,8 +86,7 @@ void Fp8Scratch::ensure(int64_t n) {
   }
 }
 
-void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s,
-                     bool may_have_nan) {
+void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s, bool may_have_nan) {
   check_float(x, "fp8_encode");
   const int64_t n = x.numel();
   TORCH_CHECK(out.scalar_type() == torch::kByte && out.numel() == n && out.is_contiguous(),
@@ -133,7 +132,7 @@ void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratc
     // 0x7F | sign = 127 + 64 - 64 * s (af still holds s = +-1.0)
     if (nan.any().item<bool>()) bf.copy_(torch::where(nan, 191.0f - af * 64.0f, bf));
   }
-  ai.copy_(bf);       // exact small integers; fp32 -> int32 -> uint8 is the fast conversion path
+  ai.copy_(bf);   // exact small integers; fp32 -> int32 -> uint8 is the fast conversion path
   out.view({-1}).copy_(ai);
 }
 
@@ -157,9 +156,9 @@ const torch::Tensor& fp8_decode_table() {
       if (e == 0xF && m == 0x7) {
         v = std::numeric_limits<float>::quiet_NaN();   // E4M3FN: the only NaN pattern
       } else if (e == 0) {
-        v = std::ldexp(static_cast<float>(m), -9);        // subnormal: m * 2^-9
+        v = std::ldexp(static_cast<float>(m), -9);   // subnormal: m * 2^-9
       } else {
-        v = std::ldexp(static_cast<float>(8 + m), e - 10);  // (1 + m/8) * 2^(e-7)
+        v = std::ldexp(static_cast<float>(8 + m), e - 10);   // (1 + m/8) * 2^(e-7)
       }
       p[c] = (c & 0x80) ? -v : v;
     }
@@ -168,10 +167,9 @@ const torch::Tensor& fp8_decode_table() {
   return table;
 }
 
-void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out_buf,
-                     const torch::Tensor& scratch_buf, float scale) {
-  TORCH_CHECK(codes.scalar_type() == torch::kByte, "fp8_decode: expected kByte codes, got ",
-              codes.scalar_type());
+void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out_buf, const torch::Tensor& scratch_buf,
+                     float scale) {
+  TORCH_CHECK(codes.scalar_type() == torch::kByte, "fp8_decode: expected kByte codes, got ", codes.scalar_type());
   static const auto k7F = torch::scalar_tensor(0x7F, torch::kInt);
   static const auto k80 = torch::scalar_tensor(0x80, torch::kInt);
   static const auto k2p20 = torch::scalar_tensor(1 << 20, torch::kInt);
@@ -191,10 +189,10 @@ void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out_buf,
   at::mul_out(mag, mag, k2p20);
   at::bitwise_and_out(c, c, k80);
   auto sgn = c.view(torch::kFloat);
-  sgn.copy_(c);                                      // 0 or 128
-  at::sub_out(sgn, k2p120, sgn, std::ldexp(1.0, 114));  // 2^120 - s * 2^114: +-2^120, exact
+  sgn.copy_(c);                                          // 0 or 128
+  at::sub_out(sgn, k2p120, sgn, std::ldexp(1.0, 114));   // 2^120 - s * 2^114: +-2^120, exact
   at::mul_out(out, out, sgn);
-  at::mul_out(out, out, scale_t);                    // the one rounding: decode(code) * scale
+  at::mul_out(out, out, scale_t);   // the one rounding: decode(code) * scale
 }
 
 torch::Tensor fp8_decode(const torch::Tensor& codes) {
@@ -215,7 +213,7 @@ void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool f
   if (fp8) {
     fp8_encode_into(q, out, s, nan_possible);   // canonical NaN has sign 0: code 0x7F
   } else {
-    out.view({-1}).copy_(q);                    // RNE to fp16 (|q| <= ~32752: no overflow)
+    out.view({-1}).copy_(q);   // RNE to fp16 (|q| <= ~32752: no overflow)
     if (nan_possible) canonical_nan_16_(out.view({-1}), q);
   }
 }
@@ -251,8 +249,8 @@ void remainder_split_into(const torch::Tensor& bits, const torch::Tensor& weight
                           const torch::Tensor& remainder_i16, const torch::Tensor& scratch_buf) {
   torch::Tensor scratch = scratch_buf;   // out= ops take non-const references
   static const auto k2m16 = torch::scalar_tensor(std::ldexp(1.0f, -16));
-  remainder_i16.copy_(bits);                     // int32 -> int16 keeps the low half (wrapping)
-  at::sub_out(scratch, bits, remainder_i16);     // (w << 16): low half cleared, +1 if r < 0
+  remainder_i16.copy_(bits);                   // int32 -> int16 keeps the low half (wrapping)
+  at::sub_out(scratch, bits, remainder_i16);   // (w << 16): low half cleared, +1 if r < 0
   // Divide by 2^16 through fp32 (LibTorch 1.13's integer shifts are not vectorized): a multiple
   // of 2^16 with at most 16 significant bits converts exactly, and the scaling is exact.
   auto f = scratch.view(torch::kFloat);
@@ -262,27 +260,22 @@ void remainder_split_into(const torch::Tensor& bits, const torch::Tensor& weight
   weight_bf16.view(torch::kShort).copy_(scratch);   // 32768 (from NaN 0x7FFF + 1) wraps
 }
 
-void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16,
-                     torch::Tensor& remainder_i16) {
+void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16, torch::Tensor& remainder_i16) {
   check_float(master, "remainder_split");
   weight_bf16 = torch::empty(master.sizes(), torch::kBFloat16);
   remainder_i16 = torch::empty(master.sizes(), torch::kShort);
   auto scratch = torch::empty({master.numel()}, torch::kInt);
-  remainder_split_into(master.view({-1}).view(torch::kInt), weight_bf16.view({-1}),
-                       remainder_i16.view({-1}), scratch);
+  remainder_split_into(master.view({-1}).view(torch::kInt), weight_bf16.view({-1}), remainder_i16.view({-1}), scratch);
 }
 
 torch::Tensor remainder_join(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16) {
-  TORCH_CHECK(weight_bf16.scalar_type() == torch::kBFloat16 &&
-                  remainder_i16.scalar_type() == torch::kShort &&
+  TORCH_CHECK(weight_bf16.scalar_type() == torch::kBFloat16 && remainder_i16.scalar_type() == torch::kShort &&
                   weight_bf16.sizes() == remainder_i16.sizes(),
-              "remainder_join: expected bf16 weight and int16 remainder of one shape, got ",
-              weight_bf16.scalar_type(), weight_bf16.sizes(), " and ",
-              remainder_i16.scalar_type(), remainder_i16.sizes());
+              "remainder_join: expected bf16 weight and int16 remainder of one shape, got ", weight_bf16.scalar_type(),
+              weight_bf16.sizes(), " and ", remainder_i16.scalar_type(), remainder_i16.sizes());
   auto bits = torch::empty(weight_bf16.sizes(), torch::kInt);
-  remainder_join_into(weight_bf16.contiguous().view({-1}), remainder_i16.contiguous().view({-1}),
-                      bits.view({-1}));
+  remainder_join_into(weight_bf16.contiguous().view({-1}), remainder_i16.contiguous().view({-1}), bits.view({-1}));
   return bits.view(torch::kFloat);
 }
 
-}  // namespace rh::optim::codec
+}   // namespace rh::optim::codec

@@ -11,8 +11,8 @@ namespace rh::optim::codec {
 
 // Storage ranges: scale = amax(|state|) / range (TransformerEngine FusedAdam: `dtype_to_range_map`
 // in transformer_engine/pytorch/optimizers/fused_adam.py, FusedAdam.__init__).
-constexpr float kFp16Range = 32752.0f;  // torch.finfo(torch.float16).max / 2
-constexpr float kFp8Range = 448.0f;     // E4M3 max finite
+constexpr float kFp16Range = 32752.0f;   // torch.finfo(torch.float16).max / 2
+constexpr float kFp8Range = 448.0f;      // E4M3 max finite
 
 // One tensor's scaling exactly as TE's FusedAdam._apply_scale leaves it (fused_adam.py @04912bf):
 //   scale = amax / range                      (torch.div(absmax, max_range, out=scale); fp32)
@@ -66,14 +66,12 @@ struct Fp8Scratch {
 // Writes fp8_encode(x) into `out` (kByte, same numel): the form the optimizer's hot loop uses.
 // `may_have_nan` = false skips the NaN fix-up (callers that know x is NaN-free, e.g. because
 // its amax is finite); the result is identical whenever x really has no NaN.
-void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s,
-                     bool may_have_nan = true);
+void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s, bool may_have_nan = true);
 // decode: kByte -> kFloat. fp8_decode_into writes decode(codes) * scale into `out` (kFloat, same
 // numel) with `scratch` (kInt, same numel) by bit arithmetic, falling back to the table below
 // when a NaN code (0x7F / 0xFF) is present; the result is bitwise the table's value * scale.
 torch::Tensor fp8_decode(const torch::Tensor& codes);
-void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out,
-                     const torch::Tensor& scratch, float scale);
+void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out, const torch::Tensor& scratch, float scale);
 const torch::Tensor& fp8_decode_table();   // (256,) kFloat, built once from the format's rules
 
 // Scaled storage of an fp32 state in fp16 or fp8 (TE _apply_scale): returns the stored tensor and
@@ -88,8 +86,7 @@ torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float decode_
 // Remainder split: master fp32 -> (bf16 weight, int16 remainder). remainder = low 16 bits as
 // int16; weight bits = high 16 bits, plus one when the remainder is negative (round to nearest,
 // ties away from zero). In int32 arithmetic: r = (int16)bits, w = (int16)((bits - r) / 2^16).
-void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16,
-                     torch::Tensor& remainder_i16);
+void remainder_split(const torch::Tensor& master, torch::Tensor& weight_bf16, torch::Tensor& remainder_i16);
 // Join: bits = int32(weight bits) * 2^16 + int32(remainder), which is the "decrement the weight
 // when the remainder is negative, then glue the halves" rule folded into one wrapping add.
 torch::Tensor remainder_join(const torch::Tensor& weight_bf16, const torch::Tensor& remainder_i16);
@@ -101,4 +98,4 @@ void remainder_join_into(const torch::Tensor& weight_bf16, const torch::Tensor& 
 void remainder_split_into(const torch::Tensor& bits, const torch::Tensor& weight_bf16,
                           const torch::Tensor& remainder_i16, const torch::Tensor& scratch);
 
-}  // namespace rh::optim::codec
+}   // namespace rh::optim::codec

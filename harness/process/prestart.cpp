@@ -19,8 +19,8 @@
 namespace rh {
 namespace {
 
-std::mutex g_mu;          // one request at a time on the socket
-int g_sock = -1;          // this process's end of the socketpair; -1: no worker
+std::mutex g_mu;   // one request at a time on the socket
+int g_sock = -1;   // this process's end of the socketpair; -1: no worker
 pid_t g_worker = -1;
 
 // On the socket only: MSG_NOSIGNAL, so a worker that died makes a request fail, not this process.
@@ -124,7 +124,7 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
   _exit(0);
 }
 
-}  // namespace
+}   // namespace
 
 void run_entry_and_exit(ToolEntry entry, std::vector<std::string> args) {
   std::vector<char*> argv;
@@ -195,4 +195,4 @@ pid_t spawn_prestarted(const std::vector<std::string>& argv, const std::string& 
   return pid;
 }
 
-}  // namespace rh
+}   // namespace rh

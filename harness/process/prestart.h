@@ -34,4 +34,4 @@ void stop_prestarted_worker();
 // failed (errno-like text in *why). Thread-safe.
 pid_t spawn_prestarted(const std::vector<std::string>& argv, const std::string& log_path, std::string* why);
 
-}  // namespace rh
+}   // namespace rh

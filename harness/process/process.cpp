@@ -33,8 +33,8 @@ int (*g_tool_entry)(int, char**) = nullptr;
 bool single_threaded() {
   std::error_code ec;
   size_t n = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec); !ec && it != std::filesystem::directory_iterator();
-       it.increment(ec))
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
     ++n;
   return !ec && n == 1;
 }
@@ -109,7 +109,7 @@ ChildExit exit_of(int status, Clock::time_point t0) {
   return e;
 }
 
-}  // namespace
+}   // namespace
 
 void set_tool_entry(int (*entry)(int, char**)) { g_tool_entry = entry; }
 
@@ -133,8 +133,8 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
   std::vector<ChildExit> out(children.size());
   std::vector<bool> done(children.size(), false);
   size_t remaining = children.size();
-  auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(std::min(timeout_s, 1e9)));
+  auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(timeout_s, 1e9)));
   bool limit_hit = timeout_s < kNoLimit;   // the deadline is timeout_s's (not an on_exit grace)
   while (remaining > 0) {
     bool reaped = false;
@@ -207,7 +207,7 @@ void kill_group(pid_t pgid) {
   if (pgid > 0) ::kill(-pgid, SIGKILL);
 }
 
-}  // namespace
+}   // namespace
 
 CapturedExit run_captured(const CapturedSpec& c) {
   if (c.argv.empty()) throw std::runtime_error("run_captured: empty argv");
@@ -275,7 +275,8 @@ CapturedExit run_captured(const CapturedSpec& c) {
   CapturedExit r;
   bool exited = false, timed_out = false;
   int status = 0;
-  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(c.timeout_s, 1e9)));
+  const auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(c.timeout_s, 1e9)));
   auto exited_at = Clock::time_point::max();
   char buf[65536];
   while (pipes[0][0] >= 0 || pipes[1][0] >= 0 || !exited) {
@@ -368,4 +369,4 @@ std::string tail_of_file(const std::string& path, size_t max_bytes) {
   return s.size() > max_bytes ? s.substr(s.size() - max_bytes) : s;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -13,8 +13,8 @@
 namespace rh {
 
 struct ChildSpec {
-  std::vector<std::string> argv;                              // argv[0] is the executable's path
-  std::vector<std::pair<std::string, std::string>> env;       // set in the child only
+  std::vector<std::string> argv;                          // argv[0] is the executable's path
+  std::vector<std::pair<std::string, std::string>> env;   // set in the child only
   std::string log_path;           // stdout + stderr appended here ("" = inherited from this process)
   bool die_with_parent = false;   // PR_SET_PDEATHSIG: killed if this process dies first
   // Start it from the pre-started worker (prestart.h) when one runs and argv[0] is this tool
@@ -31,10 +31,10 @@ struct ChildSpec {
 void set_tool_entry(int (*entry)(int argc, char** argv));
 
 struct ChildExit {
-  int exit_code = -1;        // exit status, or 128 + signal
-  int signal = 0;            // the signal that ended it (0: it exited)
-  bool killed = false;       // killed by run_children (its deadline passed)
-  bool timed_out = false;    // killed because timeout_s was up
+  int exit_code = -1;       // exit status, or 128 + signal
+  int signal = 0;           // the signal that ended it (0: it exited)
+  bool killed = false;      // killed by run_children (its deadline passed)
+  bool timed_out = false;   // killed because timeout_s was up
   double seconds = 0;
   bool ok() const { return signal == 0 && exit_code == 0 && !killed; }
   std::string describe() const;   // "exited with code 2" / "was killed by signal 9 (Killed)"
@@ -63,8 +63,8 @@ ChildExit run_process(const std::vector<std::string>& argv, const std::string& l
 // child's PATH when env sets one). Throws std::runtime_error if it cannot be started.
 struct CapturedSpec {
   std::vector<std::string> argv;
-  std::string cwd;                                          // "" = this process's
-  std::vector<std::pair<std::string, std::string>> env;     // added to (or replacing in) this environment
+  std::string cwd;                                        // "" = this process's
+  std::vector<std::pair<std::string, std::string>> env;   // added to (or replacing in) this environment
   std::string stdout_path, stderr_path;
   uint64_t output_cap_bytes = 64ull << 20;
   double timeout_s = 600;
@@ -85,4 +85,4 @@ std::string self_executable();
 // The last `max_bytes` of a text file (for error messages from a child's log).
 std::string tail_of_file(const std::string& path, size_t max_bytes = 2000);
 
-}  // namespace rh
+}   // namespace rh

@@ -1,5 +1,5 @@
 // c10d process group and placement from the environment; see group.h.
-#define USE_C10D_GLOO 1  // ProcessGroupGloo.hpp is compiled only with it (Debian builds LibTorch with Gloo)
+#define USE_C10D_GLOO 1   // ProcessGroupGloo.hpp is compiled only with it (Debian builds LibTorch with Gloo)
 #include "harness/ranks/group.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -37,7 +37,7 @@ int env_int(const char* name, int lo, int hi) {
   return static_cast<int>(x);
 }
 
-}  // namespace
+}   // namespace
 
 bool launched_by_environment() { return getenv_s("WORLD_SIZE") || getenv_s("SLURM_NTASKS"); }
 
@@ -52,7 +52,8 @@ Placement placement_from_environment() {
   } else if (getenv_s("SLURM_NTASKS")) {
     p.source = "SLURM environment";
     p.world_size = env_int("SLURM_NTASKS", 1, 1 << 20);
-    if (!getenv_s("SLURM_PROCID")) throw std::invalid_argument("environment variable SLURM_NTASKS is set but SLURM_PROCID is not");
+    if (!getenv_s("SLURM_PROCID"))
+      throw std::invalid_argument("environment variable SLURM_NTASKS is set but SLURM_PROCID is not");
     p.rank = env_int("SLURM_PROCID", 0, p.world_size - 1);
     p.local_rank = getenv_s("SLURM_LOCALID") ? env_int("SLURM_LOCALID", 0, 1 << 20) : 0;
   } else {
@@ -78,8 +79,8 @@ struct Group::Impl {
       w->wait();
     } catch (const std::exception& e) {
       throw DistError(std::string("data-parallel ") + what + " failed on rank " + std::to_string(place.rank) + " of " +
-                      std::to_string(place.world_size) + " (a peer died, hung past the timeout, or failed): " +
-                      first_line(e));
+                      std::to_string(place.world_size) +
+                      " (a peer died, hung past the timeout, or failed): " + first_line(e));
     }
   }
 };
@@ -159,4 +160,4 @@ std::vector<std::string> Group::all_gather_strings(const std::string& mine) {
   return res;
 }
 
-}  // namespace rh::dist
+}   // namespace rh::dist

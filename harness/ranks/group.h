@@ -54,4 +54,4 @@ class Group final : public optim::Collectives {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace rh::dist
+}   // namespace rh::dist

@@ -41,8 +41,11 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
     auto& c = ranks[static_cast<size_t>(r)];
     c.argv = {exe};
     c.argv.insert(c.argv.end(), args.begin(), args.end());
-    c.env = {{"RANK", std::to_string(r)}, {"LOCAL_RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(nproc)},
-             {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+    c.env = {{"RANK", std::to_string(r)},
+             {"LOCAL_RANK", std::to_string(r)},
+             {"WORLD_SIZE", std::to_string(nproc)},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", port}};
     c.die_with_parent = true;
     c.fork_entry = true;   // a fork of this process runs the tool's entry: no second LibTorch start
   }
@@ -65,4 +68,4 @@ int launch_local(int nproc, const std::vector<std::string>& args, double grace_s
   return first_exit.signal ? 3 : first_exit.exit_code;
 }
 
-}  // namespace rh::dist
+}   // namespace rh::dist

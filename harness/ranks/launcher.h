@@ -18,4 +18,4 @@ int free_local_port();
 // launcher (PR_SET_PDEATHSIG).
 int launch_local(int nproc, const std::vector<std::string>& args, double grace_s);
 
-}  // namespace rh::dist
+}   // namespace rh::dist

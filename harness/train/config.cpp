@@ -25,9 +25,9 @@ namespace {
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, optim::Dtype*>;
 
 struct Field {
-  const char* section;  // "model" | "optimizer" | "train"
-  const char* key;      // JSON / TOML key
-  const char* flag;     // command-line flag
+  const char* section;   // "model" | "optimizer" | "train"
+  const char* key;       // JSON / TOML key
+  const char* flag;      // command-line flag
   const char* help;
   FieldPtr ptr;
 };
@@ -48,7 +48,8 @@ std::vector<Field> fields(RunConfig& c) {
        "not upstream: an expert the router never selects (-1 = none), a dead expert", &m.dead_expert},
       {"model", "score_function", "--moe-router-score-function", "router scores: softmax | sigmoid", &m.score_function},
       {"model", "enable_expert_bias", "--moe-router-enable-expert-bias",
-       "aux-loss-free balancing: a per-router expert bias updated from token counts (sigmoid only)", &m.enable_expert_bias},
+       "aux-loss-free balancing: a per-router expert bias updated from token counts (sigmoid only)",
+       &m.enable_expert_bias},
       {"model", "bias_update_rate", "--moe-router-bias-update-rate", "expert-bias update rate", &m.bias_update_rate},
       {"model", "capacity_factor", "--moe-expert-capacity-factor",
        "expert capacity factor; < 0 = none, no token dropping (upstream default None)", &m.capacity_factor},
@@ -57,7 +58,8 @@ std::vector<Field> fields(RunConfig& c) {
       {"model", "pad_to_capacity", "--moe-pad-expert-input-to-capacity",
        "every expert processes exactly its capacity of tokens (needs a capacity factor)", &m.pad_to_capacity},
       {"model", "router_dtype", "--moe-router-dtype",
-       "router logits dtype (upstream default none = the input's dtype; ours fp32): none | fp32 | fp64", &m.router_dtype},
+       "router logits dtype (upstream default none = the input's dtype; ours fp32): none | fp32 | fp64",
+       &m.router_dtype},
       {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
       {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
       {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
@@ -82,15 +84,19 @@ std::vector<Field> fields(RunConfig& c) {
       {"optimizer", "adam_w_mode", "--adam-w-mode", "AdamW (true) or L2 decay (false)", &o.adam_w_mode},
       {"optimizer", "scale_zero_guard", "--scale-zero-guard",
        "not upstream: fp16/fp8 states whose scale has no finite reciprocal (all-zero) keep zeros "
-       "instead of TE's 0 * inf = NaN fp8 codes", &o.scale_zero_guard},
+       "instead of TE's 0 * inf = NaN fp8 codes",
+       &o.scale_zero_guard},
       {"optimizer", "ddp_bucket_size", "--ddp-bucket-size",
        "data parallel: elements per bucket of Megatron's param/grad buffer (0 = one bucket, upstream's "
-       "default without --overlap-grad-reduce)", &o.ddp_bucket_size},
+       "default without --overlap-grad-reduce)",
+       &o.ddp_bucket_size},
       {"optimizer", "ddp_pad_buckets_for_high_nccl_busbw", "--ddp-pad-buckets-for-high-nccl-busbw",
-       "data parallel: pad bucket ends to lcm(dp, 128, 2^16) instead of lcm(dp, 128)", &o.ddp_pad_buckets_for_high_nccl_busbw},
+       "data parallel: pad bucket ends to lcm(dp, 128, 2^16) instead of lcm(dp, 128)",
+       &o.ddp_pad_buckets_for_high_nccl_busbw},
       {"optimizer", "shared_dp_scale", "--shared-dp-scale",
        "not upstream: ranks holding parts of one fp16/fp8 state share one scale (all-reduced amax) "
-       "instead of TE's per-shard scale", &o.shared_dp_scale},
+       "instead of TE's per-shard scale",
+       &o.shared_dp_scale},
       {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
       {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
       {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},
@@ -101,9 +107,10 @@ std::vector<Field> fields(RunConfig& c) {
       {"train", "lr_warmup_init", "--lr-warmup-init", "learning rate at the start of warmup", &t.lr_warmup_init},
       {"train", "lr_decay_style", "--lr-decay-style",
        "constant | linear | cosine | inverse-square-root | WSD (Megatron's default: linear)", &t.lr_decay_style},
-      {"train", "lr_wsd_decay_style", "--lr-wsd-decay-style",
-       "WSD anneal: exponential | linear | cosine | minus_sqrt", &t.lr_wsd_decay_style},
-      {"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", "WSD anneal iterations (-1 = unset)", &t.lr_wsd_decay_iters},
+      {"train", "lr_wsd_decay_style", "--lr-wsd-decay-style", "WSD anneal: exponential | linear | cosine | minus_sqrt",
+       &t.lr_wsd_decay_style},
+      {"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", "WSD anneal iterations (-1 = unset)",
+       &t.lr_wsd_decay_iters},
       {"train", "start_weight_decay", "--start-weight-decay",
        "weight decay at the start of its schedule (-1 = --weight-decay)", &t.start_weight_decay},
       {"train", "end_weight_decay", "--end-weight-decay",
@@ -138,17 +145,19 @@ nlohmann::json field_to_json(const FieldPtr& p) {
 // The model's sizes and their valid range [1, cap]: validate() checks them, and a JSON value beyond
 // int64 (vocab_size 2^64-1) is refused naming the same range.
 const std::vector<std::pair<std::string, int64_t>>& dim_caps() {
-  static const std::vector<std::pair<std::string, int64_t>> caps = {
-      {"model.vocab_size", int64_t(1) << 20}, {"model.seq_len", int64_t(1) << 16}, {"model.d_model", int64_t(1) << 14},
-      {"model.n_layers", 256},                {"model.n_heads", int64_t(1) << 10}, {"model.n_experts", int64_t(1) << 10},
-      {"model.ffn_hidden", int64_t(1) << 16}};
+  static const std::vector<std::pair<std::string, int64_t>> caps = {{"model.vocab_size", int64_t(1) << 20},
+                                                                    {"model.seq_len", int64_t(1) << 16},
+                                                                    {"model.d_model", int64_t(1) << 14},
+                                                                    {"model.n_layers", 256},
+                                                                    {"model.n_heads", int64_t(1) << 10},
+                                                                    {"model.n_experts", int64_t(1) << 10},
+                                                                    {"model.ffn_hidden", int64_t(1) << 16}};
   return caps;
 }
 
 // Sets a field from a value a file gave, checked against the field's type; messages name `where`
 // and `key` ("section.key").
-void field_from_value(const FieldPtr& p, const SettingValue& v, const std::string& where,
-                      const std::string& key) {
+void field_from_value(const FieldPtr& p, const SettingValue& v, const std::string& where, const std::string& key) {
   auto fail = [&](const std::string& expected) {
     throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " + v.shown);
   };
@@ -210,7 +219,8 @@ void validate_scheduler(const RunConfig& c) {
   const auto& t = c.train;
   require_one_of(t.lr_decay_style, lr_decay_styles(), "train.lr_decay_style (--lr-decay-style)");
   require_one_of(t.lr_wsd_decay_style, lr_wsd_decay_styles(), "train.lr_wsd_decay_style (--lr-wsd-decay-style)");
-  require_one_of(t.weight_decay_incr_style, wd_incr_styles(), "train.weight_decay_incr_style (--weight-decay-incr-style)");
+  require_one_of(t.weight_decay_incr_style, wd_incr_styles(),
+                 "train.weight_decay_incr_style (--weight-decay-incr-style)");
   require(t.lr_decay_style != "WSD" || t.lr_wsd_decay_iters >= 0,
           "train.lr_decay_style WSD needs train.lr_wsd_decay_iters (--lr-wsd-decay-iters) >= 0");
   require(t.lr_wsd_decay_iters >= -1 && t.lr_wsd_decay_iters <= t.lr_decay_iters,
@@ -219,7 +229,8 @@ void validate_scheduler(const RunConfig& c) {
           "train.lr_warmup_init (--lr-warmup-init) must be in [0, train.lr]");
   for (auto [name, v] : {std::pair{"train.start_weight_decay", t.start_weight_decay},
                          std::pair{"train.end_weight_decay", t.end_weight_decay}})
-    require(std::isfinite(v) && (v >= 0 || v == -1), std::string(name) + " must be >= 0 or -1 (= optimizer.weight_decay)");
+    require(std::isfinite(v) && (v >= 0 || v == -1),
+            std::string(name) + " must be >= 0 or -1 (= optimizer.weight_decay)");
   // arguments.py validate_args (NVIDIA/Megatron-LM main d98e8a6, lines 1393-1400): constant
   // asserts --start/--end-weight-decay are unset (it sets both to --weight-decay itself); linear
   // and cosine assert both are set.
@@ -234,34 +245,35 @@ void validate_scheduler(const RunConfig& c) {
                 " needs both train.start_weight_decay and train.end_weight_decay (--start/--end-weight-decay; "
                 "upstream asserts both are set)");
   const auto s = scheduler_from_config(c);
-  require(s.end_wd >= s.start_wd, "train.end_weight_decay must be >= train.start_weight_decay (upstream asserts end_wd >= start_wd)");
+  require(s.end_wd >= s.start_wd,
+          "train.end_weight_decay must be >= train.start_weight_decay (upstream asserts end_wd >= start_wd)");
   require(!(t.override_opt_param_scheduler && t.use_checkpoint_opt_param_scheduler),
           "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: both override and "
           "use-checkpoint are set.");
 }
 
-}  // namespace
+}   // namespace
 
 void validate(const RunConfig& c) {
   const auto& t = c.train;
   require(t.iterations > 0, "train.iterations (--train-iters) must be > 0");
-  require(t.global_batch > 0 && t.micro_batch > 0,
-          "train.global_batch and train.micro_batch must be > 0");
-  require(t.global_batch % t.micro_batch == 0,
-          "train.global_batch (" + std::to_string(t.global_batch) +
-              ") must be a multiple of train.micro_batch (" + std::to_string(t.micro_batch) + ")");
+  require(t.global_batch > 0 && t.micro_batch > 0, "train.global_batch and train.micro_batch must be > 0");
+  require(t.global_batch % t.micro_batch == 0, "train.global_batch (" + std::to_string(t.global_batch) +
+                                                   ") must be a multiple of train.micro_batch (" +
+                                                   std::to_string(t.micro_batch) + ")");
   require(t.lr >= 0 && t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, lr]");
   require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
           "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
   require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
   validate_scheduler(c);
-  require(t.threads >= 1 && t.threads <= kMaxThreads,
-          "train.threads (--threads) must be in [1, " + std::to_string(kMaxThreads) + "], got " + std::to_string(t.threads));
-  require(t.iterations <= kMaxIterations,
-          "train.iterations (--train-iters) must be <= " + std::to_string(kMaxIterations) + ", got " + std::to_string(t.iterations));
+  require(t.threads >= 1 && t.threads <= kMaxThreads, "train.threads (--threads) must be in [1, " +
+                                                          std::to_string(kMaxThreads) + "], got " +
+                                                          std::to_string(t.threads));
+  require(t.iterations <= kMaxIterations, "train.iterations (--train-iters) must be <= " +
+                                              std::to_string(kMaxIterations) + ", got " + std::to_string(t.iterations));
   require(t.global_batch <= kMaxBatch && t.lr_decay_iters <= kMaxIterations && t.lr_warmup_iters <= kMaxIterations,
-          "train.global_batch must be <= " + std::to_string(kMaxBatch) + " and train.lr_*_iters <= " +
-              std::to_string(kMaxIterations));
+          "train.global_batch must be <= " + std::to_string(kMaxBatch) +
+              " and train.lr_*_iters <= " + std::to_string(kMaxIterations));
   require(std::isfinite(t.lr) && std::isfinite(t.min_lr) && std::isfinite(t.clip_grad),
           "train.lr, train.min_lr and train.clip_grad must be finite");
   require(t.device == "cpu" || t.device == "cuda",
@@ -287,8 +299,7 @@ void validate(const RunConfig& c) {
                                     " parameters, more than this tool's limit of " +
                                     std::to_string(static_cast<int64_t>(kMaxParams)));
   require(c.model.param_dtype == "bf16" || c.model.param_dtype == "fp32",
-          "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" +
-              c.model.param_dtype + "'");
+          "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" + c.model.param_dtype + "'");
   optim::validate(c.optim, c.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
 }
 
@@ -374,7 +385,7 @@ RunConfig load_run_config_file(const std::string& path, std::set<std::string>* k
   // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
   const nlohmann::json j = ckpt::parse_json_unique(text, path);
   RunConfig cfg = run_config_from_json(j, path);   // validates the shape before keys are listed
-  if (keys_given) {   // by their keys, whichever name the file used
+  if (keys_given) {                                // by their keys, whichever name the file used
     const auto fs = fields(cfg);
     for (const auto& [section, body] : j.items())
       for (const auto& [key, value] : body.items())
@@ -433,7 +444,7 @@ std::string default_text(const FieldPtr& p) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
-}  // namespace
+}   // namespace
 
 void add_run_options(CLI::App& app, RunConfig& cfg) {
   for (const auto& f : fields(cfg)) {
@@ -446,16 +457,18 @@ void add_run_options(CLI::App& app, RunConfig& cfg) {
             // Two plain flags instead of CLI11's "--x,!--no-x", whose help shows "{false}" for the
             // negation and reads as the default.
             const std::string help = std::string(f.help) + " (default: " + def + ")";
-            app.add_flag_callback(f.flag, [dst] { *dst = true; }, help)->group(group);
-            app.add_flag_callback(std::string("--no-") + (f.flag + 2), [dst] { *dst = false; },
-                                  std::string("set ") + f.flag + " false")
+            app.add_flag_callback(
+                   f.flag, [dst] { *dst = true; }, help)
+                ->group(group);
+            app.add_flag_callback(
+                   std::string("--no-") + (f.flag + 2), [dst] { *dst = false; },
+                   std::string("set ") + f.flag + " false")
                 ->group(group);
           } else if constexpr (std::is_same_v<T, optim::Dtype>) {
             const auto valid = choices_of(f.help);
             app.add_option_function<std::string>(
-                   f.flag, [dst, flag = std::string(f.flag)](const std::string& s) {
-                     *dst = optim::parse_dtype(s, flag);
-                   },
+                   f.flag,
+                   [dst, flag = std::string(f.flag)](const std::string& s) { *dst = optim::parse_dtype(s, flag); },
                    f.help)
                 ->check(CLI::IsMember(valid))
                 ->default_str(def)
@@ -483,4 +496,4 @@ std::string describe(const RunConfig& cfg) {
   return os.str();
 }
 
-}  // namespace rh
+}   // namespace rh

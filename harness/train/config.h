@@ -28,24 +28,24 @@ struct TrainConfig {
   double lr = 1e-2;            // peak learning rate
   double min_lr = 1e-3;        // cosine floor
   int64_t lr_warmup_iters = 2;
-  int64_t lr_decay_iters = 20; // schedule length, fixed by config, not by where a run stops
-  double lr_warmup_init = 0.0; // LR at warmup's start (Megatron --lr-warmup-init)
-  std::string lr_decay_style = "cosine";  // constant | linear | cosine | inverse-square-root | WSD
-                                          // (Megatron's default is linear; ours stays cosine)
-  std::string lr_wsd_decay_style = "exponential";  // WSD anneal: exponential | linear | cosine | minus_sqrt
-  int64_t lr_wsd_decay_iters = -1;  // WSD anneal length in iterations (-1: unset; WSD needs it)
-  double start_weight_decay = -1;   // weight-decay schedule start (-1: optimizer.weight_decay)
-  double end_weight_decay = -1;     // and end (-1: optimizer.weight_decay)
-  std::string weight_decay_incr_style = "constant";  // constant | linear | cosine
+  int64_t lr_decay_iters = 20;                        // schedule length, fixed by config, not by where a run stops
+  double lr_warmup_init = 0.0;                        // LR at warmup's start (Megatron --lr-warmup-init)
+  std::string lr_decay_style = "cosine";              // constant | linear | cosine | inverse-square-root | WSD
+                                                      // (Megatron's default is linear; ours stays cosine)
+  std::string lr_wsd_decay_style = "exponential";     // WSD anneal: exponential | linear | cosine | minus_sqrt
+  int64_t lr_wsd_decay_iters = -1;                    // WSD anneal length in iterations (-1: unset; WSD needs it)
+  double start_weight_decay = -1;                     // weight-decay schedule start (-1: optimizer.weight_decay)
+  double end_weight_decay = -1;                       // and end (-1: optimizer.weight_decay)
+  std::string weight_decay_incr_style = "constant";   // constant | linear | cosine
   // On resume (Megatron's flags, at most one): take the scheduler values of this run, or of the
   // checkpoint; with neither they must agree (upstream _check_and_set refuses a mismatch).
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
-  double clip_grad = 1.0;      // global-norm clipping threshold (0 = off)
-  uint64_t seed = 1234;        // parameter init and the dropout generator
-  uint64_t data_seed = 42;     // the synthetic corpus
-  int64_t threads = 1;         // intra-op threads (fixed for determinism)
-  std::string device = "cpu";  // cpu | cuda
+  double clip_grad = 1.0;       // global-norm clipping threshold (0 = off)
+  uint64_t seed = 1234;         // parameter init and the dropout generator
+  uint64_t data_seed = 42;      // the synthetic corpus
+  int64_t threads = 1;          // intra-op threads (fixed for determinism)
+  std::string device = "cpu";   // cpu | cuda
 };
 
 struct RunConfig {
@@ -124,4 +124,4 @@ std::vector<ConfigChange> adopt_saved_config(
 // Human-readable multi-line dump, printed at the start of a run.
 std::string describe(const RunConfig& cfg);
 
-}  // namespace rh
+}   // namespace rh

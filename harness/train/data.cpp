@@ -15,10 +15,9 @@ uint64_t mix64(uint64_t x) {
 
 namespace {
 uint64_t key(uint64_t seed, uint64_t a, uint64_t b) { return mix64(mix64(mix64(seed) ^ a) ^ b); }
-}  // namespace
+}   // namespace
 
-SyntheticCorpus::SyntheticCorpus(uint64_t seed, int64_t vocab_size, int64_t seq_len,
-                                 int64_t branching, double noise)
+SyntheticCorpus::SyntheticCorpus(uint64_t seed, int64_t vocab_size, int64_t seq_len, int64_t branching, double noise)
     : seed_(seed), vocab_(vocab_size), seq_len_(seq_len), branching_(branching) {
   if (vocab_size < 2) throw std::invalid_argument("corpus: vocab_size must be >= 2");
   if (seq_len < 1) throw std::invalid_argument("corpus: seq_len must be >= 1");
@@ -29,9 +28,8 @@ SyntheticCorpus::SyntheticCorpus(uint64_t seed, int64_t vocab_size, int64_t seq_
   successors_.resize(static_cast<size_t>(vocab_ * branching_));
   for (int64_t v = 0; v < vocab_; ++v)
     for (int64_t j = 0; j < branching_; ++j)
-      successors_[static_cast<size_t>(v * branching_ + j)] =
-          static_cast<int64_t>(key(seed_ ^ 0x5EC0D, static_cast<uint64_t>(v), static_cast<uint64_t>(j)) %
-                               static_cast<uint64_t>(vocab_));
+      successors_[static_cast<size_t>(v * branching_ + j)] = static_cast<int64_t>(
+          key(seed_ ^ 0x5EC0D, static_cast<uint64_t>(v), static_cast<uint64_t>(j)) % static_cast<uint64_t>(vocab_));
 }
 
 std::vector<int64_t> SyntheticCorpus::sample(int64_t index) const {
@@ -63,4 +61,4 @@ void SyntheticCorpus::fill(int64_t first, int64_t count, int64_t* tokens, int64_
   }
 }
 
-}  // namespace rh
+}   // namespace rh

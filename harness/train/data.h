@@ -13,8 +13,7 @@ namespace rh {
 
 class SyntheticCorpus {
  public:
-  SyntheticCorpus(uint64_t seed, int64_t vocab_size, int64_t seq_len, int64_t branching = 4,
-                  double noise = 0.1);
+  SyntheticCorpus(uint64_t seed, int64_t vocab_size, int64_t seq_len, int64_t branching = 4, double noise = 0.1);
 
   // Writes `count` samples starting at `first` as row-major (count, seq_len) inputs and targets
   // (targets are the inputs shifted by one).
@@ -35,4 +34,4 @@ class SyntheticCorpus {
 // SplitMix64 finalizer over a combined key; the corpus's only source of randomness.
 uint64_t mix64(uint64_t x);
 
-}  // namespace rh
+}   // namespace rh

@@ -14,8 +14,7 @@ namespace rh {
 
 void configure_determinism(int threads) {
   using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    fn(threads);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(threads);
   torch::set_num_threads(threads);
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
 #ifdef RH_WITH_CUDA
@@ -29,8 +28,8 @@ RuntimeInfo runtime_info() {
   RuntimeInfo r;
   r.harness_version = RH_VERSION;
   r.git_commit = rh::git_commit();
-  r.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
-                    "." + std::to_string(TORCH_VERSION_PATCH);
+  r.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                    std::to_string(TORCH_VERSION_PATCH);
   using GetConfig = char* (*)();
   if (auto fn = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
     r.blas = fn();   // "OpenBLAS 0.3.21 ..."
@@ -57,8 +56,8 @@ void pin_cross_machine_numerics(char** argv) {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
   bool changed = false;
-  for (const auto& [name, value] : {std::pair<const char*, const char*>{"OPENBLAS_CORETYPE", "Haswell"},
-                                    {"ATEN_CPU_CAPABILITY", "avx2"}}) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, const char*>{"OPENBLAS_CORETYPE", "Haswell"}, {"ATEN_CPU_CAPABILITY", "avx2"}}) {
     const char* cur = std::getenv(name);
     if (cur && *cur) continue;
     setenv(name, value, 1);
@@ -68,10 +67,9 @@ void pin_cross_machine_numerics(char** argv) {
 }
 
 std::string describe(const RuntimeInfo& r) {
-  return "resume-harness " + r.harness_version + " (" + r.git_commit + "), LibTorch " +
-         r.torch_version + ", BLAS: " + r.blas + ", threads: " + std::to_string(r.threads) +
-         ", CUDA: " + (r.cuda_compiled ? (r.cuda_available ? "available" : "compiled, no device")
-                                       : "not compiled");
+  return "resume-harness " + r.harness_version + " (" + r.git_commit + "), LibTorch " + r.torch_version +
+         ", BLAS: " + r.blas + ", threads: " + std::to_string(r.threads) +
+         ", CUDA: " + (r.cuda_compiled ? (r.cuda_available ? "available" : "compiled, no device") : "not compiled");
 }
 
-}  // namespace rh
+}   // namespace rh

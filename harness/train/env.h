@@ -9,9 +9,9 @@ struct RuntimeInfo {
   std::string harness_version;   // RH_VERSION
   std::string git_commit;        // RH_GIT_COMMIT at build time
   std::string torch_version;
-  std::string blas;              // e.g. "OpenBLAS 0.3.21 ... (pthread)" or "reference BLAS"
+  std::string blas;   // e.g. "OpenBLAS 0.3.21 ... (pthread)" or "reference BLAS"
   bool blas_is_openblas = false;
-  bool cuda_compiled = false;    // CUDA code paths compiled in (CUDA LibTorch found)
+  bool cuda_compiled = false;   // CUDA code paths compiled in (CUDA LibTorch found)
   bool cuda_available = false;
   int threads = 1;
 };
@@ -32,4 +32,4 @@ std::string describe(const RuntimeInfo& info);   // one line
 // its variable when it is loaded. Returns only if no re-exec was needed (or it failed).
 void pin_cross_machine_numerics(char** argv);
 
-}  // namespace rh
+}   // namespace rh

@@ -76,4 +76,4 @@ void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainS
   if (const auto fn = spec_of(f).on_state) fn(cfg, tr, st);
 }
 
-}  // namespace rh
+}   // namespace rh

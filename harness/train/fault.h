@@ -48,4 +48,4 @@ std::set<std::string> fault_skip_keys(Fault f);
 // f's change to the restored state (the faults that act after the load).
 void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainState& st);
 
-}  // namespace rh
+}   // namespace rh

@@ -38,4 +38,4 @@ std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr
   return fp;
 }
 
-}  // namespace rh
+}   // namespace rh

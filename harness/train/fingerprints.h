@@ -20,4 +20,4 @@ std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std:
 // rank (optimizer parts, generators) of rank r > 0 get the suffix "@rank<r>".
 std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr, dist::Group* group);
 
-}  // namespace rh
+}   // namespace rh

@@ -64,14 +64,13 @@ void check_job(const TrainJob& job, int64_t stop) {
     throw std::invalid_argument("--fault " + to_string(job.fault) + " acts on load: it needs --load");
   if (!job.load.empty()) {
     std::error_code ec;
-    if (!fs::exists(job.load, ec))
-      throw std::invalid_argument("--load " + job.load + ": no such file or directory");
+    if (!fs::exists(job.load, ec)) throw std::invalid_argument("--load " + job.load + ": no such file or directory");
   }
   // Everything this job writes into --out (the state dumps are checkpoint roots): a planted link
   // there would have its target overwritten.
   if (!job.out_dir.empty())
-    refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", "phases.json", kLoadResultFile,
-                                        "state_at_save", "state_after_load", "state_final"});
+    refuse_symlinks_below(job.out_dir, {"config.json", "metrics.csv", "timing.csv", "fingerprints.csv", "phases.json",
+                                        kLoadResultFile, "state_at_save", "state_after_load", "state_final"});
 }
 
 // What one process of the job holds while it runs.
@@ -102,7 +101,9 @@ void start(Run& run) {
   const TrainJob& job = run.job;
   const dist::Placement place = dist::placement_from_environment();
   if (place.world_size > 1)
-    run.group = std::make_unique<dist::Group>(place, std::chrono::milliseconds(static_cast<int64_t>(job.dist_timeout_s * 1000)));
+    run.group =
+        std::make_unique<dist::Group>(place,
+                                      std::chrono::milliseconds(static_cast<int64_t>(job.dist_timeout_s * 1000)));
   run.lead = place.rank == 0;
   run.quiet = job.quiet || !run.lead;
   run.out = job.out_dir;
@@ -249,11 +250,11 @@ std::vector<IterMetrics> train_until(Run& run, int64_t stop) {
     rows.push_back(m);
     run.fingerprint(m.iteration);
     if (!run.quiet) {
-      std::printf("iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
-                  "num zeros %lld | %.0f tokens/s\n",
-                  static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss),
-                  static_cast<double>(m.aux_loss), m.grad_norm, m.lr,
-                  static_cast<long long>(m.num_zeros), m.tokens_per_s);
+      std::printf(
+          "iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
+          "num zeros %lld | %.0f tokens/s\n",
+          static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss), static_cast<double>(m.aux_loss),
+          m.grad_norm, m.lr, static_cast<long long>(m.num_zeros), m.tokens_per_s);
       std::fflush(stdout);
     }
     if (m.iteration == run.job.save_at) save_all(run);
@@ -261,7 +262,7 @@ std::vector<IterMetrics> train_until(Run& run, int64_t stop) {
   return rows;
 }
 
-}  // namespace
+}   // namespace
 
 int run_train(const TrainJob& job) {
   validate(job.cfg);
@@ -289,8 +290,8 @@ int run_train(const TrainJob& job) {
     write_timing_csv((run.out / "timing.csv").string(), rows);
     write_text((run.out / "fingerprints.csv").string(), run.fingerprints);
   }
-  if (run.write_out) write_phases(run, rows.size(), std::chrono::steady_clock::now() - t0,
-                                  ckpt::fsync_seconds() - fsync0);
+  if (run.write_out)
+    write_phases(run, rows.size(), std::chrono::steady_clock::now() - t0, ckpt::fsync_seconds() - fsync0);
   if (!run.quiet && job.verbose) {   // the same seconds as phases.json
     std::printf("seconds per phase (this process):");
     for (const auto& [phase, sec] : run.phases.seconds()) std::printf(" %s %.3f", phase.c_str(), sec);
@@ -300,4 +301,4 @@ int run_train(const TrainJob& job) {
   return 0;
 }
 
-}  // namespace rh
+}   // namespace rh

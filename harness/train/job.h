@@ -18,17 +18,17 @@ namespace rh {
 
 struct TrainJob {
   RunConfig cfg;
-  std::string out_dir;            // metrics.csv, timing.csv, fingerprints.csv, config.json
-  int64_t stop_at = -1;           // stop after this iteration (-1: cfg.train.iterations)
-  std::vector<SaveTarget> saves;  // written when stopping, or at save_at
-  int64_t save_at = -1;           // save after this iteration, then go on
-  std::string load;               // if set: resume from this checkpoint root or iter_ directory
+  std::string out_dir;             // metrics.csv, timing.csv, fingerprints.csv, config.json
+  int64_t stop_at = -1;            // stop after this iteration (-1: cfg.train.iterations)
+  std::vector<SaveTarget> saves;   // written when stopping, or at save_at
+  int64_t save_at = -1;            // save after this iteration, then go on
+  std::string load;                // if set: resume from this checkpoint root or iter_ directory
   Fault fault = Fault::none;
-  bool allow_lossy = false;       // accept lossy conversions on load
+  bool allow_lossy = false;               // accept lossy conversions on load
   bool exact_master_conversion = false;   // LoadOptions::exact_master_conversion
-  bool dump_states = false;       // write state dumps (at save / right after load) for comparison
+  bool dump_states = false;               // write state dumps (at save / right after load) for comparison
   bool quiet = false;
-  bool verbose = false;           // -v: also bytes per key of each save and seconds per phase
+  bool verbose = false;                 // -v: also bytes per key of each save and seconds per phase
   bool remainders_flag_given = false;   // --store-param-remainders on the command line: say if it has no effect
   // Data parallel: the placement comes from the environment (torchrun / SLURM variables, or the
   // `--nproc` launcher, see ranks/group.h and ranks/launcher.h); rendezvous and every collective
@@ -41,4 +41,4 @@ struct TrainJob {
 // gathered under "<key>@rank<r>"), every rank writes its checkpoint shard.
 int run_train(const TrainJob& job);
 
-}  // namespace rh
+}   // namespace rh

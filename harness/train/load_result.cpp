@@ -49,4 +49,4 @@ void write_load_result(const std::string& out_dir, const std::string& checkpoint
   write_text((std::filesystem::path(out_dir) / kLoadResultFile).string(), ckpt::dump_text(all, 2) + "\n");
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -26,4 +26,4 @@ LoadResult read_load_result(const std::string& path);
 // path and message as printable UTF-8.
 void write_load_result(const std::string& out_dir, const std::string& checkpoint, const nlohmann::json& j);
 
-}  // namespace rh
+}   // namespace rh

@@ -17,8 +17,7 @@
 namespace rh {
 
 const std::vector<std::string>& metric_names() {
-  static const std::vector<std::string> names = {"lm_loss", "aux_loss", "total_loss",
-                                                 "grad_norm", "lr", "num_zeros"};
+  static const std::vector<std::string> names = {"lm_loss", "aux_loss", "total_loss", "grad_norm", "lr", "num_zeros"};
   return names;
 }
 
@@ -55,22 +54,21 @@ double parse_hex(const std::string& s, const std::string& path, unsigned line, c
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end == nullptr || *end != '\0')
-    throw std::runtime_error(path + ":" + std::to_string(line) + ": column " + col +
-                             ": expected a hex float, got '" + s + "'");
+    throw std::runtime_error(path + ":" + std::to_string(line) + ": column " + col + ": expected a hex float, got '" +
+                             s + "'");
   return v;
 }
-}  // namespace
+}   // namespace
 
 void write_metrics_csv(const std::string& path, const std::vector<IterMetrics>& rows) {
   std::string out =
       "iteration,consumed_samples,lm_loss,lm_loss_hex,aux_loss,aux_loss_hex,total_loss,"
       "total_loss_hex,grad_norm,grad_norm_hex,lr,lr_hex,num_zeros\n";
   for (const auto& m : rows) {
-    out += std::to_string(m.iteration) + "," + std::to_string(m.consumed_samples) + "," +
-           g9(m.lm_loss) + "," + hex_float(m.lm_loss) + "," + g9(m.aux_loss) + "," +
-           hex_float(m.aux_loss) + "," + g9(m.total_loss) + "," + hex_float(m.total_loss) + "," +
-           exact_decimal(m.grad_norm) + "," + hex_float(m.grad_norm) + "," + exact_decimal(m.lr) + "," +
-           hex_float(m.lr) + "," + std::to_string(m.num_zeros) + "\n";
+    out += std::to_string(m.iteration) + "," + std::to_string(m.consumed_samples) + "," + g9(m.lm_loss) + "," +
+           hex_float(m.lm_loss) + "," + g9(m.aux_loss) + "," + hex_float(m.aux_loss) + "," + g9(m.total_loss) + "," +
+           hex_float(m.total_loss) + "," + exact_decimal(m.grad_norm) + "," + hex_float(m.grad_norm) + "," +
+           exact_decimal(m.lr) + "," + hex_float(m.lr) + "," + std::to_string(m.num_zeros) + "\n";
   }
   write_file(path, out);
 }
@@ -86,9 +84,9 @@ std::vector<IterMetrics> read_metrics_csv(const std::string& path) {
   std::vector<IterMetrics> rows;
   try {
     io::CSVReader<13> in(path);
-    in.read_header(io::ignore_extra_column, "iteration", "consumed_samples", "lm_loss",
-                   "lm_loss_hex", "aux_loss", "aux_loss_hex", "total_loss", "total_loss_hex",
-                   "grad_norm", "grad_norm_hex", "lr", "lr_hex", "num_zeros");
+    in.read_header(io::ignore_extra_column, "iteration", "consumed_samples", "lm_loss", "lm_loss_hex", "aux_loss",
+                   "aux_loss_hex", "total_loss", "total_loss_hex", "grad_norm", "grad_norm_hex", "lr", "lr_hex",
+                   "num_zeros");
     int64_t it, consumed, zeros;
     std::string a, ah, b, bh, c, ch, d, dh, e, eh;
     while (in.read_row(it, consumed, a, ah, b, bh, c, ch, d, dh, e, eh, zeros)) {
@@ -110,4 +108,4 @@ std::vector<IterMetrics> read_metrics_csv(const std::string& path) {
   return rows;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -10,16 +10,16 @@
 namespace rh {
 
 struct IterMetrics {
-  int64_t iteration = 0;         // 1-based: the iteration just completed
-  int64_t consumed_samples = 0;  // data position after the iteration
-  float lm_loss = 0;             // mean over micro-batches
-  float aux_loss = 0;            // MoE load-balancing (+ z) loss, mean over micro-batches
-  float total_loss = 0;          // lm + aux
-  double grad_norm = 0;          // global norm before clipping
-  double lr = 0;                 // learning rate used by this iteration's step
-  int64_t num_zeros = 0;         // zero elements in the main grads (after clipping)
-  double seconds = 0;            // wall time of the iteration (timing file only)
-  double tokens_per_s = 0;       // (timing file only)
+  int64_t iteration = 0;          // 1-based: the iteration just completed
+  int64_t consumed_samples = 0;   // data position after the iteration
+  float lm_loss = 0;              // mean over micro-batches
+  float aux_loss = 0;             // MoE load-balancing (+ z) loss, mean over micro-batches
+  float total_loss = 0;           // lm + aux
+  double grad_norm = 0;           // global norm before clipping
+  double lr = 0;                  // learning rate used by this iteration's step
+  int64_t num_zeros = 0;          // zero elements in the main grads (after clipping)
+  double seconds = 0;             // wall time of the iteration (timing file only)
+  double tokens_per_s = 0;        // (timing file only)
 };
 
 // Names of the deterministic metrics, in CSV column order (each with a _hex twin for floats).
@@ -36,4 +36,4 @@ std::vector<IterMetrics> read_metrics_csv(const std::string& path);
 std::string hex_float(double v);       // "%a"
 std::string exact_decimal(double v);   // "%.17g": round-trips a double
 
-}  // namespace rh
+}   // namespace rh

@@ -26,7 +26,8 @@ std::vector<SaveTarget> read_save_plan(const std::string& path) try {
   const std::string what = "save plan " + path;
   const nlohmann::json j = ckpt::parse_json_unique(ckpt::read_regular_file(path, 1u << 20), what);
   const ckpt::JsonField plan(j, what);
-  if (!j.is_object()) plan.fail("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
+  if (!j.is_object())
+    plan.fail("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
   const int64_t schema = plan["schema_version"].i64();
   if (schema != kSavePlanSchema)
     plan["schema_version"].fail("expected " + std::to_string(kSavePlanSchema) + ", got " + std::to_string(schema));
@@ -47,4 +48,4 @@ std::vector<SaveTarget> read_save_plan(const std::string& path) try {
   throw std::invalid_argument(e.what());
 }
 
-}  // namespace rh
+}   // namespace rh

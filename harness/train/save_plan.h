@@ -23,4 +23,4 @@ constexpr int kSavePlanSchema = 1;
 std::vector<SaveTarget> read_save_plan(const std::string& path);
 void write_save_plan(const std::string& path, const std::vector<SaveTarget>& saves);
 
-}  // namespace rh
+}   // namespace rh

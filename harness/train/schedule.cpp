@@ -59,8 +59,8 @@ double scheduler_lr(const ckpt::OptParamSchedulerState& s, const SchedulerArgs& 
   const double max_lr = s.max_lr, min_lr = s.min_lr;
   // "Use linear warmup for the initial part": num_steps <= warmup (inclusive), from init_lr.
   if (s.lr_warmup_steps > 0 && s.num_steps <= s.lr_warmup_steps)
-    return a.init_lr + ((max_lr - a.init_lr) * static_cast<double>(s.num_steps) /
-                        static_cast<double>(s.lr_warmup_steps));
+    return a.init_lr +
+           ((max_lr - a.init_lr) * static_cast<double>(s.num_steps) / static_cast<double>(s.lr_warmup_steps));
   if (s.lr_decay_style == "constant") return max_lr;
   if (s.num_steps > s.lr_decay_steps) return min_lr;
   if (s.lr_decay_style == "inverse-square-root") {
@@ -128,17 +128,18 @@ std::string show(double v) {
 std::string show(int64_t v) { return std::to_string(v); }
 std::string show(const std::string& v) { return v; }
 
-}  // namespace
+}   // namespace
 
 // optimizer_param_scheduler.py _check_and_set + load_state_dict (the current key names; the
 // legacy aliases start_lr, warmup_iter, end_iter, decay_style, num_iters never occur here).
 ckpt::OptParamSchedulerState load_scheduler_state(const ckpt::OptParamSchedulerState& cls,
-                                                  const ckpt::OptParamSchedulerState& sd,
-                                                  const SchedulerArgs& a, const std::string& where) {
+                                                  const ckpt::OptParamSchedulerState& sd, const SchedulerArgs& a,
+                                                  const std::string& where) {
   // __init__: assert not (override and use_checkpoint), 'both override and use-checkpoint are set.'
   if (a.override_opt_param_scheduler && a.use_checkpoint_opt_param_scheduler)
-    throw std::invalid_argument("train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: "
-                                "both override and use-checkpoint are set.");
+    throw std::invalid_argument(
+        "train.override_opt_param_scheduler and train.use_checkpoint_opt_param_scheduler: "
+        "both override and use-checkpoint are set.");
   // _check_and_set on every compared key, in load_state_dict's order.
   std::vector<const ckpt::SchedulerField*> compared;
   for (const auto& f : ckpt::scheduler_fields())
@@ -165,4 +166,4 @@ ckpt::OptParamSchedulerState load_scheduler_state(const ckpt::OptParamSchedulerS
   return s;
 }
 
-}  // namespace rh
+}   // namespace rh

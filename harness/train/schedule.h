@@ -18,8 +18,8 @@ struct RunConfig;   // config.h, which validates with the style lists below: dec
 // The scheduler's class values that upstream's state_dict does not hold (they always come from
 // the arguments of the run, never from the checkpoint), and the two load-time switches.
 struct SchedulerArgs {
-  double init_lr = 0.0;                       // --lr-warmup-init
-  int64_t wsd_decay_steps = -1;               // samples; -1: None (only WSD needs it)
+  double init_lr = 0.0;           // --lr-warmup-init
+  int64_t wsd_decay_steps = -1;   // samples; -1: None (only WSD needs it)
   std::string lr_wsd_decay_style = "exponential";
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
@@ -45,7 +45,7 @@ double scheduler_wd(const ckpt::OptParamSchedulerState& s);
 // neither: they must be equal, else std::invalid_argument with upstream's message naming the
 // key), then step(num_steps). `where` names the checkpoint in the message.
 ckpt::OptParamSchedulerState load_scheduler_state(const ckpt::OptParamSchedulerState& cls,
-                                                  const ckpt::OptParamSchedulerState& sd,
-                                                  const SchedulerArgs& a, const std::string& where);
+                                                  const ckpt::OptParamSchedulerState& sd, const SchedulerArgs& a,
+                                                  const std::string& where);
 
-}  // namespace rh
+}   // namespace rh

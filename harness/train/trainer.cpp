@@ -35,8 +35,7 @@ torch::Device parse_device(const std::string& d) {
 #ifndef RH_WITH_CUDA
     throw std::invalid_argument("--device cuda: this build has no CUDA (LibTorch without CUDA)");
 #else
-    if (!torch::cuda::is_available())
-      throw std::invalid_argument("--device cuda: no CUDA device is available");
+    if (!torch::cuda::is_available()) throw std::invalid_argument("--device cuda: no CUDA device is available");
     return torch::Device(torch::kCUDA, 0);
 #endif
   }
@@ -54,7 +53,7 @@ std::vector<optim::ParamGroup> param_groups(models::CausalLM& model, double wd) 
   return groups;
 }
 
-}  // namespace
+}   // namespace
 
 Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
     : cfg_(cfg),
@@ -72,15 +71,16 @@ Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
                                 std::to_string(cfg_.train.global_batch) + " / train.micro_batch " +
                                 std::to_string(cfg_.train.micro_batch) + ")");
   if (group_ && device_.is_cuda())
-    throw std::invalid_argument("data parallel on --device cuda needs ProcessGroupNCCL, which this build does not have");
+    throw std::invalid_argument(
+        "data parallel on --device cuda needs ProcessGroupNCCL, which this build does not have");
   model_ = models::make_moe_transformer(cfg_.model, cfg_.train.seed, device_);
   model_->train();
   // Megatron's buffers hold the model's params (module.parameters() order) reversed, whatever
   // the optimizer's grouping: the data-parallel layout follows the model's order.
   std::vector<std::string> model_order;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) model_order.push_back(item.key());
-  optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay),
-                                                      cfg_.optim, group_, model_order);
+  optimizer_ = std::make_unique<optim::PrecisionAdam>(param_groups(*model_, cfg_.optim.weight_decay), cfg_.optim,
+                                                      group_, model_order);
   state_.opt_param_scheduler = scheduler_from_config(cfg_);
   sched_args_ = scheduler_args_from_config(cfg_);
 }
@@ -97,10 +97,9 @@ IterMetrics Trainer::train_iteration() {
   // then a stream per micro-batch seeded from that draw and the micro-batch's index. A sample
   // sees the same mask whichever rank runs it, so runs at different data-parallel sizes differ
   // only by the order of their reductions; the generator's state is still training state.
-  const uint64_t draw = static_cast<uint64_t>(
-      torch::randint(std::numeric_limits<int64_t>::max(), {1}, dropout_gen_,
-                     torch::TensorOptions().dtype(torch::kLong).device(device_))
-          .item<int64_t>());
+  const uint64_t draw = static_cast<uint64_t>(torch::randint(std::numeric_limits<int64_t>::max(), {1}, dropout_gen_,
+                                                             torch::TensorOptions().dtype(torch::kLong).device(device_))
+                                                  .item<int64_t>());
   for (int64_t micro = first; micro < last; ++micro) {
     torch::Generator micro_gen = make_generator(device_, mix64(draw ^ static_cast<uint64_t>(micro)));
     corpus_.fill(state_.consumed_samples + micro * mb, mb, tokens.data(), targets.data());
@@ -177,7 +176,7 @@ void Trainer::update_expert_bias() {
   }
   auto stacked_tokens = torch::stack(tokens, 0).to(torch::kCPU);   // (L, E) fp32
   if (group_) group_->all_reduce_sum(stacked_tokens);
-  auto stacked_bias = torch::stack(biases, 0).to(torch::kCPU);     // (L, E) fp32
+  auto stacked_bias = torch::stack(biases, 0).to(torch::kCPU);   // (L, E) fp32
   auto updated = updated_expert_bias(stacked_tokens, stacked_bias, cfg_.model.bias_update_rate);
   for (size_t i = 0; i < states.size(); ++i) {
     states[i].local_tokens_per_expert.zero_();
@@ -217,8 +216,8 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
   // The non-tensor state first, so a first divergence names it when only it differs.
   const auto st = state();
   auto bytes_hash = [](const void* p, size_t n) { return XXH3_64bits(p, n); };
-  out.emplace_back("state/rng.dropout", bytes_hash(st.rng_states.at("dropout").data(),
-                                                    st.rng_states.at("dropout").size()));
+  out.emplace_back("state/rng.dropout",
+                   bytes_hash(st.rng_states.at("dropout").data(), st.rng_states.at("dropout").size()));
   out.emplace_back("state/consumed_samples", bytes_hash(&st.consumed_samples, sizeof(int64_t)));
   // The scheduler's state_dict, key by key, in upstream's order (a fault that breaks one is named).
   for (const auto& f : ckpt::scheduler_fields())
@@ -228,8 +227,7 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
           std::string key = std::string("state/opt_param_scheduler.") + f.key;
           if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
             out.emplace_back(std::move(key), bytes_hash(v.data(), v.size()));
-          else
-            out.emplace_back(std::move(key), bytes_hash(&v, sizeof v));
+          else out.emplace_back(std::move(key), bytes_hash(&v, sizeof v));
         },
         f.member);
   for (size_t g = 0; g < optimizer_->num_groups(); ++g) {
@@ -240,17 +238,16 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
   for (const auto& item : model_->named_buffers(true))   // persistent model state (expert_bias)
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
-  const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
-                                  optim::StateKey::exp_avg_sq};
+  const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg, optim::StateKey::exp_avg_sq};
   for (const auto& name : optimizer_->param_names()) {
     const auto range = optimizer_->shard_range(name);
     if (range.first == range.second) continue;   // another rank's part of the state
     for (auto k : keys) {
       const auto& st = optimizer_->stored(name, k);
-      std::string key = name + "/" +
-                        (k == optim::StateKey::master_param && st.dtype == optim::Dtype::int16
-                             ? std::string("remainder")
-                             : std::string(optim::key_name(k)));
+      std::string key =
+          name + "/" +
+          (k == optim::StateKey::master_param && st.dtype == optim::Dtype::int16 ? std::string("remainder")
+                                                                                 : std::string(optim::key_name(k)));
       out.emplace_back(key, tensor_xxh3(st.data));
       if (st.scale) out.emplace_back(key + ".scale", XXH3_64bits(&*st.scale, sizeof(float)));
       if (st.scale_inv) out.emplace_back(key + ".scale_inv", XXH3_64bits(&*st.scale_inv, sizeof(float)));
@@ -259,4 +256,4 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -29,7 +29,7 @@ class Trainer {
   // of each iteration: the samples of an iteration do not depend on the group size.
   explicit Trainer(const RunConfig& cfg, optim::Collectives* group = nullptr);
 
-  IterMetrics train_iteration();                 // one iteration; advances the state
+  IterMetrics train_iteration();   // one iteration; advances the state
 
   const RunConfig& config() const { return cfg_; }
   models::CausalLM& model() { return *model_; }
@@ -70,4 +70,4 @@ torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const 
 // XXH3-64 over a tensor's bytes (made contiguous, on CPU).
 uint64_t tensor_xxh3(const torch::Tensor& t);
 
-}  // namespace rh
+}   // namespace rh

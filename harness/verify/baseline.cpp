@@ -19,12 +19,12 @@ std::string run_key(const RunConfig& cfg, int64_t dp_size) {
   return to_json(cfg).dump() + "|dp=" + std::to_string(dp_size);
 }
 
-}  // namespace
+}   // namespace
 
 CheckPlan plan_checks(const std::vector<Scenario>& scenarios, const fs::path& baselines_dir) {
   CheckPlan plan;
-  std::map<std::string, size_t> by_key;       // run key + K -> baseline
-  std::map<std::string, size_t> by_run;       // run key -> first baseline of that run (a reference)
+  std::map<std::string, size_t> by_key;   // run key + K -> baseline
+  std::map<std::string, size_t> by_run;   // run key -> first baseline of that run (a reference)
   auto add = [&](const RunConfig& cfg, int64_t dp, int64_t K) {
     const std::string run = run_key(cfg, dp), key = run + "|K=" + std::to_string(K);
     if (auto it = by_key.find(key); it != by_key.end()) return it->second;
@@ -54,7 +54,8 @@ CheckPlan plan_checks(const std::vector<Scenario>& scenarios, const fs::path& ba
     c.save = b.saves.size();
     for (size_t k = 0; k < b.saves.size(); ++k)
       if (policy_key(b.saves[k].policy) == pk) c.save = k;
-    if (c.save == b.saves.size()) b.saves.push_back({(b.dir / "checkpoints" / std::to_string(c.save)).string(), s.policy});
+    if (c.save == b.saves.size())
+      b.saves.push_back({(b.dir / "checkpoints" / std::to_string(c.save)).string(), s.policy});
     c.reference = s.resharded() ? add(s.cfg, s.resume_dp(), -1) : c.baseline;
     plan.cells.push_back(c);
   }
@@ -84,8 +85,9 @@ void run_baseline(const Baseline& b, const std::string& tool, double timeout_s) 
   }
   const fs::path cfg = b.dir / "config.json", plan = b.dir / "save_plan.json", log = b.dir / "train.log";
   write_text(cfg.string(), to_json(b.cfg).dump(2) + "\n");
-  std::vector<std::string> argv = {tool, "train", "--config", cfg.string(), "--out", b.dir.string(),
-                                   "--dump-states", "--quiet", "--nproc", std::to_string(b.dp_size)};
+  std::vector<std::string> argv =
+      {tool,           "train",         "--config", cfg.string(), "--out",
+       b.dir.string(), "--dump-states", "--quiet",  "--nproc",    std::to_string(b.dp_size)};
   if (!b.saves.empty()) {
     write_save_plan(plan.string(), b.saves);
     argv.insert(argv.end(), {"--save-plan", plan.string(), "--save-at", std::to_string(b.save_at)});
@@ -98,4 +100,4 @@ void prune_baseline(const Baseline& b) {
   for (const char* d : {"checkpoints", "state_at_save", "state_final"}) remove_tree_below(b.dir, d);
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -17,8 +17,8 @@
 namespace rh {
 
 struct Baseline {
-  std::string id;                  // "b07": its directory under <run dir>/baselines
-  std::filesystem::path dir;       // metrics.csv, fingerprints.csv, state_at_save/, state_final/, checkpoints/
+  std::string id;              // "b07": its directory under <run dir>/baselines
+  std::filesystem::path dir;   // metrics.csv, fingerprints.csv, state_at_save/, state_final/, checkpoints/
   RunConfig cfg;
   int64_t dp_size = 1;
   int64_t save_at = -1;            // K; -1 for a reference that saves nothing
@@ -48,4 +48,4 @@ void run_baseline(const Baseline& b, const std::string& tool, double timeout_s);
 // Removes what only the checks needed (checkpoints, state dumps), keeping metrics and fingerprints.
 void prune_baseline(const Baseline& b);
 
-}  // namespace rh
+}   // namespace rh

@@ -50,9 +50,12 @@ bool is_optimizer_key(const std::string& k) {
 bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, CheckResult& r) {
   const fs::path dir(o.work_dir), cfg = dir / "config.json", log = dir / "resumed.log";
   write_text(cfg.string(), to_json(s.cfg).dump(2) + "\n");
-  std::vector<std::string> argv = {o.tool, "train", "--config", cfg.string(), "--out", (dir / "resumed").string(),
-                                   "--dump-states", "--quiet", "--load", runs.checkpoint.string(),
-                                   "--fault", to_string(s.fault)};
+  std::vector<std::string> argv = {o.tool,          "train",
+                                   "--config",      cfg.string(),
+                                   "--out",         (dir / "resumed").string(),
+                                   "--dump-states", "--quiet",
+                                   "--load",        runs.checkpoint.string(),
+                                   "--fault",       to_string(s.fault)};
   if (s.allow_lossy) argv.push_back("--allow-lossy");
   if (s.exact_master_conversion) argv.push_back("--exact-master-conversion");
   if (s.resume_dp() > 1) argv.insert(argv.end(), {"--nproc", std::to_string(s.resume_dp())});
@@ -67,8 +70,7 @@ bool resume(const Scenario& s, const CellRuns& runs, const CheckOptions& o, Chec
     r.control_fresh_differs = true;   // nothing was loaded; the control is moot
     return false;
   }
-  if (!e.ok())
-    throw std::runtime_error("resumed process " + e.describe() + ": " + tail_of_file(log.string(), 600));
+  if (!e.ok()) throw std::runtime_error("resumed process " + e.describe() + ": " + tail_of_file(log.string(), 600));
   return true;
 }
 
@@ -93,7 +95,8 @@ void compare_after_load(const Scenario& s, const CellRuns& runs, const fs::path&
     auto after = differing_keys(fb.at(K), fr.at(K));
     if (!after.empty()) r.first_divergence = "after load: " + after.front();
   }
-  r.after_load = compare_state_dumps((runs.baseline / "state_at_save").string(), (dir / "resumed" / "state_after_load").string());
+  r.after_load =
+      compare_state_dumps((runs.baseline / "state_at_save").string(), (dir / "resumed" / "state_after_load").string());
   for (const auto& d : r.after_load)
     if (!d.identical() && r.after_load_differs.empty()) r.after_load_differs = d.key;
   if (s.resharded() && !r.after_load_differs.empty()) r.first_divergence = "after load: " + r.after_load_differs;
@@ -101,7 +104,8 @@ void compare_after_load(const Scenario& s, const CellRuns& runs, const fs::path&
     auto& u = r.max_ulp_after_load[d.kind];
     u = std::max(u, d.max_ulp);
     auto it = r.bit_equal_after_load.find(d.kind);
-    if (it == r.bit_equal_after_load.end() || d.bit_equal_fraction < it->second) r.bit_equal_after_load[d.kind] = d.bit_equal_fraction;
+    if (it == r.bit_equal_after_load.end() || d.bit_equal_fraction < it->second)
+      r.bit_equal_after_load[d.kind] = d.bit_equal_fraction;
   }
 }
 
@@ -135,7 +139,8 @@ void compare_iterations(const Scenario& s, const CellRuns& runs, const fs::path&
     for (const auto& name : metric_names()) {
       const auto d = metric_diff(i, name, mb.at(static_cast<size_t>(i - 1)), mr.at(static_cast<size_t>(i - K - 1)));
       if (name == "lm_loss") r.max_abs_dloss = std::max(r.max_abs_dloss, d.abs_diff);
-      if (!d.bit_equal && r.first_divergence.empty()) r.first_divergence = "iteration " + std::to_string(i) + ": metric " + name;
+      if (!d.bit_equal && r.first_divergence.empty())
+        r.first_divergence = "iteration " + std::to_string(i) + ": metric " + name;
       r.metric_diffs.push_back(d);
     }
     if (r.first_divergence.empty()) {
@@ -155,7 +160,8 @@ void compare(const Scenario& s, const CellRuns& runs, const fs::path& dir, const
     r.control_fresh_differs = r.control_fresh_differs || is_optimizer_key(k);
   compare_after_load(s, runs, dir, fb, fr, r);
   compare_iterations(s, runs, dir, fc, fr, r);
-  r.final_state = compare_state_dumps((runs.reference / "state_final").string(), (dir / "resumed" / "state_final").string());
+  r.final_state =
+      compare_state_dumps((runs.reference / "state_final").string(), (dir / "resumed" / "state_final").string());
   for (const auto& d : r.final_state)
     if (!d.identical() && r.first_divergence.empty()) r.first_divergence = "final state: " + d.key;
   r.outcome = r.first_divergence.empty() ? Outcome::identical : Outcome::diverged;
@@ -188,7 +194,7 @@ void copy_baseline_metrics(const CellRuns& runs, const fs::path& dir) {
     if (fs::exists(runs.baseline / f)) copy_text_file((runs.baseline / f).string(), (dir / "baseline" / f).string());
 }
 
-}  // namespace
+}   // namespace
 
 void judge(const Scenario& s, CheckResult& r) {
   judge_expectation(s, r);
@@ -196,11 +202,14 @@ void judge(const Scenario& s, CheckResult& r) {
   if (!r.passed || !s.trainer) return;
   if (!s.expect_diagnosis.empty() && r.diagnosis != s.expect_diagnosis) {
     r.passed = false;
-    r.verdict = "FAIL: expected diagnosis " + s.expect_diagnosis + ", got " + (r.diagnosis.empty() ? "none" : r.diagnosis) +
-                ": " + (r.explanation.empty() ? r.first_divergence : r.explanation);
-  } else if (!s.expect_first_divergence.empty() && r.first_divergence.find(s.expect_first_divergence) == std::string::npos) {
+    r.verdict = "FAIL: expected diagnosis " + s.expect_diagnosis + ", got " +
+                (r.diagnosis.empty() ? "none" : r.diagnosis) + ": " +
+                (r.explanation.empty() ? r.first_divergence : r.explanation);
+  } else if (!s.expect_first_divergence.empty() &&
+             r.first_divergence.find(s.expect_first_divergence) == std::string::npos) {
     r.passed = false;
-    r.verdict = "FAIL: expected a first divergence naming '" + s.expect_first_divergence + "', got '" + r.first_divergence + "'";
+    r.verdict = "FAIL: expected a first divergence naming '" + s.expect_first_divergence + "', got '" +
+                r.first_divergence + "'";
   } else if (!s.expect_diagnosis.empty() && r.diagnosis != "none") {
     r.verdict += " [" + r.diagnosis + "]";
   }
@@ -216,12 +225,13 @@ void judge_expectation(const Scenario& s, CheckResult& r) {
   if (r.outcome == Outcome::error) return set(false, "error: " + r.first_divergence);
   if (s.trainer && !controls_ok && r.outcome != Outcome::nondeterministic)
     return set(false, std::string("negative control failed: ") +
-                          (!r.control_fresh_differs ? "the resumed run logged no iteration after save_at, so nothing was compared"
-                                                    : "every row the uninterrupted run logged is the same, so a difference could not show"));
+                          (!r.control_fresh_differs
+                               ? "the resumed run logged no iteration after save_at, so nothing was compared"
+                               : "every row the uninterrupted run logged is the same, so a difference could not show"));
   if (!controls_ok && !refused && !s.trainer)
-    return set(false, std::string("negative control failed: ") +
-                          (!r.control_fresh_differs ? "a fresh optimizer equals the saved state"
-                                                    : "the state at K equals the state at K-1"));
+    return set(false, std::string("negative control failed: ") + (!r.control_fresh_differs
+                                                                      ? "a fresh optimizer equals the saved state"
+                                                                      : "the state at K equals the state at K-1"));
   if (s.resharded() && !r.after_load_differs.empty() && !refused && s.expect.kind != Expectation::Kind::diverge)
     return set(false, "resharded load (" + std::to_string(s.dp_size) + " -> " + std::to_string(s.resume_dp()) +
                           " ranks) is not exact: " + r.after_load_differs + " differs from the saved state");
@@ -340,4 +350,4 @@ CheckResult run_check(const Scenario& s, const CheckOptions& o) {
   return r;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -18,12 +18,12 @@
 namespace rh {
 
 struct CheckOptions {
-  std::string tool;              // path of the resume-harness executable to run children with
-  std::string work_dir;          // per-scenario directory (removed and created)
+  std::string tool;       // path of the resume-harness executable to run children with
+  std::string work_dir;   // per-scenario directory (removed and created)
   bool keep_checkpoints = false;
-  double timeout_s = 900;        // per child process
-  std::string golden_csv;        // if set: the baseline's metrics must equal this file bit for bit
-  bool update_golden = false;    // write golden_csv from the baseline instead
+  double timeout_s = 900;       // per child process
+  std::string golden_csv;       // if set: the baseline's metrics must equal this file bit for bit
+  bool update_golden = false;   // write golden_csv from the baseline instead
 };
 
 // What the shared runs left for one cell: its baseline, the checkpoint it resumes from, its
@@ -50,4 +50,4 @@ CheckResult run_check(const Scenario& s, const CheckOptions& opts);
 void judge(const Scenario& s, CheckResult& r);
 void judge_expectation(const Scenario& s, CheckResult& r);   // the expectation alone
 
-}  // namespace rh
+}   // namespace rh

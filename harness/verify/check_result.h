@@ -23,17 +23,17 @@ struct MetricDiff {
 
 struct CheckResult {
   std::string name;
-  std::string expectation;             // exact | tolerance | diverge
+  std::string expectation;   // exact | tolerance | diverge
   bool passed = false;
-  std::string verdict;                 // "PASS: ..." / "FAIL: ..." one line
+  std::string verdict;   // "PASS: ..." / "FAIL: ..." one line
   Outcome outcome = Outcome::error;
-  std::string first_divergence;        // "" when none: "iteration 11 metric lm_loss" / "after load: key"
-  std::string load_error;              // load_result.json's message when the resumed run refused the load
-  double max_abs_dloss = 0;            // max |d lm_loss| over K+1..N
+  std::string first_divergence;   // "" when none: "iteration 11 metric lm_loss" / "after load: key"
+  std::string load_error;         // load_result.json's message when the resumed run refused the load
+  double max_abs_dloss = 0;       // max |d lm_loss| over K+1..N
   std::map<std::string, uint64_t> max_ulp_after_load;   // per key kind
   std::map<std::string, double> bit_equal_after_load;   // per key kind: min fraction
-  bool control_fresh_differs = false;  // negative control: fresh optimizer != saved state
-  bool control_k_differs = false;      // negative control: state at K != state at K-1
+  bool control_fresh_differs = false;                   // negative control: fresh optimizer != saved state
+  bool control_k_differs = false;                       // negative control: state at K != state at K-1
   uint64_t checkpoint_bytes = 0;
   double bytes_per_param = 0;
   // The same checkpoint uncompressed (== the above unless compress = "zstd").
@@ -43,7 +43,7 @@ struct CheckResult {
   double seconds = 0;
   std::vector<MetricDiff> metric_diffs;
   std::vector<TensorDiff> after_load, final_state;
-  std::string after_load_differs;      // first key whose state after load differs from the saved one
+  std::string after_load_differs;   // first key whose state after load differs from the saved one
   // External cells (external_check.h): the diagnosis code (outcome.h) and the diagnosis in words,
   // notes on what the comparison could see (a metric's printed resolution), and the seconds the
   // trainer's own runs took (the rest of `seconds` is the harness's overhead).
@@ -53,4 +53,4 @@ struct CheckResult {
   bool bad_input = false;   // an external trainer's output or checkpoint could not be read (exit 2)
 };
 
-}  // namespace rh
+}   // namespace rh

@@ -33,9 +33,11 @@ torch::Tensor ordered(ckpt::StDtype d, const torch::Tensor& t) {
     return torch::where(torch::bitwise_and(bits, sign).ne(0), -mag, mag);
   };
   switch (d) {
-    case StDtype::F32: return sm(t.view(torch::kInt).to(torch::kLong).bitwise_and(static_cast<int64_t>(0xffffffff)), int64_t{1} << 31);
+    case StDtype::F32:
+      return sm(t.view(torch::kInt).to(torch::kLong).bitwise_and(static_cast<int64_t>(0xffffffff)), int64_t{1} << 31);
     case StDtype::F16:
-    case StDtype::BF16: return sm(t.view(torch::kShort).to(torch::kLong).bitwise_and(int64_t{0xffff}), int64_t{1} << 15);
+    case StDtype::BF16:
+      return sm(t.view(torch::kShort).to(torch::kLong).bitwise_and(int64_t{0xffff}), int64_t{1} << 15);
     case StDtype::F8_E4M3: return sm(t.to(torch::kLong), 1 << 7);
     default: return t.to(torch::kLong);
   }
@@ -51,7 +53,7 @@ torch::Tensor raw_bits(const torch::Tensor& t) {
   }
 }
 
-}  // namespace
+}   // namespace
 
 std::string key_kind(const std::string& key) {
   if (key.rfind("model/", 0) == 0) return "model";
@@ -66,7 +68,9 @@ std::vector<TensorDiff> compare_state_dumps(const std::string& a, const std::str
 }
 
 std::vector<TensorDiff> compare_tensor_maps(const TensorMap& ta_map, const TensorMap& tb_map) {
-  struct { const TensorMap& tensors; } la{ta_map}, lb{tb_map};
+  struct {
+    const TensorMap& tensors;
+  } la{ta_map}, lb{tb_map};
   std::set<std::string> keys;
   for (const auto& [k, v] : la.tensors) keys.insert(k);
   for (const auto& [k, v] : lb.tensors) keys.insert(k);
@@ -103,8 +107,9 @@ std::vector<TensorDiff> compare_tensor_maps(const TensorMap& ta_map, const Tenso
     if (d.dtype_a == d.dtype_b) {
       auto eq = raw_bits(ta).flatten().eq(raw_bits(tb).flatten());
       d.bit_equal_fraction = eq.to(torch::kDouble).mean().item<double>();
-      auto ulp = (ordered(ia->second.first, ta.contiguous()).flatten() -
-                  ordered(ib->second.first, tb.contiguous()).flatten()).abs();
+      auto ulp =
+          (ordered(ia->second.first, ta.contiguous()).flatten() - ordered(ib->second.first, tb.contiguous()).flatten())
+              .abs();
       d.max_ulp = static_cast<uint64_t>(ulp.max().item<int64_t>());
     } else {
       // Different dtypes: compare values in double; ULP in float32 terms.
@@ -134,7 +139,7 @@ Fingerprints read_fingerprints(const std::string& path) {
   if (!f) throw std::runtime_error("cannot open fingerprints " + path);
   Fingerprints out;
   std::string line;
-  std::getline(f, line);  // header
+  std::getline(f, line);   // header
   int lineno = 1;
   while (std::getline(f, line)) {
     ++lineno;
@@ -169,4 +174,4 @@ uint64_t ulp_distance(double a, double b) {
   return d > static_cast<__int128>(UINT64_MAX) ? UINT64_MAX : static_cast<uint64_t>(d);
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -10,14 +10,14 @@
 namespace rh {
 
 struct TensorDiff {
-  std::string key;               // "model/<param>" or "<param>/exp_avg" ...
-  std::string kind;              // model | master_param | remainder | exp_avg | exp_avg_sq | scale
-  std::string dtype_a, dtype_b;  // safetensors dtype names ("" if absent)
+  std::string key;                // "model/<param>" or "<param>/exp_avg" ...
+  std::string kind;               // model | master_param | remainder | exp_avg | exp_avg_sq | scale
+  std::string dtype_a, dtype_b;   // safetensors dtype names ("" if absent)
   int64_t numel = 0;
   bool shape_equal = false;
-  double bit_equal_fraction = 0;  // elements whose bit patterns are equal
-  double max_abs_diff = 0;        // over decoded values (inf if a NaN/Inf differs)
-  uint64_t max_ulp = 0;           // distance in representable values of the dtype
+  double bit_equal_fraction = 0;   // elements whose bit patterns are equal
+  double max_abs_diff = 0;         // over decoded values (inf if a NaN/Inf differs)
+  uint64_t max_ulp = 0;            // distance in representable values of the dtype
   bool identical() const { return shape_equal && dtype_a == dtype_b && bit_equal_fraction == 1.0; }
 };
 
@@ -36,4 +36,4 @@ Fingerprints read_fingerprints(const std::string& path);
 uint64_t ulp_distance(float a, float b);
 uint64_t ulp_distance(double a, double b);
 
-}  // namespace rh
+}   // namespace rh

@@ -29,7 +29,8 @@ std::string walk(const std::string& text, F&& f) {
       continue;
     }
     const size_t end = text.find('}', i);
-    if (end == std::string::npos) throw std::invalid_argument("'" + text + "': unmatched '{' (write '{{' for a literal brace)");
+    if (end == std::string::npos)
+      throw std::invalid_argument("'" + text + "': unmatched '{' (write '{{' for a literal brace)");
     const std::string inner = text.substr(i + 1, end - i - 1);
     const size_t colon = inner.find(':');
     out += f(inner.substr(0, colon), colon == std::string::npos ? std::string() : inner.substr(colon + 1));
@@ -42,14 +43,15 @@ std::string walk(const std::string& text, F&& f) {
 std::string apply_spec(const std::string& value, const std::string& spec, const std::string& name) {
   if (spec.empty()) return value;
   if (spec.size() < 2 || spec[0] != '0' || !std::all_of(spec.begin() + 1, spec.end(), ::isdigit) || spec.size() > 3)
-    throw std::invalid_argument("{" + name + ":" + spec + "}: the only format is a zero-padded width such as {" + name + ":07}");
+    throw std::invalid_argument("{" + name + ":" + spec + "}: the only format is a zero-padded width such as {" + name +
+                                ":07}");
   if (value.empty() || !std::all_of(value.begin(), value.end(), ::isdigit))
     throw std::invalid_argument("{" + name + ":" + spec + "}: '" + value + "' is not an integer");
   const size_t width = static_cast<size_t>(std::atoi(spec.c_str() + 1));
   return value.size() >= width ? value : std::string(width - value.size(), '0') + value;
 }
 
-}  // namespace
+}   // namespace
 
 std::string expand_placeholders(const std::string& text, const std::map<std::string, std::string>& vars) {
   return walk(text, [&](const std::string& name, const std::string& spec) {
@@ -74,7 +76,8 @@ void check_placeholders(const std::string& text, const std::vector<std::string>&
 void validate_trainer(const ExternalTrainer& t) {
   static const std::vector<std::string> run_vars = {"iterations", "save_at", "save_dir", "load_dir", "run_dir", "tool"};
   if (t.command.empty()) throw std::invalid_argument("trainer.command: expected a non-empty array of strings");
-  if (t.resume_command.empty()) throw std::invalid_argument("trainer.resume_command: expected a non-empty array of strings");
+  if (t.resume_command.empty())
+    throw std::invalid_argument("trainer.resume_command: expected a non-empty array of strings");
   for (const auto* cmd : {&t.command, &t.resume_command, &t.args})
     for (const auto& a : *cmd) check_placeholders(a, run_vars);
   for (const auto& [k, v] : t.env) check_placeholders(v, run_vars);
@@ -84,8 +87,7 @@ void validate_trainer(const ExternalTrainer& t) {
   if (t.determinism_runs < 1 || t.determinism_runs > 10)
     throw std::invalid_argument("trainer.determinism_runs: expected 1 to 10");
   const bool by_regex = !t.metrics.stdout_regex.empty(), by_file = !t.metrics.file.empty();
-  if (by_regex == by_file)
-    throw std::invalid_argument("trainer.metrics: expected exactly one of stdout_regex or file");
+  if (by_regex == by_file) throw std::invalid_argument("trainer.metrics: expected exactly one of stdout_regex or file");
   if (by_regex) {
     if (const auto p = regex_problem(t.metrics.stdout_regex); !p.empty())
       throw std::invalid_argument("trainer.metrics.stdout_regex: " + p);
@@ -104,7 +106,8 @@ void validate_trainer(const ExternalTrainer& t) {
   if (f != "auto" && f != "safetensors" && f != "torch")
     throw std::invalid_argument("trainer.checkpoint.format: expected auto, safetensors or torch, got '" + f + "'");
   if (t.round_trip && t.checkpoint.path.empty())
-    throw std::invalid_argument("trainer.round_trip: needs trainer.checkpoint.path (the round trip compares checkpoints)");
+    throw std::invalid_argument(
+        "trainer.round_trip: needs trainer.checkpoint.path (the round trip compares checkpoints)");
 }
 
-}  // namespace rh
+}   // namespace rh

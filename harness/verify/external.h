@@ -12,27 +12,27 @@
 namespace rh {
 
 struct ExternalTrainer {
-  std::vector<std::string> command;          // the uninterrupted and interrupted runs, e.g. {"python3", "train.py", ...}
+  std::vector<std::string> command;   // the uninterrupted and interrupted runs, e.g. {"python3", "train.py", ...}
   std::vector<std::string> resume_command;   // the resumed run (and the round trip)
   std::vector<std::string> args;             // appended to both commands; matrix axes append to it
-  std::string cwd;                           // where the commands run; relative to the scenario file's directory; "" = the cell's
+  std::string cwd;   // where the commands run; relative to the scenario file's directory; "" = the cell's
   std::vector<std::pair<std::string, std::string>> env;   // added to the environment of every run
-  double timeout_s = 600;                    // per run; the whole process group is killed
-  uint64_t output_cap_bytes = 64ull << 20;   // stdout + stderr kept per run; more kills the run
-  int determinism_runs = 2;                  // uninterrupted runs compared with each other first
-  bool round_trip = false;                   // also: load K, train nothing, save; compare with what was loaded
-  bool probe = false;                        // set RH_PROBE_DIR: the trainer's rhckpt.probe calls record
+  double timeout_s = 600;                                 // per run; the whole process group is killed
+  uint64_t output_cap_bytes = 64ull << 20;                // stdout + stderr kept per run; more kills the run
+  int determinism_runs = 2;                               // uninterrupted runs compared with each other first
+  bool round_trip = false;   // also: load K, train nothing, save; compare with what was loaded
+  bool probe = false;        // set RH_PROBE_DIR: the trainer's rhckpt.probe calls record
   struct Metrics {
     std::string stdout_regex;   // with (?P<iteration>...) and one named group per metric
     std::string file;           // or a file the trainer writes (placeholders allowed)
     std::string format;         // "csv" | "jsonl" (file only)
   } metrics;
   struct Checkpoint {
-    std::string path;            // "" = checkpoints are not compared; {iteration} names one per iteration
-    std::string format = "auto"; // "auto" | "safetensors" | "torch"
-    bool trust_pickle = false;   // torch files: full unpickling (runs code from the file)
+    std::string path;              // "" = checkpoints are not compared; {iteration} names one per iteration
+    std::string format = "auto";   // "auto" | "safetensors" | "torch"
+    bool trust_pickle = false;     // torch files: full unpickling (runs code from the file)
   } checkpoint;
-  std::string scenario_dir;      // the scenario file's directory (cwd is relative to it)
+  std::string scenario_dir;   // the scenario file's directory (cwd is relative to it)
 };
 
 // Names a template may use: {iterations} {save_at} {save_dir} {load_dir} {run_dir} {tool}, and
@@ -46,4 +46,4 @@ void check_placeholders(const std::string& text, const std::vector<std::string>&
 // compiles with an iteration group, known formats); throws std::invalid_argument "key: what".
 void validate_trainer(const ExternalTrainer& t);
 
-}  // namespace rh
+}   // namespace rh

@@ -79,7 +79,8 @@ std::vector<ProbeRecord> read_probe(const fs::path& file) {
       auto ev = j.find("event"), it = j.find("iteration");
       if (ev == j.end() || !ev->is_string() || (*ev != "after_load" && *ev != "step"))
         throw std::invalid_argument(where + ": \"event\" must be \"after_load\" or \"step\"");
-      if (it == j.end() || !it->is_number_integer()) throw std::invalid_argument(where + ": \"iteration\" must be an integer");
+      if (it == j.end() || !it->is_number_integer())
+        throw std::invalid_argument(where + ": \"iteration\" must be an integer");
       r.event = ev->get<std::string>();
       r.iteration = it->get<int64_t>();
       if (auto m = j.find("metrics"); m != j.end()) r.metrics = pairs_of(*m, where, "metrics");
@@ -100,7 +101,8 @@ const ProbeRecord* probe_step(const std::vector<ProbeRecord>& v, int64_t it) {
 // The first key of `got` (in its order) whose text differs from `ref`'s, or is missing there;
 // then keys of `ref` that `got` lacks. Keys starting with a skipped prefix are ignored.
 std::string first_differing(const std::vector<std::pair<std::string, std::string>>& ref,
-                            const std::vector<std::pair<std::string, std::string>>& got, const std::string& skip_prefix = "") {
+                            const std::vector<std::pair<std::string, std::string>>& got,
+                            const std::string& skip_prefix = "") {
   std::map<std::string, std::string> r(ref.begin(), ref.end()), g(got.begin(), got.end());
   auto skipped = [&](const std::string& k) { return !skip_prefix.empty() && k.rfind(skip_prefix, 0) == 0; };
   for (const auto& [k, v] : got) {
@@ -144,8 +146,7 @@ class Runner {
     fs::create_directories(out.dir);
     if (seed_save_dir && fs::exists(fs::symlink_status(*seed_save_dir)))
       fs::copy(*seed_save_dir, out.save_dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-    else
-      fs::create_directories(out.save_dir);
+    else fs::create_directories(out.save_dir);
     const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
     CapturedSpec c;
     for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
@@ -170,8 +171,8 @@ class Runner {
       throw std::runtime_error("the " + label + " run printed more than " + std::to_string(t_.output_cap_bytes >> 20) +
                                " MiB (trainer.output_cap_mb); it was stopped: " + join_argv(c.argv));
     if (!e.ok())
-      throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) + "): " +
-                               ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
+      throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) +
+                               "): " + ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
     out.metrics = read_metrics(out, vars, c.stdout_path);
     if (t_.probe) out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
     return out;
@@ -190,9 +191,12 @@ class Runner {
 
  private:
   std::map<std::string, std::string> vars_for(const RunOut& r, int64_t iterations, const fs::path& load_dir) const {
-    return {{"iterations", std::to_string(iterations)}, {"save_at", std::to_string(s_.save_at)},
-            {"save_dir", r.save_dir.string()},          {"load_dir", load_dir.string()},
-            {"run_dir", r.dir.string()},                {"tool", o_.tool}};
+    return {{"iterations", std::to_string(iterations)},
+            {"save_at", std::to_string(s_.save_at)},
+            {"save_dir", r.save_dir.string()},
+            {"load_dir", load_dir.string()},
+            {"run_dir", r.dir.string()},
+            {"tool", o_.tool}};
   }
 
   std::string cwd_for(const RunOut& r) const {
@@ -201,16 +205,19 @@ class Runner {
     return (c.is_absolute() ? c : fs::absolute(fs::path(t_.scenario_dir) / c)).lexically_normal().string();
   }
 
-  MetricLog read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars, const std::string& stdout_path) {
+  MetricLog read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
+                         const std::string& stdout_path) {
     if (!t_.metrics.stdout_regex.empty())
-      return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
-                                  "the " + r.label + " run's stdout");
+      return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1),
+                                  t_.metrics.stdout_regex, "the " + r.label + " run's stdout");
     fs::path f = expand_placeholders(t_.metrics.file, vars);
     if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(f, ec)))
-      throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() + " (trainer.metrics.file)");
-    return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format, f.string());
+      throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() +
+                               " (trainer.metrics.file)");
+    return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format,
+                              f.string());
   }
 
   const Scenario& s_;
@@ -247,7 +254,8 @@ Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, 
     for (const auto& [name, text] : row.values) {
       auto it = rv.find(name);
       if (it == rv.end()) {
-        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " + got_name + " run");
+        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " +
+                                   got_name + " run");
         continue;
       }
       MetricDiff m;
@@ -373,13 +381,16 @@ class BridgeServer {
       if (n <= 0) return fail("the torch bridge stopped accepting requests");
       done += static_cast<size_t>(n);
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                                   std::chrono::duration<double>(timeout_s));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
     std::string reply;
     char buf[4096];
     while (reply.find('\n') == std::string::npos) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return fail("the torch bridge did not answer within " + std::to_string(static_cast<int>(timeout_s)) + " s");
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0)
+        return fail("the torch bridge did not answer within " + std::to_string(static_cast<int>(timeout_s)) + " s");
       pollfd p{fd_, POLLIN, 0};
       const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
       if (r < 0 && errno == EINTR) continue;
@@ -409,7 +420,8 @@ class BridgeServer {
 
   void start() {
     const std::string py = python_package_dir();
-    if (py.empty()) throw std::runtime_error("python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
+    if (py.empty())
+      throw std::runtime_error("python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
@@ -481,7 +493,8 @@ class CheckpointReader {
             add_safetensors(out[i], abs, rel + "/");
           } else {
             uint64_t size = 0;
-            out[i].leaves[rel + " (file bytes)"] = ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+            out[i].leaves[rel + " (file bytes)"] =
+                ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
           }
         }
       }
@@ -537,8 +550,8 @@ class CheckpointReader {
 };
 
 // "" when identical, else the first differing key; diffs (when given) get every tensor's row.
-std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b, const std::string& label,
-                                std::vector<TensorDiff>* diffs) {
+std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b,
+                                const std::string& label, std::vector<TensorDiff>* diffs) {
   for (const auto* p : {&a, &b})
     if (!fs::exists(fs::symlink_status(*p)))
       throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
@@ -565,7 +578,10 @@ std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, con
   std::sort(td.begin(), td.end(), [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
   std::string first;
   for (const auto& d : td)
-    if (!d.identical() && first.empty()) first = d.key + (d.dtype_a.empty() ? " (missing in the first)" : d.dtype_b.empty() ? " (missing in the second)" : "");
+    if (!d.identical() && first.empty())
+      first = d.key + (d.dtype_a.empty()   ? " (missing in the first)"
+                       : d.dtype_b.empty() ? " (missing in the second)"
+                                           : "");
   // Files that differ in bytes with every key equal (a zip's record names, a pickle's memo order)
   // hold the same checkpoint.
   if (diffs) *diffs = td;
@@ -617,15 +633,18 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
     Difference pd = compare_probe_steps(u.probe, un[d].probe, 0, N);
     if (pd.found() && pd.iteration <= diff.iteration) diff = pd;
     std::string key;
-    const fs::path fa = ckpts ? run.checkpoint(u, N, N, {}) : fs::path(), fb = ckpts ? run.checkpoint(un[d], N, N, {}) : fs::path();
-    if (!diff.found() && ckpts && present(fa) && present(fb)) key = compare_checkpoints(reader, fa, fb, "determinism", nullptr);
+    const fs::path fa = ckpts ? run.checkpoint(u, N, N, {}) : fs::path(),
+                   fb = ckpts ? run.checkpoint(un[d], N, N, {}) : fs::path();
+    if (!diff.found() && ckpts && present(fa) && present(fb))
+      key = compare_checkpoints(reader, fa, fb, "determinism", nullptr);
     if (diff.found() || !key.empty()) {
       r.outcome = Outcome::nondeterministic;
       const std::string where = diff.found() ? diff.what : "final checkpoint: " + key;
       diagnose(r, "nondeterministic", "uninterrupted runs differ: " + where,
                "two uninterrupted runs of the same command differ (" + where +
                    "): the trainer is not reproducible, so resume is not judged. Seed every RNG, use deterministic "
-                   "algorithms, and pin threads (e.g. --deterministic-mode, CUBLAS_WORKSPACE_CONFIG, one data-loader order)");
+                   "algorithms, and pin threads (e.g. --deterministic-mode, CUBLAS_WORKSPACE_CONFIG, one data-loader "
+                   "order)");
       return;
     }
   }
@@ -643,36 +662,45 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
     if (pd.found() && pd.iteration <= d.iteration) d = pd;
     if (d.found())
       diagnose(r, "before-save", "interrupted run: " + d.what,
-               "the interrupted run ({iterations} = " + std::to_string(K) + ") differs from the uninterrupted run before "
-               "any save (" + d.what + "): its computation depends on the number of iterations it is given (e.g. an LR "
-               "schedule over --iters; give the schedule its own length and stop with an exit interval) or on the save itself");
+               "the interrupted run ({iterations} = " + std::to_string(K) +
+                   ") differs from the uninterrupted run before "
+                   "any save (" +
+                   d.what +
+                   "): its computation depends on the number of iterations it is given (e.g. an LR "
+                   "schedule over --iters; give the schedule its own length and stop with an exit interval) or on the "
+                   "save itself");
   }
 
   // 3. The saved state at K against the uninterrupted run's.
   bool saved_state_known_equal = false;
   const fs::path ck_in = ckpts ? run.checkpoint(in, K, K, {}) : fs::path();
   if (ckpts && !present(ck_in))
-    throw std::runtime_error("checkpoint " + ck_in.string() + " was not written by the interrupted run (trainer.checkpoint.path)");
+    throw std::runtime_error("checkpoint " + ck_in.string() +
+                             " was not written by the interrupted run (trainer.checkpoint.path)");
   if (ckpts && per_iteration && !present(run.checkpoint(u, N, K, {})))
-    r.notes.push_back("the saved state at K was not compared: the uninterrupted run left no " + run.checkpoint(u, N, K, {}).string());
+    r.notes.push_back("the saved state at K was not compared: the uninterrupted run left no " +
+                      run.checkpoint(u, N, K, {}).string());
   else if (ckpts && per_iteration) {
-    const std::string key = compare_checkpoints(reader, run.checkpoint(u, N, K, {}), ck_in, "saved_at_k", &r.after_load);
+    const std::string key =
+        compare_checkpoints(reader, run.checkpoint(u, N, K, {}), ck_in, "saved_at_k", &r.after_load);
     if (!key.empty())
       diagnose(r, "saved-state", "saved state at " + std::to_string(K) + ": " + key,
-               "the checkpoint the interrupted run saved at " + std::to_string(K) + " differs from the one the uninterrupted "
-               "run saved at " + std::to_string(K) + " (first key " + key + "): what is saved depends on stopping there");
-    else
-      saved_state_known_equal = true;
+               "the checkpoint the interrupted run saved at " + std::to_string(K) +
+                   " differs from the one the uninterrupted "
+                   "run saved at " +
+                   std::to_string(K) + " (first key " + key + "): what is saved depends on stopping there");
+    else saved_state_known_equal = true;
   }
 
   // 4. The round trip: load K, train nothing, save.
   if (t.round_trip) {
     RunOut rt = run.run("round_trip", true, K, in.save_dir, in.save_dir);
-    const std::string key = compare_checkpoints(reader, ck_in, run.checkpoint(rt, K, K, in.save_dir), "round_trip", nullptr);
+    const std::string key =
+        compare_checkpoints(reader, ck_in, run.checkpoint(rt, K, K, in.save_dir), "round_trip", nullptr);
     if (!key.empty())
       diagnose(r, "round-trip", "round trip: " + key,
-               "loading the checkpoint at " + std::to_string(K) + " and saving it again without training changes " + key +
-                   ": the load (or the save) does not restore that state exactly");
+               "loading the checkpoint at " + std::to_string(K) + " and saving it again without training changes " +
+                   key + ": the load (or the save) does not restore that state exactly");
   }
 
   // 5. The resumed run; its state right after load (probe).
@@ -684,33 +712,42 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
     const ProbeRecord* at_k = probe_step(u.probe, K);
     if (!loaded || !at_k)
       throw std::runtime_error(std::string("trainer.probe = true but ") +
-                               (!loaded ? "the resumed run recorded no probe.after_load" : "the uninterrupted run recorded no probe.after_step at " + std::to_string(K)) +
+                               (!loaded
+                                    ? "the resumed run recorded no probe.after_load"
+                                    : "the uninterrupted run recorded no probe.after_step at " + std::to_string(K)) +
                                " (is RH_PROBE_DIR reaching the trainer, and does it call the probe?)");
     std::string key = loaded->iteration != K ? "iteration (restored " + std::to_string(loaded->iteration) + ")" : "";
     if (key.empty()) key = first_differing(at_k->state, loaded->state, "data/");
     if (!key.empty())
       diagnose(r, "after-load", "after load: " + key,
-               "the state right after loading differs from the uninterrupted run's state at " + std::to_string(K) + " (first " + key +
+               "the state right after loading differs from the uninterrupted run's state at " + std::to_string(K) +
+                   " (first " + key +
                    "): it is not saved, or not restored, or restored and then changed (e.g. a re-seed)");
-    else
-      saved_state_known_equal = true;
+    else saved_state_known_equal = true;
   }
-  Difference d = compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, "resumed", &r.metric_diffs);
+  Difference d =
+      compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, "resumed", &r.metric_diffs);
   offer_missing(u.metrics, rs.metrics, K + 1, N, "resumed", d);
-  for (const auto& row : rs.metrics.rows) r.control_fresh_differs = r.control_fresh_differs || (row.iteration > K && row.iteration <= N);
+  for (const auto& row : rs.metrics.rows)
+    r.control_fresh_differs = r.control_fresh_differs || (row.iteration > K && row.iteration <= N);
   Difference pd = compare_probe_steps(u.probe, rs.probe, K + 1, N);
   std::string where = d.found() ? d.what : "";
   if (pd.found() && pd.iteration <= d.iteration) where = pd.what;
   for (const auto& m : r.metric_diffs)
-    if (m.metric == "loss" || m.metric == "lm_loss" || m.metric == "lm loss") r.max_abs_dloss = std::max(r.max_abs_dloss, m.abs_diff);
+    if (m.metric == "loss" || m.metric == "lm_loss" || m.metric == "lm loss")
+      r.max_abs_dloss = std::max(r.max_abs_dloss, m.abs_diff);
   if (!where.empty()) {
     if (saved_state_known_equal)
       diagnose(r, "not-in-checkpoint", where,
-               where + " while the saved state is identical: what differs is not in the checkpoint: data order, RNG "
-               "streams, or a schedule derived from the process start");
+               where +
+                   " while the saved state is identical: what differs is not in the checkpoint: data order, RNG "
+                   "streams, or a schedule derived from the process start");
     else
       diagnose(r, "resumed-metrics", where,
-               where + " after resume" + (ckpts ? "" : "; only the logged metrics were compared (add trainer.checkpoint or the probe to localize)"));
+               where + " after resume" +
+                   (ckpts
+                        ? ""
+                        : "; only the logged metrics were compared (add trainer.checkpoint or the probe to localize)"));
   }
 
   // 6. The final state.
@@ -718,22 +755,25 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
   if (ckpts && !present(final_u))
     r.notes.push_back("the final state was not compared: the uninterrupted run left no " + final_u.string());
   else if (ckpts) {
-    const std::string key = compare_checkpoints(reader, final_u, run.checkpoint(rs, N, N, in.save_dir), "final", &r.final_state);
+    const std::string key =
+        compare_checkpoints(reader, final_u, run.checkpoint(rs, N, N, in.save_dir), "final", &r.final_state);
     if (!key.empty())
       diagnose(r, "final-state", "final state: " + key,
-               "every compared metric is equal but the final checkpoint differs at " + key + ": a state that does not "
-               "(yet) reach the logged metrics was not resumed exactly");
+               "every compared metric is equal but the final checkpoint differs at " + key +
+                   ": a state that does not "
+                   "(yet) reach the logged metrics was not resumed exactly");
   }
   resolution_notes(u.metrics, ckpts || t.probe, r.notes);
   if (r.diagnosis.empty()) {
     r.diagnosis = "none";
-    r.explanation = "every logged metric" + std::string(ckpts ? ", every checkpoint key" : "") + (t.probe ? " and every probed state" : "") +
-                    " of the resumed run equals the uninterrupted run's";
+    r.explanation = "every logged metric" + std::string(ckpts ? ", every checkpoint key" : "") +
+                    (t.probe ? " and every probed state" : "") + " of the resumed run equals the uninterrupted run's";
   }
-  if (r.outcome != Outcome::nondeterministic) r.outcome = r.diagnosis == "none" ? Outcome::identical : Outcome::diverged;
+  if (r.outcome != Outcome::nondeterministic)
+    r.outcome = r.diagnosis == "none" ? Outcome::identical : Outcome::diverged;
 }
 
-}  // namespace
+}   // namespace
 
 std::string python_package_dir() {
   if (const char* e = std::getenv("RH_PYTHON_DIR"); e && *e) return e;
@@ -790,4 +830,4 @@ CheckResult check_external_cell(const Scenario& s, const CheckOptions& o) {
   return r;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -31,4 +31,4 @@ std::string python_package_dir();
 // The Python interpreter for the bridge: $RH_PYTHON, else /usr/bin/python3 (Debian's, with torch).
 std::string python_interpreter();
 
-}  // namespace rh
+}   // namespace rh

@@ -93,7 +93,7 @@ std::vector<std::string> csv_fields(const std::string& line, const std::string& 
   return out;
 }
 
-}  // namespace
+}   // namespace
 
 const MetricRow* MetricLog::find(int64_t iteration) const {
   for (const auto& r : rows)
@@ -136,8 +136,8 @@ MetricLog parse_stdout_metrics(const std::string& text, const std::string& regex
       const std::string v(m[static_cast<size_t>(g)].data(), m[static_cast<size_t>(g)].size());
       if (it->second == "iteration") {
         if (!parse_iteration(v, &row.iteration))
-          throw std::invalid_argument(what + ":" + std::to_string(ln + 1) + ": iteration '" +
-                                      quote_text(v, 40) + "' is not a non-negative integer");
+          throw std::invalid_argument(what + ":" + std::to_string(ln + 1) + ": iteration '" + quote_text(v, 40) +
+                                      "' is not a non-negative integer");
         have_iter = true;
       } else {
         row.values.emplace_back(it->second, v);
@@ -168,7 +168,8 @@ MetricLog parse_metrics_file(const std::string& text, const std::string& format,
       MetricRow row;
       row.line = ln + 1;
       if (!parse_iteration(f[iter_col], &row.iteration))
-        throw std::invalid_argument(where + ": iteration '" + quote_text(f[iter_col], 40) + "' is not a non-negative integer");
+        throw std::invalid_argument(where + ": iteration '" + quote_text(f[iter_col], 40) +
+                                    "' is not a non-negative integer");
       for (size_t i = 0; i < f.size(); ++i)
         if (i != iter_col) row.values.emplace_back(header[i], f[i]);
       add_row(log, std::move(row), what);
@@ -232,7 +233,8 @@ std::string printed_resolution(const std::string& text) {
   char buf[160];
   if (e == std::string::npos) {
     const int decimals = static_cast<int>(mant.size() - dot - 1);
-    std::snprintf(buf, sizeof buf, "%d decimals: a difference below %.0e cannot be seen", decimals, 0.5 * std::pow(10.0, -decimals));
+    std::snprintf(buf, sizeof buf, "%d decimals: a difference below %.0e cannot be seen", decimals,
+                  0.5 * std::pow(10.0, -decimals));
   } else {
     std::snprintf(buf, sizeof buf, "%d significant digits: a relative difference below %.0e cannot be seen", sig,
                   0.5 * std::pow(10.0, 1 - sig));
@@ -240,4 +242,4 @@ std::string printed_resolution(const std::string& text) {
   return buf;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -14,7 +14,7 @@ namespace rh {
 struct MetricRow {
   int64_t iteration = 0;
   std::vector<std::pair<std::string, std::string>> values;   // metric -> exact text, in log order
-  size_t line = 0;                                            // 1-based line of the log or file
+  size_t line = 0;                                           // 1-based line of the log or file
 };
 
 struct MetricLog {
@@ -45,4 +45,4 @@ double metric_number(const std::string& text);
 // digits), else e.g. "6 decimals: a difference below 5e-07 cannot be seen".
 std::string printed_resolution(const std::string& text);
 
-}  // namespace rh
+}   // namespace rh

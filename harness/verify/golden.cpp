@@ -19,8 +19,8 @@ std::string compare_golden(const std::string& golden_csv, const std::string& act
     for (const auto& name : metric_names()) {
       const double x = metric_value(g[i], name), y = metric_value(a[i], name);
       if (std::memcmp(&x, &y, sizeof x) != 0)
-        return "iteration " + std::to_string(g[i].iteration) + ": " + name + " golden " + hex_float(x) +
-               " vs run " + hex_float(y);
+        return "iteration " + std::to_string(g[i].iteration) + ": " + name + " golden " + hex_float(x) + " vs run " +
+               hex_float(y);
     }
   return "";
 }
@@ -40,4 +40,4 @@ std::string golden_failure(const std::string& golden_csv, const std::string& act
   }
 }
 
-}  // namespace rh
+}   // namespace rh

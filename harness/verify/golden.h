@@ -15,4 +15,4 @@ std::string compare_golden(const std::string& golden_csv, const std::string& act
 // golden ...: <difference>", "golden comparison: <error>").
 std::string golden_failure(const std::string& golden_csv, const std::string& actual_csv, bool update);
 
-}  // namespace rh
+}   // namespace rh

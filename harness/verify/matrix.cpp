@@ -75,8 +75,12 @@ struct Schedule {
   std::vector<size_t> users;   // cells not yet checked that use a baseline (as baseline or reference)
 
   Schedule(const CheckPlan& p, std::vector<size_t> ext)
-      : plan(p), external(std::move(ext)), baseline_done(p.baselines.size()), cell_taken(p.cells.size()),
-        baseline_error(p.baselines.size()), users(p.baselines.size()) {
+      : plan(p),
+        external(std::move(ext)),
+        baseline_done(p.baselines.size()),
+        cell_taken(p.cells.size()),
+        baseline_error(p.baselines.size()),
+        users(p.baselines.size()) {
     for (const auto& c : p.cells) {
       ++users[c.baseline];
       if (c.reference != c.baseline) ++users[c.reference];
@@ -114,7 +118,10 @@ struct Schedule {
 class MatrixRun {
  public:
   MatrixRun(const MatrixOptions& o, std::vector<Scenario> sel, const fs::path& run_dir, std::ostream& log)
-      : o_(o), sel_(std::move(sel)), plan_(plan_builtin(sel_, run_dir / "baselines")), sched_(plan_, external_cells(sel_)),
+      : o_(o),
+        sel_(std::move(sel)),
+        plan_(plan_builtin(sel_, run_dir / "baselines")),
+        sched_(plan_, external_cells(sel_)),
         log_(log) {
     for (const auto& s : sel_) work_dirs_.push_back(scenario_work_dir(run_dir, s.name));
     results_.resize(sel_.size());
@@ -152,7 +159,9 @@ class MatrixRun {
       else if (kind == 2) check_external(index);
       else train(index);
       lk.lock();
-      phases_.add(kind == 1 ? "cells" : kind == 2 ? "external_cells" : "baselines",
+      phases_.add(kind == 1   ? "cells"
+                  : kind == 2 ? "external_cells"
+                              : "baselines",
                   std::chrono::duration<double>(Clock::now() - task0).count());
       sched_.cv.notify_all();
       idle0 = Clock::now();
@@ -207,7 +216,7 @@ class MatrixRun {
     {
       std::lock_guard<std::mutex> lk(sched_.mu);
       runs.baseline_error = !sched_.baseline_error[c.baseline].empty() ? sched_.baseline_error[c.baseline]
-                                                                        : sched_.baseline_error[c.reference];
+                                                                       : sched_.baseline_error[c.reference];
     }
     CheckResult r;
     try {
@@ -257,8 +266,9 @@ class MatrixRun {
     if (o_.verbosity == 0 && r.passed) return;
     if (o_.progress_tty) log_ << "\r\033[K";
     log_ << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
-         << (r.passed ? "" : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o_.file +
-                                 " '" + r.name + "'")
+         << (r.passed ? ""
+                      : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o_.file + " '" +
+                            r.name + "'")
          << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[i] : std::string()) << "\n";
   }
 
@@ -273,7 +283,7 @@ class MatrixRun {
   const Clock::time_point t0_ = Clock::now();
 };
 
-}  // namespace
+}   // namespace
 
 std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario) {
   const fs::path parent = run_dir / "scenarios";
@@ -287,8 +297,8 @@ std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::s
 void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<std::string>& cells) {
   // What a matrix run (or a merge) removes or writes below its run directory, and what `report`
   // writes after it (reports/report.cpp checks those again: `report` runs on its own too).
-  std::vector<std::string> below = {"scenarios", "baselines",   "summary.csv", "summary.json", "junit.xml",
-                                    "report.md", "report.html", "projection.csv", "plots", "phases.json"};
+  std::vector<std::string> below = {"scenarios", "baselines",   "summary.csv",    "summary.json", "junit.xml",
+                                    "report.md", "report.html", "projection.csv", "plots",        "phases.json"};
   for (const auto& c : cells) below.push_back("scenarios/" + safe_name(c));
   refuse_symlinks_below(run_dir, below);
 }
@@ -316,7 +326,7 @@ std::vector<Scenario> select_or_refuse(const MatrixOptions& o) {
   return sel;
 }
 
-}  // namespace
+}   // namespace
 
 std::string default_run_dir(const std::string& scenario_file) {
   return (fs::path("runs") / fs::path(scenario_file).stem()).string();
@@ -374,7 +384,8 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
                              {"wall", run.elapsed()},
                              {"workers", run.phases().seconds()},
                              {"summaries", std::chrono::duration<double>(Clock::now() - w0).count()}})
-                     .dump(2) + "\n");
+                     .dump(2) +
+                 "\n");
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
       << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
       << run_dir.string() << "\n";
@@ -385,4 +396,4 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

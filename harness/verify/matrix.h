@@ -14,19 +14,19 @@
 namespace rh {
 
 struct MatrixOptions {
-  std::string file;              // scenario file
-  std::string filter;            // canonical name / substring / glob ("" = all)
-  std::string run_dir;           // default default_run_dir(file): runs/<file stem>
+  std::string file;      // scenario file
+  std::string filter;    // canonical name / substring / glob ("" = all)
+  std::string run_dir;   // default default_run_dir(file): runs/<file stem>
   int jobs = 1;
   bool keep_checkpoints = false;
-  std::string golden_dir;        // compare baselines against golden CSVs here
-  bool update_golden = false;    // rewrite them instead
-  std::string tool;              // executable for the child processes
-  bool progress_tty = false;     // redraw one status line (else plain lines)
-  ShardSpec shard;               // --shard I/N: only this part of the selection (shard.h)
-  std::string junit_path;        // --junit PATH: junit.xml written here too
-  int verbosity = 1;             // 0 (-q): failures and the closing line; 1: progress and one
-                                 // line per cell; 2 (-v): also each cell's directory
+  std::string golden_dir;       // compare baselines against golden CSVs here
+  bool update_golden = false;   // rewrite them instead
+  std::string tool;             // executable for the child processes
+  bool progress_tty = false;    // redraw one status line (else plain lines)
+  ShardSpec shard;              // --shard I/N: only this part of the selection (shard.h)
+  std::string junit_path;       // --junit PATH: junit.xml written here too
+  int verbosity = 1;            // 0 (-q): failures and the closing line; 1: progress and one
+                                // line per cell; 2 (-v): also each cell's directory
 };
 
 // The names a run with these options would check (filter and shard applied), in order, without
@@ -58,4 +58,4 @@ void refuse_symlinks_in_run_dir(const std::filesystem::path& run_dir, const std:
 // for a scenario. Throws ScenarioError for a name safe_name refuses.
 std::string scenario_work_dir(const std::filesystem::path& run_dir, const std::string& scenario);
 
-}  // namespace rh
+}   // namespace rh

@@ -34,8 +34,8 @@ std::string read_shard_file(const fs::path& dir, const char* name) {
   try {
     return read_regular_file((dir / name).string(), kMaxSummaryBytes, /*no_follow=*/true);
   } catch (const std::exception& e) {
-    refuse(dir, std::string("cannot read ") + name + " (is it a run directory written by `matrix --shard I/N`?): " +
-                    e.what());
+    refuse(dir, std::string("cannot read ") + name +
+                    " (is it a run directory written by `matrix --shard I/N`?): " + e.what());
   }
 }
 
@@ -102,7 +102,7 @@ void copy_cell_dir(const fs::path& shard, const fs::path& from, const fs::path& 
   }
 }
 
-}  // namespace
+}   // namespace
 
 MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& shard_dirs, std::ostream& log) {
   if (shard_dirs.empty()) throw MergeError("report --merge: give OUT_DIR and at least one shard run directory");
@@ -135,11 +135,10 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   }
   const auto identity = [&](const Shard& s) {
     const auto& env = member(s, s.summary, "environment", vt::object, "");
-    return std::vector<std::string>{
-        member(s, s.summary, "file_xxh3", vt::string, "").get<std::string>(),
-        member(s, s.summary, "filter", vt::string, "").get<std::string>(),
-        member(s, env, "harness_version", vt::string, "environment.").get<std::string>(),
-        member(s, env, "git_commit", vt::string, "environment.").get<std::string>()};
+    return std::vector<std::string>{member(s, s.summary, "file_xxh3", vt::string, "").get<std::string>(),
+                                    member(s, s.summary, "filter", vt::string, "").get<std::string>(),
+                                    member(s, env, "harness_version", vt::string, "environment.").get<std::string>(),
+                                    member(s, env, "git_commit", vt::string, "environment.").get<std::string>()};
   };
   const auto id0 = identity(first);
   const char* what[] = {"scenario file (file_xxh3)", "--filter", "tool version", "tool git commit"};
@@ -153,8 +152,10 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
     if (n != count)
       refuse(s.dir, "is shard " + std::to_string(idx) + "/" + std::to_string(n) + ", but " + first.dir.string() +
                         " is one of " + std::to_string(count));
-    if (idx < 1 || idx > count) refuse(s.dir, "shard.index " + std::to_string(idx) + " is not in 1.." + std::to_string(count));
-    if (!seen_index.insert(idx).second) refuse(s.dir, "shard " + std::to_string(idx) + "/" + std::to_string(count) + " is given twice");
+    if (idx < 1 || idx > count)
+      refuse(s.dir, "shard.index " + std::to_string(idx) + " is not in 1.." + std::to_string(count));
+    if (!seen_index.insert(idx).second)
+      refuse(s.dir, "shard " + std::to_string(idx) + "/" + std::to_string(count) + " is given twice");
     const auto id = identity(s);
     for (size_t f = 0; f < id.size(); ++f)
       if (id[f] != id0[f])
@@ -241,4 +242,4 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   return res;
 }
 
-}  // namespace rh
+}   // namespace rh

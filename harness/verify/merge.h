@@ -29,4 +29,4 @@ struct MergeResult {
 MergeResult merge_shards(const std::filesystem::path& out_dir, const std::vector<std::filesystem::path>& shards,
                          std::ostream& log);
 
-}  // namespace rh
+}   // namespace rh

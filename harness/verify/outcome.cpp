@@ -6,20 +6,21 @@
 namespace rh {
 
 namespace {
-constexpr const char* kNames[] = {"identical", "within-tolerance", "diverged", "load-refused", "error", "nondeterministic"};
+constexpr const char* kNames[] = {"identical", "within-tolerance", "diverged", "load-refused",
+                                  "error",     "nondeterministic"};
 constexpr int kCount = sizeof kNames / sizeof kNames[0];
-constexpr const char* kDiagnoses[] = {"none",        "nondeterministic", "before-save",     "saved-state",
-                                      "round-trip",  "after-load",       "not-in-checkpoint", "resumed-metrics",
-                                      "final-state"};
-}  // namespace
+constexpr const char* kDiagnoses[] = {"none",       "nondeterministic",  "before-save",     "saved-state", "round-trip",
+                                      "after-load", "not-in-checkpoint", "resumed-metrics", "final-state"};
+}   // namespace
 
 const char* to_string(Outcome o) { return kNames[static_cast<int>(o)]; }
 
 Outcome parse_outcome(const std::string& s) {
   for (int i = 0; i < kCount; ++i)
     if (s == kNames[i]) return static_cast<Outcome>(i);
-  throw std::invalid_argument("unknown outcome '" + s +
-                              "' (expected identical, within-tolerance, diverged, load-refused, error or nondeterministic)");
+  throw std::invalid_argument(
+      "unknown outcome '" + s +
+      "' (expected identical, within-tolerance, diverged, load-refused, error or nondeterministic)");
 }
 
 bool is_diagnosis_code(const std::string& s) {
@@ -34,4 +35,4 @@ std::string diagnosis_codes() {
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -26,4 +26,4 @@ Outcome parse_outcome(const std::string& s);
 bool is_diagnosis_code(const std::string& s);
 std::string diagnosis_codes();   // "none, nondeterministic, ..."
 
-}  // namespace rh
+}   // namespace rh

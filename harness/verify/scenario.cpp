@@ -49,8 +49,7 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
   try {
     root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    throw ScenarioError(path + ":" + std::to_string(e.source().begin.line) + ": " +
-                        std::string(e.description()));
+    throw ScenarioError(path + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
   }
   Scenario base;
   base.file = path;
@@ -106,4 +105,4 @@ std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const s
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

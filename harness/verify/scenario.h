@@ -33,18 +33,18 @@ struct Expectation {
 std::string to_string(Expectation::Kind k);
 
 struct Scenario {
-  std::string name;          // canonical name
-  std::string file;          // the file it came from
+  std::string name;   // canonical name
+  std::string file;   // the file it came from
   std::string description;
-  RunConfig cfg;             // cfg.train.iterations is N
-  int64_t save_at = 10;      // K
+  RunConfig cfg;          // cfg.train.iterations is N
+  int64_t save_at = 10;   // K
   ckpt::SavePolicy policy;
   Fault fault = Fault::none;
-  int64_t dp_size = 1;         // data-parallel ranks of the run that saves
-  int64_t resume_dp_size = 0;  // ranks of the resumed run (0: dp_size); differing = resharding
+  int64_t dp_size = 1;          // data-parallel ranks of the run that saves
+  int64_t resume_dp_size = 0;   // ranks of the resumed run (0: dp_size); differing = resharding
   int64_t resume_dp() const { return resume_dp_size > 0 ? resume_dp_size : dp_size; }
   bool resharded() const { return resume_dp() != dp_size; }
-  bool allow_lossy = false;  // the load accepts lossy conversions (policies that lose bits)
+  bool allow_lossy = false;               // the load accepts lossy conversions (policies that lose bits)
   bool exact_master_conversion = false;   // the load converts master modes exactly (not upstream)
   Expectation expect;
   // An external trainer's commands instead of the built-in model (external.h); cfg then only
@@ -66,4 +66,4 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
 // a filter with '*' is matched as a glob. Empty filter selects all.
 std::vector<Scenario> select_scenarios(const std::vector<Scenario>& all, const std::string& filter);
 
-}  // namespace rh
+}   // namespace rh

@@ -13,8 +13,9 @@ void check_complete(const Scenario& s, const toml::node& at) {
       fail(s.file, at, s.name, e.what());
     }
     if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy || s.exact_master_conversion)
-      fail(s.file, at, s.name, "fault, dp_size, resume_dp_size, allow_lossy and exact_master_conversion are the built-in trainer's; "
-                               "an external trainer's own flags go in trainer.args");
+      fail(s.file, at, s.name,
+           "fault, dp_size, resume_dp_size, allow_lossy and exact_master_conversion are the built-in trainer's; "
+           "an external trainer's own flags go in trainer.args");
   } else if (!s.expect_diagnosis.empty()) {
     fail(s.file, at, s.name, "expect_diagnosis needs an external trainer ([trainer])");
   }
@@ -23,16 +24,18 @@ void check_complete(const Scenario& s, const toml::node& at) {
   if (s.expect.kind == Expectation::Kind::tolerance && s.expect.tolerances.empty())
     fail(s.file, at, s.name, "expect = \"tolerance\" needs a [tolerance] table of metrics");
   if (s.save_at < 1 || s.save_at >= s.cfg.train.iterations)
-    fail(s.file, at, s.name, "save_at (" + std::to_string(s.save_at) + ") must be in [1, iterations - 1 = " +
-                                 std::to_string(s.cfg.train.iterations - 1) + "]");
+    fail(s.file, at, s.name,
+         "save_at (" + std::to_string(s.save_at) +
+             ") must be in [1, iterations - 1 = " + std::to_string(s.cfg.train.iterations - 1) + "]");
   if (s.dp_size < 1 || s.dp_size > 64) fail(s.file, at, s.name, "dp_size must be in [1, 64]");
   if (s.resume_dp_size < 0 || s.resume_dp_size > 64)
     fail(s.file, at, s.name, "resume_dp_size must be in [0, 64] (0: the same as dp_size)");
   const int64_t n_micro = s.cfg.train.micro_batch > 0 ? s.cfg.train.global_batch / s.cfg.train.micro_batch : 0;
   for (int64_t dp : {s.dp_size, s.resume_dp()})
     if (n_micro > 0 && n_micro % dp != 0)
-      fail(s.file, at, s.name, std::to_string(dp) + " data-parallel ranks do not divide the " + std::to_string(n_micro) +
-                                   " micro-batches of an iteration (train.global_batch / train.micro_batch)");
+      fail(s.file, at, s.name,
+           std::to_string(dp) + " data-parallel ranks do not divide the " + std::to_string(n_micro) +
+               " micro-batches of an iteration (train.global_batch / train.micro_batch)");
   try {
     validate(s.cfg);
   } catch (const std::invalid_argument& e) {
@@ -42,8 +45,7 @@ void check_complete(const Scenario& s, const toml::node& at) {
 
 void check_name_part(const std::string& file, const toml::node& n, const std::string& key, const std::string& name,
                      bool slash_groups) {
-  if (name.find('\\') != std::string::npos)
-    fail(file, n, key, quote_name(name) + " contains a path separator ('\\')");
+  if (name.find('\\') != std::string::npos) fail(file, n, key, quote_name(name) + " contains a path separator ('\\')");
   if (!slash_groups && name.find('/') != std::string::npos)
     fail(file, n, key, quote_name(name) + " contains a path separator ('/')");
   try {
@@ -62,4 +64,4 @@ void check_name_part(const std::string& file, const toml::node& n, const std::st
   }
 }
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

@@ -22,4 +22,4 @@ void check_complete(const Scenario& s, const toml::node& at);
 void check_name_part(const std::string& file, const toml::node& n, const std::string& key, const std::string& name,
                      bool slash_groups = false);
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

@@ -14,12 +14,11 @@ namespace {
 struct Axis {
   std::string name, key;
   std::vector<std::string> values;
-  std::vector<const toml::node*> value_nodes;       // scalar values (key axes)
-  std::map<std::string, const toml::table*> presets;  // preset axes
+  std::vector<const toml::node*> value_nodes;          // scalar values (key axes)
+  std::map<std::string, const toml::table*> presets;   // preset axes
 };
 
-bool when_matches(const toml::table& when, const std::map<std::string, std::string>& cell,
-                  const std::string& file) {
+bool when_matches(const toml::table& when, const std::map<std::string, std::string>& cell, const std::string& file) {
   for (const auto& [k, v] : when) {
     const std::string axis(k.str());
     auto it = cell.find(axis);
@@ -43,8 +42,7 @@ Axis parse_axis(const toml::table& at, const std::string& file, const std::strin
     if (key == "name") {
       ax.name = need_string(file, v, "axis.name");
       check_name_part(file, v, "axis.name", ax.name);
-    }
-    else if (key == "key") ax.key = need_string(file, v, "axis.key");
+    } else if (key == "key") ax.key = need_string(file, v, "axis.key");
     else if (key == "values") {
       if (!v.is_array()) fail(file, v, "axis.values", "expected an array");
       for (const auto& e : *v.as_array()) {
@@ -92,7 +90,7 @@ Scenario build_cell(const Scenario& mbase, const std::vector<Axis>& axes, const 
   return s;
 }
 
-}  // namespace
+}   // namespace
 
 void expand_matrix(const toml::table& m, const Scenario& base, const std::string& file, std::vector<Scenario>& out) {
   const auto* name_node = m.get("name");
@@ -114,8 +112,10 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
   if (const auto* e = m.get("expect")) {
     // expect = "diverge" sets every cell; [[matrix.expect]] tables set the cells they match.
     if (e->is_string()) apply_setting(mbase, "expect", *e, file);
-    else if (!e->is_array_of_tables()) fail(file, *e, mname + ".expect", "expected a string or [[matrix.expect]] tables");
-    else for (const auto& x : *e->as_array()) expects.push_back(x.as_table());
+    else if (!e->is_array_of_tables())
+      fail(file, *e, mname + ".expect", "expected a string or [[matrix.expect]] tables");
+    else
+      for (const auto& x : *e->as_array()) expects.push_back(x.as_table());
   }
   // The cells are counted before any is built: a product of many axes must not exhaust memory.
   uint64_t cells = 1;
@@ -153,4 +153,4 @@ void expand_matrix(const toml::table& m, const Scenario& base, const std::string
   }
 }
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

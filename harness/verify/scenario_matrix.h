@@ -16,4 +16,4 @@ namespace rh::scenario_file {
 // Appends the matrix's cells to `out`; `base` holds what [defaults] set.
 void expand_matrix(const toml::table& m, const Scenario& base, const std::string& file, std::vector<Scenario>& out);
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

@@ -26,8 +26,7 @@ std::string safe_name(const std::string& canonical) {
     throw ScenarioError("scenario name " + quote_name(canonical) + " " + why);
   };
   if (canonical.empty()) refuse("is empty");
-  if (canonical == "." || canonical == "..")
-    refuse("would name the scenarios directory itself or its parent");
+  if (canonical == "." || canonical == "..") refuse("would name the scenarios directory itself or its parent");
   std::string out;
   for (char c : canonical) {
     const auto u = static_cast<unsigned char>(c);
@@ -43,4 +42,4 @@ std::string safe_name(const std::string& canonical) {
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

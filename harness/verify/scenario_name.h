@@ -21,4 +21,4 @@ std::string safe_name(const std::string& canonical);
 // The name quoted for a message: control characters escaped, at most 200 characters.
 std::string quote_name(const std::string& name);
 
-}  // namespace rh
+}   // namespace rh

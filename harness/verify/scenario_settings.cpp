@@ -41,12 +41,14 @@ void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
     const std::string key(k.str()), full = "trainer." + key;
     if (key == "command") x.command = need_strings(file, v, full);
     else if (key == "resume_command") x.resume_command = need_strings(file, v, full);
-    else if (key == "args") for (auto& a : need_strings(file, v, full)) x.args.push_back(std::move(a));
+    else if (key == "args")
+      for (auto& a : need_strings(file, v, full)) x.args.push_back(std::move(a));
     else if (key == "cwd") x.cwd = need_string(file, v, full);
     else if (key == "env") {
       for (const auto& [ek, ev] : need_table(file, v, full)) {
         const std::string name(ek.str());
-        if (name.empty() || name.find('=') != std::string::npos) fail(file, ev, full + "." + name, "not an environment variable name");
+        if (name.empty() || name.find('=') != std::string::npos)
+          fail(file, ev, full + "." + name, "not an environment variable name");
         x.env.emplace_back(name, need_string(file, ev, full + "." + name));
       }
     } else if (key == "timeout_s") x.timeout_s = need_number(file, v, full);
@@ -54,7 +56,8 @@ void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
       const int64_t mb = need_int(file, v, full);
       if (mb < 1 || mb > 65536) fail(file, v, full, "expected 1 to 65536");
       x.output_cap_bytes = static_cast<uint64_t>(mb) << 20;
-    } else if (key == "determinism_runs") x.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, v, full), -1, 1000));
+    } else if (key == "determinism_runs")
+      x.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, v, full), -1, 1000));
     else if (key == "round_trip") x.round_trip = need_bool(file, v, full);
     else if (key == "probe") x.probe = need_bool(file, v, full);
     else if (key == "iterations") {
@@ -78,8 +81,9 @@ void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
         else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle)");
       }
     } else {
-      fail(file, v, full, "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
-                          "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
+      fail(file, v, full,
+           "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
+           "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
     }
   }
 }
@@ -91,7 +95,9 @@ void apply_tolerance(Scenario& s, const std::string& key, const toml::node& v, c
     const std::string metric(k.str());
     bool known = false;
     for (const auto& m : metric_names()) known = known || m == metric;
-    if (!known) fail(file, val, key + "." + metric, "not a metric name (lm_loss, aux_loss, total_loss, grad_norm, lr, num_zeros)");
+    if (!known)
+      fail(file, val, key + "." + metric,
+           "not a metric name (lm_loss, aux_loss, total_loss, grad_norm, lr, num_zeros)");
     Tolerance tol;
     for (const auto& [tk, tv] : need_table(file, val, key + "." + metric)) {
       const std::string full = key + "." + metric + "." + std::string(tk.str());
@@ -107,7 +113,8 @@ void apply_tolerance(Scenario& s, const std::string& key, const toml::node& v, c
 
 Expectation::Kind parse_expectation(const std::string& file, const toml::node& v, const std::string& key) {
   const std::string e = need_string(file, v, key);
-  for (auto k : {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused})
+  for (auto k :
+       {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused})
     if (e == to_string(k)) return k;
   fail(file, v, key, "expected exact, tolerance, diverge or refused, got '" + e + "'");
 }
@@ -132,8 +139,10 @@ const std::vector<ScenarioKey>& scenario_keys() {
       {"description", [](Scenario& s, F key, N v, F file) { s.description = need_string(file, v, key); }},
       {"save_at", [](Scenario& s, F key, N v, F file) { s.save_at = need_int(file, v, key); }},
       // The save policy's text forms are checkpoint/save_policy.h's.
-      {"save_policy", [](Scenario& s, F key, N v, F file) { s.policy.kind = ckpt::parse_save_policy(need_string(file, v, key)); }},
-      {"compress", [](Scenario& s, F key, N v, F file) { s.policy.compress = ckpt::parse_compression(need_string(file, v, key)); }},
+      {"save_policy",
+       [](Scenario& s, F key, N v, F file) { s.policy.kind = ckpt::parse_save_policy(need_string(file, v, key)); }},
+      {"compress",
+       [](Scenario& s, F key, N v, F file) { s.policy.compress = ckpt::parse_compression(need_string(file, v, key)); }},
       {"save_overrides",
        [](Scenario& s, F key, N v, F file) {
          for (const auto& [k, val] : need_table(file, v, key)) {
@@ -167,7 +176,7 @@ const std::vector<ScenarioKey>& scenario_keys() {
   return keys;
 }
 
-}  // namespace
+}   // namespace
 
 void apply_setting(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
   const auto& keys = scenario_keys();
@@ -216,4 +225,4 @@ void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, c
   }
 }
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

@@ -21,4 +21,4 @@ void apply_settings(Scenario& s, const toml::table& t, const std::string& file, 
 // by its key or its Megatron name), or "trainer.args" (the value split at spaces and appended).
 void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, const std::string& file);
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

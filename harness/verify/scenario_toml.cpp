@@ -78,4 +78,4 @@ std::string value_text(const toml::node& n) {
   return os.str();
 }
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

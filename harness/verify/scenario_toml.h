@@ -32,4 +32,4 @@ SettingValue setting_value(const toml::node& n);
 // it ("3", "true").
 std::string value_text(const toml::node& n);
 
-}  // namespace rh::scenario_file
+}   // namespace rh::scenario_file

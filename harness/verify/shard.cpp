@@ -41,7 +41,7 @@ struct Groups {
   }
 };
 
-}  // namespace
+}   // namespace
 
 ShardPlan plan_shards(const std::vector<Scenario>& sel, int count) {
   if (count < 1) throw std::invalid_argument("plan_shards: count must be >= 1");
@@ -100,4 +100,4 @@ ShardPlan plan_shards(const std::vector<Scenario>& sel, int count) {
   return out;
 }
 
-}  // namespace rh
+}   // namespace rh

@@ -30,10 +30,10 @@ struct ShardSpec {
 ShardSpec parse_shard(const std::string& text);
 
 struct ShardPlan {
-  std::vector<int> shard_of;      // per selected scenario: its shard (1-based)
-  std::vector<int64_t> cost;      // per shard (index 0 = shard 1): iterations x ranks
+  std::vector<int> shard_of;   // per selected scenario: its shard (1-based)
+  std::vector<int64_t> cost;   // per shard (index 0 = shard 1): iterations x ranks
 };
 
 ShardPlan plan_shards(const std::vector<Scenario>& selected, int count);
 
-}  // namespace rh
+}   // namespace rh

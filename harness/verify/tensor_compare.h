@@ -17,4 +17,4 @@ using TensorMap = std::map<std::string, std::pair<ckpt::StDtype, torch::Tensor>>
 // Sorted by key; keys in only one map are reported with the other dtype empty.
 std::vector<TensorDiff> compare_tensor_maps(const TensorMap& a, const TensorMap& b);
 
-}  // namespace rh
+}   // namespace rh

@@ -60,8 +60,8 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& s, const Che
   auto rows = [&](const char* phase, const std::vector<TensorDiff>& v) {
     for (const auto& d : v)
       sc += std::string(phase) + "," + d.key + "," + d.kind + "," + d.dtype_a + "," + d.dtype_b + "," +
-            std::to_string(d.numel) + "," + exact_decimal(d.bit_equal_fraction) + "," + exact_decimal(d.max_abs_diff) + "," +
-            std::to_string(d.max_ulp) + "\n";
+            std::to_string(d.numel) + "," + exact_decimal(d.bit_equal_fraction) + "," + exact_decimal(d.max_abs_diff) +
+            "," + std::to_string(d.max_ulp) + "\n";
   };
   rows("after_load", r.after_load);
   rows("final", r.final_state);
@@ -102,8 +102,8 @@ std::string summary_row(const Scenario& s, const CheckResult& r) {
     auto it = r.max_ulp_after_load.find(k);
     return it == r.max_ulp_after_load.end() ? std::string("") : std::to_string(it->second);
   };
-  const auto mode = optim::effective_master_mode(
-      s.cfg.optim, s.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+  const auto mode =
+      optim::effective_master_mode(s.cfg.optim, s.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
   return csv_field(r.name) + "," + r.expectation + "," + (r.passed ? "1" : "0") + "," + to_string(r.outcome) + "," +
          csv_field(r.verdict) + "," + csv_field(r.first_divergence) + "," + exact_decimal(r.max_abs_dloss) + "," +
          ulp("model") + "," + ulp("master_param") + "," + ulp("remainder") + "," + ulp("exp_avg") + "," +
@@ -115,7 +115,7 @@ std::string summary_row(const Scenario& s, const CheckResult& r) {
          exact_decimal(r.raw_bytes_per_param) + "\n";
 }
 
-}  // namespace
+}   // namespace
 
 void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios,
                    const std::vector<CheckResult>& results) {
@@ -137,16 +137,25 @@ void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios
   write_text((dir / "summary.csv").string(), csv);
   const auto info = runtime_info();
   const RunConfig first = scenarios.empty() ? RunConfig{} : scenarios.front().cfg;
-  nlohmann::json summary = {
-      {"file", run.file}, {"file_xxh3", run.file_xxh3}, {"filter", run.filter}, {"scenarios", list},
-      {"failed", failed}, {"total", scenarios.size()}, {"seconds", run.seconds},
-      {"environment", {{"harness_version", info.harness_version}, {"git_commit", info.git_commit},
-                       {"torch_version", info.torch_version}, {"blas", info.blas},
-                       {"cuda_compiled", info.cuda_compiled}, {"threads_per_process", first.train.threads},
-                       {"jobs", run.jobs}, {"device", first.train.device}}}};
+  nlohmann::json summary = {{"file", run.file},
+                            {"file_xxh3", run.file_xxh3},
+                            {"filter", run.filter},
+                            {"scenarios", list},
+                            {"failed", failed},
+                            {"total", scenarios.size()},
+                            {"seconds", run.seconds},
+                            {"environment",
+                             {{"harness_version", info.harness_version},
+                              {"git_commit", info.git_commit},
+                              {"torch_version", info.torch_version},
+                              {"blas", info.blas},
+                              {"cuda_compiled", info.cuda_compiled},
+                              {"threads_per_process", first.train.threads},
+                              {"jobs", run.jobs},
+                              {"device", first.train.device}}}};
   if (run.shard_count > 0)
     summary["shard"] = {{"index", run.shard_index}, {"count", run.shard_count}, {"cells", run.matrix_cells}};
   write_text((dir / "summary.json").string(), dump_text(summary, 2) + "\n");
 }
 
-}  // namespace rh
+}   // namespace rh

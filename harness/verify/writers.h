@@ -25,9 +25,9 @@ struct RunSummary {
   std::string file, filter, run_dir;
   int jobs = 1;
   double seconds = 0;
-  std::string file_xxh3;               // XXH3-64 of the scenario file's bytes, 16 hex digits
-  int shard_index = 0, shard_count = 0;   // a --shard run (0: not sharded)
-  std::vector<std::string> matrix_cells;  // a shard's whole selection, in order (merge.h checks it)
+  std::string file_xxh3;                   // XXH3-64 of the scenario file's bytes, 16 hex digits
+  int shard_index = 0, shard_count = 0;    // a --shard run (0: not sharded)
+  std::vector<std::string> matrix_cells;   // a shard's whole selection, in order (merge.h checks it)
 };
 // summary.csv and summary.json into run_dir (scenarios and results in the same order; either may
 // be empty: a shard with no cells).
@@ -36,4 +36,4 @@ struct RunSummary {
 void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios,
                    const std::vector<CheckResult>& results);
 
-}  // namespace rh
+}   // namespace rh

@@ -79,8 +79,8 @@ TEST_P(Planes, BlocksRoundTripBitForBitAtBlockBoundaries) {
       ASSERT_EQ(enc.size(), (bytes + kCompressBlockBytes - 1) / kCompressBlockBytes);
       std::vector<uint8_t> out(bytes);
       for (size_t b = 0; b < enc.size(); ++b) {
-        BlockRef r{enc[b].bytes.data(), enc[b].bytes.size(), enc[b].modes, enc[b].plane_bytes,
-                   enc[b].xxh3_stored, enc[b].xxh3_raw};
+        BlockRef r{enc[b].bytes.data(), enc[b].bytes.size(), enc[b].modes,
+                   enc[b].plane_bytes,  enc[b].xxh3_stored,  enc[b].xxh3_raw};
         const uint64_t off = b * kCompressBlockBytes, len = std::min(kCompressBlockBytes, bytes - off);
         decode_block(r, out.data() + off, len, c.itemsize, "block");
         // The slow path, independent of decode_block: each plane by plain ZSTD_decompress (or
@@ -117,8 +117,8 @@ TEST_P(Planes, ADamagedBlockIsRefusedBeforeDecoding) {
   std::vector<EncodedBlock> enc = encode_tensor(src, 5000 * c.itemsize, c.itemsize, CodecOptions{}, 1);
   ASSERT_EQ(enc.size(), 1u);
   enc[0].bytes[enc[0].bytes.size() / 2] ^= 0x04;
-  BlockRef r{enc[0].bytes.data(), enc[0].bytes.size(), enc[0].modes, enc[0].plane_bytes, enc[0].xxh3_stored,
-             enc[0].xxh3_raw};
+  BlockRef r{enc[0].bytes.data(), enc[0].bytes.size(), enc[0].modes,
+             enc[0].plane_bytes,  enc[0].xxh3_stored,  enc[0].xxh3_raw};
   std::vector<uint8_t> out(5000 * c.itemsize);
   try {
     decode_block(r, out.data(), out.size(), c.itemsize, "file F tensor 'K' compressed block 0 of 1");
@@ -245,7 +245,8 @@ TEST_P(DamagedBlock, IsNamedAndTheLiveStateIsUntouched) {
   else spit(dir / kShard, bytes);
 
   Rig c = make_rig(mode, 2, width), fresh = make_rig(mode, 2, width);
-  const std::string want = "tensor '" + key + "' compressed block " + std::to_string(nb - 2) + " of " + std::to_string(nb);
+  const std::string want =
+      "tensor '" + key + "' compressed block " + std::to_string(nb - 2) + " of " + std::to_string(nb);
   try {
     load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
     FAIL() << "loaded a damaged compressed block";
@@ -308,4 +309,4 @@ TEST(CompressedHostile, ATableThatDoesNotCoverTheBlobIsRefused) {
   EXPECT_TRUE(same_state(c, fresh));
 }
 
-}  // namespace
+}   // namespace

@@ -98,7 +98,8 @@ TEST_P(Conformance, ToolReaderGivesTheCorpusVerdict) {
   std::ostringstream msg;
   const int code = rh::ckpt::inspect_checkpoint(dir.string(), msg);
   EXPECT_EQ(code, c.code) << c.name << " (" << c.rule << "): " << msg.str();
-  EXPECT_NE(msg.str().find(c.reason), std::string::npos) << c.name << ": expected '" << c.reason << "' in: " << msg.str();
+  EXPECT_NE(msg.str().find(c.reason), std::string::npos)
+      << c.name << ": expected '" << c.reason << "' in: " << msg.str();
   if (c.code != 0) {
     EXPECT_NE(msg.str().find(dir.string()), std::string::npos) << "names no file: " << msg.str();
   }
@@ -119,4 +120,4 @@ TEST(ConformanceTable, HasEveryCase) {
 INSTANTIATE_TEST_SUITE_P(Corpus, Conformance, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-}  // namespace
+}   // namespace

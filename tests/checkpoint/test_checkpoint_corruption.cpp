@@ -18,7 +18,6 @@ using namespace rh::ckpt;
 namespace {
 
 
-
 // Rewrites `file` and updates the manifest's recorded size and checksum to match.
 void reseal(const fs::path& dir, const std::string& file, const std::string& bytes) {
   spit(dir / file, bytes);
@@ -99,36 +98,48 @@ TEST_P(Corruption, LoadRefusesNamingTheFileAndTouchesNothing) {
 }
 
 const std::vector<Damage> kDamage = {
-    {"FlippedDataByte", [](const fs::path& d) {
+    {"FlippedDataByte",
+     [](const fs::path& d) {
        std::string s = slurp(d / kShard);
        s[s.size() - 7] ^= 0x10;
        spit(d / kShard, s);
-     }, kShard, "checksum"},
-    {"FlippedHeaderByte", [](const fs::path& d) {
+     },
+     kShard, "checksum"},
+    {"FlippedHeaderByte",
+     [](const fs::path& d) {
        std::string s = slurp(d / kModel);
        s[20] ^= 0x01;
        spit(d / kModel, s);
-     }, kModel, "checksum"},
-    {"TruncatedFile", [](const fs::path& d) {
+     },
+     kModel, "checksum"},
+    {"TruncatedFile",
+     [](const fs::path& d) {
        std::string s = slurp(d / kShard);
        spit(d / kShard, s.substr(0, s.size() / 2));
-     }, kShard, "(truncated)"},
+     },
+     kShard, "(truncated)"},
     {"MissingFile", [](const fs::path& d) { fs::remove(d / kModel); }, kModel, "missing"},
-    {"MissingManifest", [](const fs::path& d) { fs::remove(d / "manifest.json"); }, "manifest.json", "no manifest.json"},
-    {"WrongHeaderLength", [](const fs::path& d) {
+    {"MissingManifest", [](const fs::path& d) { fs::remove(d / "manifest.json"); }, "manifest.json",
+     "no manifest.json"},
+    {"WrongHeaderLength",
+     [](const fs::path& d) {
        std::string s = slurp(d / kShard);
        uint64_t n = s.size() + 100;
        std::memcpy(s.data(), &n, 8);
        reseal(d, kShard, s);
-     }, kShard, "runs past the end"},
-    {"OffsetsOutOfRange", [](const fs::path& d) {
+     },
+     kShard, "runs past the end"},
+    {"OffsetsOutOfRange",
+     [](const fs::path& d) {
        edit_header(d, kShard, [](std::string& h) {
          size_t i = h.rfind("\"data_offsets\":[");
          size_t comma = h.find(',', i), close = h.find(']', i);
          h.replace(comma + 1, close - comma - 1, "999999999");
        });
-     }, kShard, "out of range"},
-    {"OverlappingTensors", [](const fs::path& d) {
+     },
+     kShard, "out of range"},
+    {"OverlappingTensors",
+     [](const fs::path& d) {
        edit_header(d, kShard, [](std::string& h) {
          // Two tensors of the same size claim the same bytes: exp_avg_sq gets exp_avg's offsets.
          auto offsets_of = [&](const std::string& key) {
@@ -142,32 +153,43 @@ const std::vector<Damage> kDamage = {
          auto [b, blen] = offsets_of("embed/exp_avg_sq");
          h.replace(b, blen, first);
        });
-     }, kShard, "overlaps"},
-    {"DuplicateKey", [](const fs::path& d) {
+     },
+     kShard, "overlaps"},
+    {"DuplicateKey",
+     [](const fs::path& d) {
        edit_header(d, kShard, [](std::string& h) { replace_once(h, "\"embed/exp_avg_sq\"", "\"embed/exp_avg\"   "); });
-     }, kShard, "duplicate key 'embed/exp_avg'"},
-    {"PathEscapesDirectory", [](const fs::path& d) {
+     },
+     kShard, "duplicate key 'embed/exp_avg'"},
+    {"PathEscapesDirectory",
+     [](const fs::path& d) {
        nlohmann::json m = read_manifest(d);
        for (auto& f : m["files"])
          if (f["name"] == kModel) f["name"] = "../model.safetensors";
        write_manifest(d, m);
-     }, "manifest.json", "'../model.safetensors' is not a plain file name"},
-    {"AbsolutePath", [](const fs::path& d) {
+     },
+     "manifest.json", "'../model.safetensors' is not a plain file name"},
+    {"AbsolutePath",
+     [](const fs::path& d) {
        nlohmann::json m = read_manifest(d);
        m["files"][0]["name"] = "/etc/passwd";
        write_manifest(d, m);
-     }, "manifest.json", "not a plain file name"},
-    {"FormatVersion", [](const fs::path& d) {
+     },
+     "manifest.json", "not a plain file name"},
+    {"FormatVersion",
+     [](const fs::path& d) {
        nlohmann::json m = read_manifest(d);
        m["format_version"] = 99;
        write_manifest(d, m);
-     }, "manifest.json", "format version 99"},
-    {"ManifestTensorMismatch", [](const fs::path& d) {
+     },
+     "manifest.json", "format version 99"},
+    {"ManifestTensorMismatch",
+     [](const fs::path& d) {
        nlohmann::json m = read_manifest(d);
        for (auto& t : m["tensors"])
          if (t["key"] == "norm/exp_avg") t["shape"] = {4};
        write_manifest(d, m);
-     }, kShard, "tensor 'norm/exp_avg'"},
+     },
+     kShard, "tensor 'norm/exp_avg'"},
     {"ModelConfigMismatch", [](const fs::path&) {}, "manifest.json", "width=16 (now 32)"},
 };
 
@@ -227,7 +249,7 @@ TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
   for (const auto& f : m["files"]) EXPECT_GE(f["block_xxh3"].size(), 2u) << f["name"];
   std::string bytes = slurp(dir / "optim_rank_00000.safetensors");   // 3 x 48 MiB of states
   ASSERT_GT(bytes.size(), 2 * rh::ckpt::kHashBlock);
-  const size_t at = rh::ckpt::kHashBlock + 100;                       // inside block 1
+  const size_t at = rh::ckpt::kHashBlock + 100;   // inside block 1
   bytes[at] = static_cast<char>(bytes[at] ^ 0x01);
   spit(dir / "optim_rank_00000.safetensors", bytes);
   const auto before = opt.stored("w", rh::optim::StateKey::exp_avg).data.clone();
@@ -237,8 +259,10 @@ TEST(CheckpointChecksums, DamageInAMiddleBlockIsNamedByItsByteRange) {
   } catch (const rh::ckpt::CheckpointError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("optim_rank_00000.safetensors"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("[" + std::to_string(rh::ckpt::kHashBlock) + ", " + std::to_string(2 * rh::ckpt::kHashBlock) + ")"),
-              std::string::npos) << msg;
+    EXPECT_NE(msg.find("[" + std::to_string(rh::ckpt::kHashBlock) + ", " + std::to_string(2 * rh::ckpt::kHashBlock) +
+                       ")"),
+              std::string::npos)
+        << msg;
   }
   EXPECT_TRUE(torch::equal(before, opt.stored("w", rh::optim::StateKey::exp_avg).data));
   fs::remove_all(root);
@@ -316,7 +340,7 @@ TEST(StagedLoad, ARefusedConversionPutsBackTheAdoptedStatesTensors) {
   Rig a = make_rig(saved, 1);
   train(a, 3);
   save_checkpoint(root.str(), save_input(a));
-  Mode target = saved;           // exp_avg into bf16 (inexact), the rest stored as saved
+  Mode target = saved;   // exp_avg into bf16 (inexact), the rest stored as saved
   target.cfg.exp_avg_dtype = Dtype::bf16;
   target.name = "remainders_bf16_m";
   Rig c = make_rig(target, 2), fresh = make_rig(target, 2);
@@ -332,4 +356,4 @@ TEST(StagedLoad, ARefusedConversionPutsBackTheAdoptedStatesTensors) {
   EXPECT_EQ(c.state.iteration, 0);
 }
 
-}  // namespace
+}   // namespace

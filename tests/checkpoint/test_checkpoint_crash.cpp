@@ -86,4 +86,4 @@ TEST(CrashSafety, SigkillDuringSaveNeverBreaksThePointer) {
     EXPECT_NE(e.path().filename().string()[0], '.') << "not cleaned: " << e.path();
 }
 
-}  // namespace
+}   // namespace

@@ -155,7 +155,8 @@ TEST(DataParallelSave, AFailedShardWriteFailsEveryRankAndKeepsThePreviousCheckpo
   // the temp directory (round 0), put a directory where the file must go.
   const auto err = save_both(root, 5, false, [&](long round) {
     if (round == 0)
-      fs::create_directories(root / (".tmp.iter_0000005." + std::to_string(::getpid())) / "optim_rank_00001.safetensors");
+      fs::create_directories(root / (".tmp.iter_0000005." + std::to_string(::getpid())) /
+                             "optim_rank_00001.safetensors");
   });
   for (const auto& e : err) {
     EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
@@ -240,11 +241,13 @@ nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param)
 const std::vector<ShardDamage> kDamages = {
     // "w" (231 elements) is split at 128 between the ranks: move the boundary to 129 (flat_begin
     // follows, so the ranges still place "w" at one buffer offset and the lengths are what differ).
-    {"ShardBoundaryMovedByOne", [](nlohmann::json& m) {
+    {"ShardBoundaryMovedByOne",
+     [](nlohmann::json& m) {
        range_of(m, 0, "w")["end"] = 129;
        range_of(m, 1, "w")["begin"] = 129;
        range_of(m, 1, "w")["flat_begin"] = range_of(m, 1, "w")["flat_begin"].get<int64_t>() + 1;
-     }, "elements, but its shard's range of 'w' has"},
+     },
+     "elements, but its shard's range of 'w' has"},
     {"ShardFilesSwapped", [](nlohmann::json& m) { std::swap(m["shards"][0]["file"], m["shards"][1]["file"]); },
      "(shard files swapped or renamed)"},
     {"BothShardsNameOneFile", [](nlohmann::json& m) { m["shards"][1]["file"] = m["shards"][0]["file"]; },
@@ -264,4 +267,4 @@ const std::vector<ShardDamage> kDamages = {
 INSTANTIATE_TEST_SUITE_P(Issue32, InspectAgreesWithLoad, ::testing::ValuesIn(kDamages),
                          [](const auto& i) { return std::string(i.param.name); });
 
-}  // namespace
+}   // namespace

@@ -51,8 +51,8 @@ std::string error_of(F&& f) {
 TEST(JsonGuard, DepthIsCheckedBeforeParsingAndQuotesAreCapped) {
   EXPECT_EQ(json_depth_violation("[[1]]", 5, 2), std::string::npos);
   EXPECT_EQ(json_depth_violation("[[[1]]]", 7, 2), 2u);
-  EXPECT_EQ(json_depth_violation("[\"[[[[\"]", 8, 1), std::string::npos);   // brackets in strings
-  EXPECT_EQ(json_depth_violation("[\"\\\"[[\"]", 9, 1), std::string::npos);  // escaped quote
+  EXPECT_EQ(json_depth_violation("[\"[[[[\"]", 8, 1), std::string::npos);     // brackets in strings
+  EXPECT_EQ(json_depth_violation("[\"\\\"[[\"]", 9, 1), std::string::npos);   // escaped quote
   const std::string d = deep(100000);
   const std::string msg = error_of([&] { parse_json_bounded(d, "x.json"); });
   EXPECT_NE(msg.find("x.json: nesting deeper than 64 levels"), std::string::npos) << msg;
@@ -72,9 +72,12 @@ TEST(JsonGuard, CheckedAccessorNamesFilePathAndType) {
   EXPECT_EQ(error_of([&] { f["a"]["c"].str(); }), "m.json: field /a/c: missing");
   EXPECT_EQ(error_of([&] { f["a"]["b"][1].i64(); }),
             "m.json: field /a/b/1: expected an integer in [-9223372036854775808, 9223372036854775807], got \"x\"");
-  EXPECT_EQ(error_of([&] { f["a"]["b"][2].u64(); }), "m.json: field /a/b/2: expected an integer in [0, 18446744073709551615], got -3");
-  EXPECT_NE(error_of([&] { f["a"]["b"][7].i64(); }).find("/a/b: has 3 elements, element 7 is missing"), std::string::npos);
-  EXPECT_NE(error_of([&] { f["big"].i64(0, 100); }).find("expected an integer in [0, 100], got 4294967298"), std::string::npos);
+  EXPECT_EQ(error_of([&] { f["a"]["b"][2].u64(); }),
+            "m.json: field /a/b/2: expected an integer in [0, 18446744073709551615], got -3");
+  EXPECT_NE(error_of([&] { f["a"]["b"][7].i64(); }).find("/a/b: has 3 elements, element 7 is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { f["big"].i64(0, 100); }).find("expected an integer in [0, 100], got 4294967298"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { f["a"].str(); }).find("expected a string, got {\"b\":[1,\"x\",-3]}"), std::string::npos);
 }
 
@@ -104,7 +107,8 @@ TEST(HostileSafetensors, DeeplyNestedShapeIsRefusedNotACrash) {
 TEST(HostileSafetensors, HeaderFollowedByNulAndGarbageIsRefused) {
   TmpDir dir;
   const std::string path = (dir.p / "nul.safetensors").string();
-  write_st(path, std::string(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") + std::string("\0\0garbage", 9),
+  write_st(path,
+           std::string(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") + std::string("\0\0garbage", 9),
            std::string(8, '\1'));
   const std::string msg = error_of([&] { SafetensorsFile::open(path); });
   EXPECT_NE(msg.find("NUL byte"), std::string::npos) << msg;
@@ -203,7 +207,8 @@ TEST_P(HostileManifest, LoadAndInspectRefuseIt) {
   GetParam().apply(dir);
   Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
   const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
-  EXPECT_NE(msg.find(GetParam().expect), std::string::npos) << "want '" << GetParam().expect << "' in: " << msg.substr(0, 600);
+  EXPECT_NE(msg.find(GetParam().expect), std::string::npos)
+      << "want '" << GetParam().expect << "' in: " << msg.substr(0, 600);
   EXPECT_LT(msg.size(), 1200u) << msg.substr(0, 600);
   EXPECT_TRUE(same_state(c, fresh));
   std::ostringstream out;
@@ -220,15 +225,19 @@ std::function<void(const fs::path&)> edit(std::function<void(nlohmann::json&)> f
 }
 
 const std::vector<Hostile> kHostile = {
-    {"FormatVersionDeeplyNested", [](const fs::path& d) {
+    {"FormatVersionDeeplyNested",
+     [](const fs::path& d) {
        std::string s = slurp(d / "manifest.json");
        const size_t i = s.find("\"format_version\":");
        const size_t e = s.find(',', i);
        s.replace(i, e - i, "\"format_version\": " + deep(100000));
        write_manifest_text(d, s);
-     }, "nesting deeper than 64 levels"},
-    {"FormatVersionWraps", edit([](nlohmann::json& m) { m["format_version"] = 4294967298ull; }), "format version 4294967298"},
-    {"MissingExact", edit([](nlohmann::json& m) { m["tensors"][0].erase("exact"); }), "field /tensors/0/exact: missing"},
+     },
+     "nesting deeper than 64 levels"},
+    {"FormatVersionWraps", edit([](nlohmann::json& m) { m["format_version"] = 4294967298ull; }),
+     "format version 4294967298"},
+    {"MissingExact", edit([](nlohmann::json& m) { m["tensors"][0].erase("exact"); }),
+     "field /tensors/0/exact: missing"},
     {"MissingGroupStep", edit([](nlohmann::json& m) { m["optimizer"]["groups"][0].erase("step"); }),
      "field /optimizer/groups/0/step: missing"},
     {"MissingDisk", edit([](nlohmann::json& m) { m.erase("disk"); }), "field /disk: missing"},
@@ -245,7 +254,8 @@ const std::vector<Hostile> kHostile = {
     {"NumStepsNearInt64Max",
      edit([](nlohmann::json& m) { m["train_state"]["opt_param_scheduler"]["num_steps"] = INT64_MAX; }),
      "field /train_state/opt_param_scheduler/num_steps"},
-    {"BlockBytesWrapsToZeroBlocks", [](const fs::path& d) {
+    {"BlockBytesWrapsToZeroBlocks",
+     [](const fs::path& d) {
        // A corrupted data byte, and block_bytes = 2^64-1 with an empty block list: the block
        // arithmetic wrapped to zero blocks and the whole-file checksum was skipped.
        std::string s = slurp(d / kShard);
@@ -255,40 +265,53 @@ const std::vector<Hostile> kHostile = {
        for (auto& f : m["files"])
          if (f["name"] == kShard) f["block_bytes"] = UINT64_MAX, f["block_xxh3"] = nlohmann::json::array();
        write_manifest(d, m);
-     }, "block_bytes: expected an integer in [0, 1099511627776]"},
+     },
+     "block_bytes: expected an integer in [0, 1099511627776]"},
     {"BlockListTooShort", edit([](nlohmann::json& m) {
        m["files"][0]["block_bytes"] = 4096;
        m["files"][0]["block_xxh3"] = nlohmann::json::array();
        for (int i = 0; i < 100000; ++i) m["files"][0]["block_xxh3"].push_back("0000000000000000");
-     }), "block checksums, a file of"},
+     }),
+     "block checksums, a file of"},
     {"BlockBytesWithoutList", edit([](nlohmann::json& m) { m["files"][0].erase("block_xxh3"); }),
      "block_xxh3 and block_bytes come together"},
-    {"ManifestIsFifo", [](const fs::path& d) {
+    {"ManifestIsFifo",
+     [](const fs::path& d) {
        fs::remove(d / "manifest.json");
        ASSERT_EQ(::mkfifo((d / "manifest.json").c_str(), 0600), 0);
-     }, "manifest.json: is a FIFO"},
-    {"ManifestLinksToDevZero", [](const fs::path& d) {
+     },
+     "manifest.json: is a FIFO"},
+    {"ManifestLinksToDevZero",
+     [](const fs::path& d) {
        fs::remove(d / "manifest.json");
        fs::create_symlink("/dev/zero", d / "manifest.json");
-     }, "manifest.json: is a symbolic link; refused"},
-    {"ManifestTooLarge", [](const fs::path& d) {
+     },
+     "manifest.json: is a symbolic link; refused"},
+    {"ManifestTooLarge",
+     [](const fs::path& d) {
        std::ofstream f(d / "manifest.json", std::ios::app);
        f << std::string(rh::ckpt::detail::kMaxManifestBytes, ' ');
-     }, "-byte limit for this file"},
-    {"DataFileIsFifo", [](const fs::path& d) {
+     },
+     "-byte limit for this file"},
+    {"DataFileIsFifo",
+     [](const fs::path& d) {
        fs::remove(d / kModel);
        ASSERT_EQ(::mkfifo((d / kModel).c_str(), 0600), 0);
-     }, "model.safetensors: is a FIFO, expected a regular file"},
-    {"DataFileLinksOutside", [](const fs::path& d) {
+     },
+     "model.safetensors: is a FIFO, expected a regular file"},
+    {"DataFileLinksOutside",
+     [](const fs::path& d) {
        const fs::path outside = d.parent_path().parent_path() / ("rh_outside_" + std::to_string(::getpid()));
        fs::copy_file(d / kModel, outside, fs::copy_options::overwrite_existing);
        fs::remove(d / kModel);
        fs::create_symlink(outside, d / kModel);
-     }, "model.safetensors: is a symbolic link; refused"},
+     },
+     "model.safetensors: is a symbolic link; refused"},
     {"IterationMismatch", edit([](nlohmann::json& m) { m["iteration"] = 7; }), "differs from /iteration 7"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, HostileManifest, ::testing::ValuesIn(kHostile), [](const auto& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cases, HostileManifest, ::testing::ValuesIn(kHostile),
+                         [](const auto& i) { return i.param.name; });
 
 // Counters are checked against the run being resumed (its config's train section).
 TEST(HostileCounters, CountersMustMatchTheRunConfig) {
@@ -324,8 +347,10 @@ TEST(HostileCounters, CountersMustMatchTheRunConfig) {
   m = good;
   m["train_state"]["opt_param_scheduler"]["num_steps"] = 5;
   write_manifest(dir, m);
-  refused("field /train_state/opt_param_scheduler/num_steps: 5 scheduler steps (samples) after 2 iterations of 8 "
-          "samples, expected 16", cfg);
+  refused(
+      "field /train_state/opt_param_scheduler/num_steps: 5 scheduler steps (samples) after 2 iterations of 8 "
+      "samples, expected 16",
+      cfg);
   m = good;
   m["optimizer"]["groups"][0]["step"] = 3;
   write_manifest(dir, m);
@@ -351,7 +376,7 @@ TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
   EXPECT_NE(msg.find("the checkpoint root is an empty path"), std::string::npos) << msg;
 }
 
-}  // namespace
+}   // namespace
 
 // ---- Issue 32 item 2: the manifest's own checksum, and what can be checked for consistency.
 
@@ -377,7 +402,8 @@ void decrement_after(std::string& s, const std::string& key) {
 
 const std::vector<Edit> kEdits = {
     {"GroupStepTwoToOne", [](std::string& s) { decrement_after(s, "\"step\":"); }},
-    {"RngStateHexDigit", [](std::string& s) {
+    {"RngStateHexDigit",
+     [](std::string& s) {
        const size_t k = s.find("\"dropout\":");
        ASSERT_NE(k, std::string::npos);
        const size_t q = s.find('"', k + 10) + 1 + 40;   // a digit well inside the hex string
@@ -411,7 +437,8 @@ TEST_P(EditedManifest, IsRefusedByLoadAndInspectBeforeParsing) {
   EXPECT_NE(out.str().find(msg), std::string::npos) << out.str();
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue32, EditedManifest, ::testing::ValuesIn(kEdits), [](const auto& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Issue32, EditedManifest, ::testing::ValuesIn(kEdits),
+                         [](const auto& i) { return i.param.name; });
 
 // The sidecar itself: missing (a checkpoint written before it existed, or deleted to make an
 // edited manifest pass), malformed, or a link. Each refused by load and inspect, naming it.
@@ -427,7 +454,8 @@ TEST(ManifestChecksumSidecar, MissingMalformedOrLinkedIsRefused) {
          spit(d.parent_path() / "elsewhere", slurp(d / "manifest.json.xxh3"));
          fs::remove(d / "manifest.json.xxh3");
          fs::create_symlink(d.parent_path() / "elsewhere", d / "manifest.json.xxh3");
-       }, "manifest.json.xxh3: is a symbolic link"},
+       },
+       "manifest.json.xxh3: is a symbolic link"},
   };
   for (const auto& [damage, want] : cases) {
     TmpDir root;
@@ -474,14 +502,15 @@ TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
   }
 }
 
-}  // namespace manifest_checksum
+}   // namespace manifest_checksum
 
 // Issue 32 item 5, in the sanitizer step (base/input.cpp is compiled instrumented there): the TOML
 // scan that runs before toml++ on inputs toml++ would recurse on 50,000 or 100,000 times.
 TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
   std::string key = "a";
   for (int i = 1; i < 50000; ++i) key += ".a";
-  EXPECT_NE(rh::ckpt::toml_nesting_position(key + " = 1\n").find("1: column 128: a key or table header of more than 64"),
+  EXPECT_NE(rh::ckpt::toml_nesting_position(key + " = 1\n")
+                .find("1: column 128: a key or table header of more than 64"),
             std::string::npos);
   EXPECT_NE(rh::ckpt::toml_nesting_position("[" + key + "]\n").find("more than 64 dotted parts"), std::string::npos);
   EXPECT_NE(rh::ckpt::toml_nesting_position("x = " + std::string(100000, '{')).find("nested deeper than 64"),
@@ -538,19 +567,20 @@ TEST_P(PrintableText, EscapesWhatIsNotUtf8) {
   EXPECT_TRUE(nlohmann::json::accept(dumped)) << dumped;
   EXPECT_TRUE(nlohmann::json::accept(dump_text(nlohmann::json{{"checkpoint", printable_text(p.in)}})));
 }
-INSTANTIATE_TEST_SUITE_P(
-    Round4, PrintableText,
-    ::testing::Values(Printable{"Ascii", "/tmp/run/ckpt", "/tmp/run/ckpt"},
-                      Printable{"ValidTwoAndThreeByte", "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5", "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5"},
-                      Printable{"ValidFourByte", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
-                      Printable{"Latin1Bytes", "ckpt_\xff\xfe", "ckpt_\\xff\\xfe"},
-                      Printable{"TruncatedSequence", "a\xc3", "a\\xc3"},
-                      Printable{"Overlong", "\xc0\xaf", "\\xc0\\xaf"},
-                      Printable{"Surrogate", "\xed\xa0\x80", "\\xed\\xa0\\x80"},
-                      Printable{"AboveU10FFFF", "\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},
-                      Printable{"ControlCharacters", std::string("a\rb\0c\x7f", 6), "a\\x0db\\x00c\\x7f"},
-                      Printable{"NewlineAndTabKept", "a\nb\tc", "a\nb\tc"}),
-    [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Round4, PrintableText,
+                         ::testing::Values(Printable{"Ascii", "/tmp/run/ckpt", "/tmp/run/ckpt"},
+                                           Printable{"ValidTwoAndThreeByte", "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5",
+                                                     "r\xc3\xa9sum\xc3\xa9/\xe6\x97\xa5"},
+                                           Printable{"ValidFourByte", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"},
+                                           Printable{"Latin1Bytes", "ckpt_\xff\xfe", "ckpt_\\xff\\xfe"},
+                                           Printable{"TruncatedSequence", "a\xc3", "a\\xc3"},
+                                           Printable{"Overlong", "\xc0\xaf", "\\xc0\\xaf"},
+                                           Printable{"Surrogate", "\xed\xa0\x80", "\\xed\\xa0\\x80"},
+                                           Printable{"AboveU10FFFF", "\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},
+                                           Printable{"ControlCharacters", std::string("a\rb\0c\x7f", 6),
+                                                     "a\\x0db\\x00c\\x7f"},
+                                           Printable{"NewlineAndTabKept", "a\nb\tc", "a\nb\tc"}),
+                         [](const auto& i) { return std::string(i.param.name); });
 
 // RFC 4180 both ways: csv_field's output read back by csv_parse gives every field unchanged, also
 // with commas, quotes, line breaks (CRLF too) and leading spaces (a failure text with a newline
@@ -566,20 +596,21 @@ TEST_P(CsvRoundTrip, FieldsComeBackUnchanged) {
   EXPECT_EQ(recs[1].fields, row) << text;
   EXPECT_EQ(recs[1].line, 2u);
   EXPECT_EQ(recs[2].fields, (std::vector<std::string>{"last", "1", "2"}));
-  EXPECT_EQ(recs[2].line, 1u + static_cast<unsigned>(std::count(text.begin(), text.begin() + text.rfind("last"), '\n')));
+  EXPECT_EQ(recs[2].line,
+            1u + static_cast<unsigned>(std::count(text.begin(), text.begin() + text.rfind("last"), '\n')));
 }
-INSTANTIATE_TEST_SUITE_P(
-    Round4, CsvRoundTrip,
-    ::testing::Values(std::vector<std::string>{"plain", "1", "2"},
-                      std::vector<std::string>{"error: a\nb", "x,y", "say \"hi\""},
-                      std::vector<std::string>{"crlf\r\ninside", "", "\"\""},
-                      std::vector<std::string>{"trailing newline\n", "\n", ","}),
-    [](const auto& i) { return "Case" + std::to_string(i.index); });
+INSTANTIATE_TEST_SUITE_P(Round4, CsvRoundTrip,
+                         ::testing::Values(std::vector<std::string>{"plain", "1", "2"},
+                                           std::vector<std::string>{"error: a\nb", "x,y", "say \"hi\""},
+                                           std::vector<std::string>{"crlf\r\ninside", "", "\"\""},
+                                           std::vector<std::string>{"trailing newline\n", "\n", ","}),
+                         [](const auto& i) { return "Case" + std::to_string(i.index); });
 
 TEST(CsvParse, MalformedTextIsRefusedWithItsLine) {
   EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"open,1\n2,3\n"); }).find("2: a quoted field is not closed"),
             std::string::npos);
-  EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"x\"y,1\n"); }).find("2: text after a closing quote"), std::string::npos);
+  EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"x\"y,1\n"); }).find("2: text after a closing quote"),
+            std::string::npos);
   const auto recs = rh::csv_parse("a, b ,c\r\n\r\n1,2,3");   // spaces trimmed, CRLF, an empty line skipped
   ASSERT_EQ(recs.size(), 2u);
   EXPECT_EQ(recs[0].fields, (std::vector<std::string>{"a", "b", "c"}));
@@ -590,8 +621,9 @@ TEST(CsvParse, MalformedTextIsRefusedWithItsLine) {
 // whose message names the path and says it is the disk; the tool exits 4 on it
 // (CliErrors' HostileDisk.SaveOnAFullDiskExitsFourNamingThePathAndTheDisk does it with a tmpfs).
 TEST(HostileDisk, NoSpaceIsADiskErrorNamingThePath) {
-  for (const auto& write : std::vector<std::function<void()>>{
-           [] { rh::write_text("/dev/full", "x"); }, [] { write_file_durable("/dev/full", std::string(1 << 16, 'x')); }}) {
+  for (const auto& write :
+       std::vector<std::function<void()>>{[] { rh::write_text("/dev/full", "x"); },
+                                          [] { write_file_durable("/dev/full", std::string(1 << 16, 'x')); }}) {
     try {
       write();
       ADD_FAILURE() << "no error writing /dev/full";
@@ -618,8 +650,10 @@ TEST(DecodeBudget, CompressedTablesBeyondTheBudgetAreRefusedBeforeDecoding) {
   EXPECT_NO_THROW(rh::ckpt::detail::verify_checkpoint_dir(dir.string()));
   EXPECT_NO_THROW(rh::ckpt::detail::verify_checkpoint_dir(dir.string(), 13104));   // the compressed tensors' raw bytes
   const std::string msg = error_of([&] { rh::ckpt::detail::verify_checkpoint_dir(dir.string(), 13103); });
-  EXPECT_NE(msg.find("need 13104 bytes decoded, more than the 13103 bytes this load's model and optimizer state can hold"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find(
+                "need 13104 bytes decoded, more than the 13103 bytes this load's model and optimizer state can hold"),
+            std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("refused before decoding"), std::string::npos) << msg;
 
   torch::set_num_threads(1);
@@ -644,4 +678,4 @@ TEST(DecodeBudget, CompressedTablesBeyondTheBudgetAreRefusedBeforeDecoding) {
   }
 }
 
-}  // namespace round4
+}   // namespace round4

@@ -17,8 +17,8 @@ using namespace rh::ckpt;
 namespace {
 
 nlohmann::json values_of(const torch::Tensor& t, bool fp8_codes) {
-  torch::Tensor v = fp8_codes ? rh::optim::codec::fp8_decode(t.contiguous()).to(torch::kDouble)
-                              : t.to(torch::kDouble).contiguous();
+  torch::Tensor v =
+      fp8_codes ? rh::optim::codec::fp8_decode(t.contiguous()).to(torch::kDouble) : t.to(torch::kDouble).contiguous();
   nlohmann::json out = nlohmann::json::array();
   const double* p = v.data_ptr<double>();
   for (int64_t i = 0; i < v.numel(); ++i) {
@@ -29,7 +29,10 @@ nlohmann::json values_of(const torch::Tensor& t, bool fp8_codes) {
 }
 
 nlohmann::json entry(const std::string& file, const std::string& key, const torch::Tensor& t, StDtype d) {
-  return {{"file", file}, {"key", key}, {"dtype", st_name(d)}, {"shape", t.sizes().vec()},
+  return {{"file", file},
+          {"key", key},
+          {"dtype", st_name(d)},
+          {"shape", t.sizes().vec()},
           {"values", values_of(t, d == StDtype::F8_E4M3)}};
 }
 
@@ -37,8 +40,8 @@ nlohmann::json entry(const std::string& file, const std::string& key, const torc
 nlohmann::json expected_checkpoint(const Rig& r, const SavePolicy& pol, const std::string& dir) {
   nlohmann::json ts = nlohmann::json::array();
   for (const auto& p : r.model->named_parameters(true))
-    ts.push_back(entry("model.safetensors", p.key(), p.value().detach(),
-                       st_from_scalar_type(p.value().scalar_type(), p.key())));
+    ts.push_back(
+        entry("model.safetensors", p.key(), p.value().detach(), st_from_scalar_type(p.value().scalar_type(), p.key())));
   for (const auto& p : r.opt->param_names())
     for (StateKey k : kKeys)
       for (const auto& e : rh::ckpt::detail::encode_state(*r.opt, p, k, pol)) {
@@ -104,4 +107,4 @@ TEST(PythonReader, DecodesEveryTensorLikeTheHarness) {
   EXPECT_NE(run_reader(good), 0);
 }
 
-}  // namespace
+}   // namespace

@@ -57,7 +57,8 @@ StoredState from_reference(const nlohmann::json& j, const StoredState& like) {
 std::string describe(const StoredState& s) {
   std::ostringstream o;
   o << rh::optim::to_string(s.dtype) << " scale " << (s.scale ? std::to_string(*s.scale) : "-") << " scale_inv "
-    << (s.scale_inv ? std::to_string(*s.scale_inv) : "-") << " codes " << code_bits(s.data.view({-1}).narrow(0, 0, std::min<int64_t>(6, s.data.numel()))).dump();
+    << (s.scale_inv ? std::to_string(*s.scale_inv) : "-") << " codes "
+    << code_bits(s.data.view({-1}).narrow(0, 0, std::min<int64_t>(6, s.data.numel()))).dump();
   return o.str();
 }
 
@@ -86,8 +87,8 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
 
   // The PR's remainder rule keys on the flag, not on what the optimizer holds, and only with the
   // precision-aware optimizer on (Megatron distrib_optimizer.py: no int16 branch without it).
-  const bool pr_int16 = mode.cfg.use_precision_aware_optimizer && mode.cfg.store_param_remainders &&
-                        mode.param_dtype == torch::kBFloat16;
+  const bool pr_int16 =
+      mode.cfg.use_precision_aware_optimizer && mode.cfg.store_param_remainders && mode.param_dtype == torch::kBFloat16;
   const bool has_rem = a.opt->master_mode() == rh::optim::MasterMode::remainders;
   if (pol == SavePolicyKind::per_key && pr_int16 && a.opt->master_mode() == rh::optim::MasterMode::fp16) {
     // The PR hands an int16 tensor to set_scaled_state; TE (remainders off for an fp16 master)
@@ -116,8 +117,8 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
     lossy.allow_lossy = true;
     load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
     const std::string p = a.opt->param_names()[0];
-    EXPECT_FALSE(bytes_equal(c.opt->stored(p, StateKey::master_param).data,
-                             a.opt->stored(p, StateKey::master_param).data))
+    EXPECT_FALSE(
+        bytes_equal(c.opt->stored(p, StateKey::master_param).data, a.opt->stored(p, StateKey::master_param).data))
         << "the misfire (fp32 master read as int16) must show";
     return;
   }
@@ -134,7 +135,8 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
       load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
       ADD_FAILURE() << "a widened fp32 remainder into a remainder optimizer must be refused";
     } catch (const CheckpointError& e) {
-      EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == torch.int16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == torch.int16"), std::string::npos)
+          << e.what();
       EXPECT_NE(std::string(e.what()).find("PR 4222"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("/remainder'"), std::string::npos) << e.what();
     }
@@ -155,15 +157,19 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
       const bool scaled_master = !moment && orig.dtype == Dtype::fp16;   // re-scaled on load
       if ((moment || scaled_master) && pol != SavePolicyKind::native) {
         const Dtype cast_to = k == StateKey::exp_avg ? mode.cfg.exp_avg_dtype : mode.cfg.exp_avg_sq_dtype;
-        in["states"].push_back({{"key", key}, {"dtype", rh::optim::to_string(orig.dtype)}, {"bits", code_bits(orig.data)},
-                                {"scale", orig.scale ? nlohmann::json(*orig.scale) : nlohmann::json()},
-                                {"scale_inv", orig.scale_inv ? nlohmann::json(*orig.scale_inv) : nlohmann::json()},
-                                {"cast", pol == SavePolicyKind::per_key && moment ? nlohmann::json(rh::optim::to_string(cast_to))
-                                                                                  : nlohmann::json()},
-                                {"guard", mode.cfg.scale_zero_guard}});
+        in["states"].push_back(
+            {{"key", key},
+             {"dtype", rh::optim::to_string(orig.dtype)},
+             {"bits", code_bits(orig.data)},
+             {"scale", orig.scale ? nlohmann::json(*orig.scale) : nlohmann::json()},
+             {"scale_inv", orig.scale_inv ? nlohmann::json(*orig.scale_inv) : nlohmann::json()},
+             {"cast", pol == SavePolicyKind::per_key && moment ? nlohmann::json(rh::optim::to_string(cast_to))
+                                                               : nlohmann::json()},
+             {"guard", mode.cfg.scale_zero_guard}});
       }
     }
-  const nlohmann::json predicted = rh::testing::python_reference_of("roundtrip_reference.py", in, dir.p.string() + "_reference");
+  const nlohmann::json predicted =
+      rh::testing::python_reference_of("roundtrip_reference.py", in, dir.p.string() + "_reference");
   bool lossy = false;
   for (auto& [key, e] : expect) {
     const StoredState orig = e;
@@ -257,7 +263,9 @@ TEST(Checkpoint, MasterModeConversionsAreRefusedAsUpstream) {
     const std::string d = dir.str() + "/" + to_string(pol);
     save_checkpoint(d + "/rem", save_input(a, {pol, {}}));
     save_checkpoint(d + "/fp32", save_input(f, {pol, {}}));
-    struct Try { std::string ckpt, target, want; };
+    struct Try {
+      std::string ckpt, target, want;
+    };
     for (const Try& t : {Try{d + "/rem", "fp32master_bf16moments", "torch.float32"},
                          Try{d + "/fp32", "remainders_bf16moments", "torch.int16"}}) {
       Rig c = make_rig(mode_named(t.target), 2), c0 = make_rig(mode_named(t.target), 2);
@@ -265,7 +273,8 @@ TEST(Checkpoint, MasterModeConversionsAreRefusedAsUpstream) {
         load_checkpoint(t.ckpt, *c.model, *c.opt, c.state, {}, lossy);
         ADD_FAILURE() << t.ckpt << " into " << t.target << " must be refused";
       } catch (const CheckpointError& e) {
-        EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == " + t.want), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == " + t.want), std::string::npos)
+            << e.what();
         EXPECT_NE(std::string(e.what()).find("exact_master_conversion"), std::string::npos) << e.what();
       }
       EXPECT_TRUE(same_state(c, c0)) << "a refused load must not touch the target";
@@ -287,7 +296,8 @@ TEST(Checkpoint, MasterModeConversionsAreExactAndReportedWhenAsked) {
   EXPECT_FALSE(rep.conversions.empty());
   for (const auto& p : a.opt->param_names())
     EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*c.opt, p, StateKey::master_param),
-                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param))) << p;
+                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param)))
+        << p;
   // and back: the fp32 master splits into weight + remainder with the same joined value.
   save_checkpoint(dir.str() + "/fp32", save_input(c));
   Rig d = make_rig(mode_named("remainders_bf16moments"), 3);
@@ -295,7 +305,8 @@ TEST(Checkpoint, MasterModeConversionsAreExactAndReportedWhenAsked) {
   EXPECT_FALSE(rep.conversions.empty());
   for (const auto& p : a.opt->param_names())
     EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*d.opt, p, StateKey::master_param),
-                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param))) << p;
+                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param)))
+        << p;
   // remainder into an fp16 master cannot be exact: refused, target untouched.
   Rig e = make_rig(mode_named("fp16master_fp8_fp16"), 4), e0 = make_rig(mode_named("fp16master_fp8_fp16"), 4);
   EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *e.model, *e.opt, e.state, {}, exact), CheckpointError);
@@ -424,14 +435,14 @@ TEST(Checkpoint, FailingModelWriteKeepsThePreviousCheckpoint) {
   EXPECT_EQ(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}).iteration, 2);
 }
 
-}  // namespace
+}   // namespace
 
 namespace {
 
 // Every kind name, aliases included, parses and prints back; the alias prints as its kind.
 TEST(SavePolicyText, EveryNameRoundTripsAndTheAliasPrintsAsItsKind) {
-  EXPECT_EQ(save_policy_names(), (std::vector<std::string>{"native", "dp_reshardable", "fp32", "fully_reshardable",
-                                                           "dp_zero", "per_key"}));
+  EXPECT_EQ(save_policy_names(),
+            (std::vector<std::string>{"native", "dp_reshardable", "fp32", "fully_reshardable", "dp_zero", "per_key"}));
   EXPECT_EQ(save_policy_help(), "native | dp_reshardable (alias fp32) | fully_reshardable | dp_zero | per_key");
   for (const char* n : {"native", "dp_reshardable", "fully_reshardable", "dp_zero", "per_key"})
     EXPECT_EQ(to_string(parse_save_policy(n)), n);
@@ -440,8 +451,9 @@ TEST(SavePolicyText, EveryNameRoundTripsAndTheAliasPrintsAsItsKind) {
     parse_save_policy("fp64");
     ADD_FAILURE() << "fp64 parsed";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown save policy 'fp64' (expected native, dp_reshardable (alias fp32), "
-                           "fully_reshardable, dp_zero or per_key)");
+    EXPECT_STREQ(e.what(),
+                 "unknown save policy 'fp64' (expected native, dp_reshardable (alias fp32), "
+                 "fully_reshardable, dp_zero or per_key)");
   }
 }
 
@@ -454,8 +466,8 @@ TEST(SavePolicyText, OverrideKeysAreTheOptimizerStates) {
       parse_override_key(bad, "--save-override k");
       ADD_FAILURE() << bad;
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()), "--save-override k: expected master_param, exp_avg or exp_avg_sq, got '" +
-                                           std::string(bad) + "'");
+      EXPECT_EQ(std::string(e.what()),
+                "--save-override k: expected master_param, exp_avg or exp_avg_sq, got '" + std::string(bad) + "'");
     }
   }
 }
@@ -512,8 +524,9 @@ OptParamSchedulerState distinct_scheduler() {
 }
 
 TEST(TrainStateJson, EverySchedulerKeyIsWrittenReadBackAndCheckedAlone) {
-  const std::vector<std::string> keys = {"end_wd", "lr_decay_steps", "lr_decay_style", "lr_warmup_steps", "max_lr",
-                                         "min_lr", "num_steps", "start_wd", "wd_incr_steps", "wd_incr_style"};
+  const std::vector<std::string> keys = {"end_wd",        "lr_decay_steps", "lr_decay_style", "lr_warmup_steps",
+                                         "max_lr",        "min_lr",         "num_steps",      "start_wd",
+                                         "wd_incr_steps", "wd_incr_style"};
   const OptParamSchedulerState s = distinct_scheduler();
   const nlohmann::json j = to_json(s);
   std::vector<std::string> got;
@@ -568,4 +581,4 @@ TEST(TrainStateJson, TheTrainStateParsesOnceWithItsGenerators) {
   EXPECT_EQ(parse_hex(JsonField(nlohmann::json("0001ABff"), "h")), (std::vector<uint8_t>{0x00, 0x01, 0xab, 0xff}));
 }
 
-}  // namespace
+}   // namespace

@@ -55,7 +55,7 @@ void write_raw(const std::string& path, const std::string& header, const std::st
   std::ofstream(path, std::ios::binary) << s << header << buffer;
 }
 
-}  // namespace
+}   // namespace
 
 // ------------------------------------------------------------------ round trip per dtype
 
@@ -105,9 +105,8 @@ TEST_P(SafetensorsDtype, RoundTripIsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, SafetensorsDtype,
-                         ::testing::Values(StDtype::F32, StDtype::F16, StDtype::BF16, StDtype::F8_E4M3,
-                                           StDtype::I16, StDtype::U8, StDtype::I32, StDtype::I64,
-                                           StDtype::F64),
+                         ::testing::Values(StDtype::F32, StDtype::F16, StDtype::BF16, StDtype::F8_E4M3, StDtype::I16,
+                                           StDtype::U8, StDtype::I32, StDtype::I64, StDtype::F64),
                          [](const auto& info) { return st_name(info.param); });
 
 TEST(Safetensors, TensorOutlivesTheFileObject) {
@@ -143,8 +142,7 @@ TEST(Safetensors, WriterRejectsBadInput) {
   TmpDir dir;
   const std::string path = dir.file("x.safetensors");
   torch::Tensor f = torch::zeros({2});
-  EXPECT_THROW(write_safetensors(path, {{"k", f, StDtype::F32}, {"k", f, StDtype::F32}}, {}, false),
-               CheckpointError);
+  EXPECT_THROW(write_safetensors(path, {{"k", f, StDtype::F32}, {"k", f, StDtype::F32}}, {}, false), CheckpointError);
   EXPECT_THROW(write_safetensors(path, {{"k", f, StDtype::BF16}}, {}, false), CheckpointError);
   EXPECT_THROW(write_safetensors(path, {{"__metadata__", f, StDtype::F32}}, {}, false), CheckpointError);
 }
@@ -153,10 +151,10 @@ TEST(Safetensors, WriterRejectsBadInput) {
 
 struct Corruption {
   std::string name;
-  std::string header;      // JSON header (written unpadded)
-  size_t buffer_bytes;     // size of the data buffer written after it
-  int64_t length_field;    // -1: the header's true length
-  std::string expect;      // fragment the error message must contain
+  std::string header;     // JSON header (written unpadded)
+  size_t buffer_bytes;    // size of the data buffer written after it
+  int64_t length_field;   // -1: the header's true length
+  std::string expect;     // fragment the error message must contain
 };
 
 class SafetensorsCorruption : public ::testing::TestWithParam<Corruption> {};
@@ -196,14 +194,16 @@ INSTANTIATE_TEST_SUITE_P(
                    "tensor 't': data_offsets [8, 16] out of range"},
         Corruption{"BeginAfterEnd", R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8, -1,
                    "tensor 't': data_offsets begin 8 > end 0"},
-        Corruption{"BytesNotNumelTimesItemsize",
-                   R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, -1, "expected numel 3"},
-        Corruption{"OverlappingTensors",
-                   R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                   12, -1, "tensor 'b' [4, 12) overlaps tensor 'a'"},
-        Corruption{"HoleBetweenTensors",
-                   R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-                   12, -1, "hole of 4 bytes before tensor 'b'"},
+        Corruption{"BytesNotNumelTimesItemsize", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, -1,
+                   "expected numel 3"},
+        Corruption{
+            "OverlappingTensors",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12, -1, "tensor 'b' [4, 12) overlaps tensor 'a'"},
+        Corruption{
+            "HoleBetweenTensors",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+            12, -1, "hole of 4 bytes before tensor 'b'"},
         Corruption{"TruncatedBuffer", "{" + kT + "}", 4, -1, "tensor 't': data_offsets [0, 8] out of range"},
         Corruption{"TrailingBytes", "{" + kT + "}", 12, -1, "!= 8 + header"},
         Corruption{"MetadataNotString", R"({"__metadata__":{"a":1},)" + kT + "}", 8, -1,

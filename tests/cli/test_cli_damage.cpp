@@ -28,18 +28,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using rh::testutil::ToolRun;
 using rh::testutil::run_tool;
 using rh::testutil::slurp;
+using rh::testutil::ToolRun;
 
 // stdout and stderr into two files; the exit code.
 int run_split(const std::vector<std::string>& args, const fs::path& out, const fs::path& err) {
   return rh::testutil::run_tool_split(args, out, err).code;
 }
 
-const std::vector<std::string> kTinyModelFlags = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8",
-                                        "--num-layers", "1", "--num-attention-heads", "2", "--num-experts", "2",
-                                        "--moe-router-topk", "1", "--moe-ffn-hidden-size", "8", "--quiet"};
+const std::vector<std::string> kTinyModelFlags =
+    {"--vocab-size",      "16", "--seq-length",          "4", "--hidden-size", "8",
+     "--num-layers",      "1",  "--num-attention-heads", "2", "--num-experts", "2",
+     "--moe-router-topk", "1",  "--moe-ffn-hidden-size", "8", "--quiet"};
 
 std::vector<std::string> tiny(std::vector<std::string> args) {
   args.insert(args.end(), kTinyModelFlags.begin(), kTinyModelFlags.end());
@@ -53,7 +54,7 @@ const fs::path& pristine() {
     fs::remove_all(d);
     fs::create_directories(d);
     const ToolRun r = run_tool(d, tiny({"train", "--train-iters", "2", "--stop-at", "1", "--save", (d / "ck").string(),
-                                    "--out", (d / "out").string()}));
+                                        "--out", (d / "out").string()}));
     EXPECT_EQ(r.code, 0) << r.log;
     return d / "ck";
   }();
@@ -100,8 +101,7 @@ const Damage kDamage[] = {
      [](const fs::path& it) { std::ofstream(it / "manifest.json", std::ios::app) << " "; }},
     {"ManifestNotJson", "manifest.json",
      [](const fs::path& it) { std::ofstream(it / "manifest.json", std::ios::trunc) << "{\"format\": "; }},
-    {"MissingManifestSidecar", "manifest.json.xxh3",
-     [](const fs::path& it) { fs::remove(it / "manifest.json.xxh3"); }},
+    {"MissingManifestSidecar", "manifest.json.xxh3", [](const fs::path& it) { fs::remove(it / "manifest.json.xxh3"); }},
     {"MissingManifest", "manifest.json", [](const fs::path& it) { fs::remove(it / "manifest.json"); }},
 };
 
@@ -118,7 +118,8 @@ TEST_P(DamagedCheckpoint, InspectAndTrainLoadGiveTheSameExitCode) {
   dmg.apply(d / "ck" / "iter_0000001");
   for (const fs::path& ck : {d / "ck", d / "ck" / "iter_0000001"}) {
     const ToolRun ins = run_tool(d, {"inspect", ck.string()});
-    const ToolRun load = run_tool(d, tiny({"train", "--train-iters", "2", "--load", ck.string(), "--out", (d / "out").string()}));
+    const ToolRun load =
+        run_tool(d, tiny({"train", "--train-iters", "2", "--load", ck.string(), "--out", (d / "out").string()}));
     EXPECT_EQ(ins.code, 1) << ck << "\n" << ins.log;
     EXPECT_EQ(load.code, ins.code) << ck << "\ninspect: " << ins.log << "train --load: " << load.log;
     EXPECT_NE(ins.log.find("DAMAGED: "), std::string::npos) << ins.log;
@@ -145,8 +146,8 @@ TEST(DamagedCheckpointRoot, DanglingPointerIsDamageToBoth) {
   fs::copy(pristine(), d / "ck", fs::copy_options::recursive);
   std::ofstream(d / "ck" / "latest_checkpointed_iteration.txt", std::ios::trunc) << "7\n";
   const ToolRun ins = run_tool(d, {"inspect", (d / "ck").string()});
-  const ToolRun load = run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "ck").string(), "--out",
-                                     (d / "out").string()}));
+  const ToolRun load =
+      run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "ck").string(), "--out", (d / "out").string()}));
   EXPECT_EQ(ins.code, 1) << ins.log;
   EXPECT_EQ(load.code, 1) << load.log;
   EXPECT_NE(load.log.find("latest_checkpointed_iteration.txt"), std::string::npos) << load.log;
@@ -160,16 +161,16 @@ TEST(RefusedCheckpoint, AnIncompatibleOrAbsentCheckpointIsBadInputNotDamage) {
   fs::remove_all(d);
   fs::create_directories(d);
   EXPECT_EQ(run_tool(d, {"inspect", pristine().string()}).code, 0);
-  std::vector<std::string> other = tiny({"train", "--train-iters", "2", "--load", pristine().string(), "--out",
-                                         (d / "out").string()});
+  std::vector<std::string> other =
+      tiny({"train", "--train-iters", "2", "--load", pristine().string(), "--out", (d / "out").string()});
   *std::find(other.begin(), other.end(), "8") = "16";   // --hidden-size 16: not the saved model
   const ToolRun load = run_tool(d, other);
   EXPECT_EQ(load.code, 2) << load.log;
   EXPECT_NE(load.log.find("config mismatch"), std::string::npos) << load.log;
   EXPECT_EQ(std::count(load.log.begin(), load.log.end(), '\n'), 1) << load.log;
   const ToolRun ins = run_tool(d, {"inspect", (d / "absent").string()});
-  const ToolRun load2 =
-      run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "absent").string(), "--out", (d / "out2").string()}));
+  const ToolRun load2 = run_tool(d, tiny({"train", "--train-iters", "2", "--load", (d / "absent").string(), "--out",
+                                          (d / "out2").string()}));
   EXPECT_EQ(ins.code, 2) << ins.log;
   EXPECT_EQ(load2.code, 2) << load2.log;
   fs::remove_all(d);
@@ -233,4 +234,4 @@ TEST(InspectJson, ListsTheCheckpointAsValuesAndRefusalsWithTheSameCodes) {
   fs::remove_all(d);
 }
 
-}  // namespace
+}   // namespace

@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::vector<std::string> kSmall = {"--train-iters", "4",  "--micro-batch-size", "4", "--use-precision-aware-optimizer",
-                                         "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16", "--quiet"};
+const std::vector<std::string> kSmall =
+    {"--train-iters",   "4",   "--micro-batch-size", "4",    "--use-precision-aware-optimizer",
+     "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16", "--quiet"};
 
 
 rh::ChildExit train(const fs::path& dir, std::vector<std::string> extra, int nproc, const std::string& log) {
@@ -48,18 +49,21 @@ class Reshard : public ::testing::TestWithParam<Sizes> {};
 TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
   const auto [from, to] = GetParam();
   const fs::path d = rh::testutil::fresh_dir("cli_dist", "reshard_" + std::to_string(from) + "_" + std::to_string(to));
-  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states",
-                     "--shared-dp-scale"}, from, "a.log");
+  auto a = train(d,
+                 {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states",
+                  "--shared-dp-scale"},
+                 from, "a.log");
   ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
   // One optimizer shard file per saving rank, each listed with its ranges.
   const auto v = rh::ckpt::detail::verify_checkpoint_dir(rh::ckpt::detail::resolve_checkpoint_dir((d / "ck").string()));
   EXPECT_EQ(v.manifest["dp_size"].get<int>(), from);
   EXPECT_EQ(v.manifest["shards"].size(), static_cast<size_t>(from));
   EXPECT_EQ(v.files.size(), static_cast<size_t>(from) + 1);   // + model.safetensors
-  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string(), "--dump-states", "--shared-dp-scale"}, to,
-                 "b.log");
+  auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string(), "--dump-states", "--shared-dp-scale"},
+                 to, "b.log");
   ASSERT_EQ(b.exit_code, 0) << rh::tail_of_file((d / "b.log").string());
-  const auto diffs = rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "b" / "state_after_load").string());
+  const auto diffs =
+      rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "b" / "state_after_load").string());
   ASSERT_FALSE(diffs.empty());
   for (const auto& t : diffs) EXPECT_TRUE(t.identical()) << t.key << " differs after " << from << " -> " << to;
   fs::remove_all(d);
@@ -70,22 +74,27 @@ TEST_P(Reshard, StateAfterLoadEqualsSavedBitForBit) {
 // same-size load restores every shard's scale bit for bit.
 TEST(PerShardScales, ReshardIsRefusedAsLossySameSizeIsExact) {
   const fs::path d = rh::testutil::fresh_dir("cli_dist", "pershard");
-  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, 2, "a.log");
+  auto a = train(d, {"--out", (d / "a").string(), "--save", (d / "ck").string(), "--save-at", "2", "--dump-states"}, 2,
+                 "a.log");
   ASSERT_EQ(a.exit_code, 0) << rh::tail_of_file((d / "a.log").string());
   auto b = train(d, {"--out", (d / "b").string(), "--load", (d / "ck").string()}, 1, "b.log");
   EXPECT_EQ(b.exit_code, 2) << rh::tail_of_file((d / "b.log").string());
   EXPECT_NE(rh::tail_of_file((d / "b.log").string()).find("values change when the optimizer re-applies fp8 storage"),
-            std::string::npos) << rh::tail_of_file((d / "b.log").string());
+            std::string::npos)
+      << rh::tail_of_file((d / "b.log").string());
   auto c = train(d, {"--out", (d / "c").string(), "--load", (d / "ck").string(), "--dump-states"}, 2, "c.log");
   ASSERT_EQ(c.exit_code, 0) << rh::tail_of_file((d / "c.log").string());
-  const auto diffs = rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "c" / "state_after_load").string());
+  const auto diffs =
+      rh::compare_state_dumps((d / "a" / "state_at_save").string(), (d / "c" / "state_after_load").string());
   ASSERT_FALSE(diffs.empty());
   for (const auto& t : diffs) EXPECT_TRUE(t.identical()) << t.key << " differs after a same-size load";
   fs::remove_all(d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, Reshard, ::testing::Values(Sizes{2, 1}, Sizes{1, 2}, Sizes{2, 4}, Sizes{4, 2}),
-                         [](const auto& i) { return std::to_string(i.param.from) + "to" + std::to_string(i.param.to); });
+                         [](const auto& i) {
+                           return std::to_string(i.param.from) + "to" + std::to_string(i.param.to);
+                         });
 
 // The worker of the launcher `launcher` whose RANK is `rank` (read from /proc), or -1.
 // The launcher starts its ranks in order, each a fork of itself (or an exec, whose RANK is in
@@ -175,9 +184,9 @@ TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
   // is disturb_rank1's 90 s guard.
   const Outcome o = disturb_rank1(d, SIGSTOP, "10");
   EXPECT_EQ(o.code, 3) << "rank 0's collective timed out: exit 3, passed on by the launcher: " << o.log;
-  EXPECT_NE(o.log.find("data-parallel"), std::string::npos) << o.log;           // rank 0's collective error
+  EXPECT_NE(o.log.find("data-parallel"), std::string::npos) << o.log;   // rank 0's collective error
   EXPECT_NE(o.log.find("launcher: rank 0 of 2 exited with code 3"), std::string::npos) << o.log;
-  EXPECT_NE(o.log.find("killing it"), std::string::npos) << o.log;             // the hung rank is killed
+  EXPECT_NE(o.log.find("killing it"), std::string::npos) << o.log;   // the hung rank is killed
   EXPECT_LT(o.seconds, 60) << o.log;
   fs::remove_all(d);
 }
@@ -201,4 +210,4 @@ TEST(LaunchErrors, GroupSizeMustDivideTheMicroBatches) {
   fs::remove_all(d);
 }
 
-}  // namespace
+}   // namespace

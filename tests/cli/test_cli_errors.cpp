@@ -26,9 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using rh::testutil::ToolRun;
 using rh::testutil::slurp;
-
+using rh::testutil::ToolRun;
 
 
 ToolRun tool(const fs::path& dir, const std::vector<std::string>& args) {
@@ -85,7 +84,8 @@ TEST(CliErrors, TyposGetTheClosestNameSuggested) {
            {{"matrx"}, "unknown subcommand 'matrx' (did you mean 'matrix'?)"},
            {{"matrix", ci, "--jbos", "2"}, "(did you mean '--jobs'?)"},
            {{"train", "--lr-decay-styl", "cosine"}, "(did you mean '--lr-decay-style'?)"},
-           {{"check", "--file", ci, "seed-protocl"}, "no scenario matches 'seed-protocl' (did you mean 'seed-protocol'?)"},
+           {{"check", "--file", ci, "seed-protocl"},
+            "no scenario matches 'seed-protocl' (did you mean 'seed-protocol'?)"},
        })
     expect_bad_input(tool(d, c.args), c.want);
   const ToolRun far = tool(d, {"frobnicate"});
@@ -172,7 +172,8 @@ TEST(CliErrors, InspectOfAMissingPathIsBadInputNotDamage) {
 TEST(CliErrors, ScenarioFileThatCannotBeOpenedIsNamedWithoutALineNumber) {
   const fs::path d = rh::testutil::fresh_dir("cli_errors", "scen");
   const std::string f = (d / "none.toml").string();
-  for (const auto& args : std::vector<std::vector<std::string>>{{"matrix", f}, {"matrix", "-f", f}, {"check", "x", "-f", f}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"matrix", f}, {"matrix", "-f", f}, {"check", "x", "-f", f}}) {
     const ToolRun r = tool(d, args);
     expect_bad_input(r, f);
     EXPECT_EQ(r.log.find(f + ":0"), std::string::npos) << r.log;
@@ -214,24 +215,38 @@ TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {
                (d / "o").string()});
   EXPECT_EQ(r.code, 0) << r.log;
   EXPECT_NE(r.log.find("WARNING: --store-param-remainders: store_param_remainders=true NOT in effect"),
-            std::string::npos) << r.log;
+            std::string::npos)
+      << r.log;
 }
 
-}  // namespace
+}   // namespace
 
 // train --load without the flags the run was saved with resumes with the saved configuration
 // (Megatron's --use-checkpoint-args), bit for bit as when every flag is given; a model flag that
 // contradicts the checkpoint is refused naming both values; another given difference is listed.
 TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
   const fs::path d = rh::testutil::fresh_dir("cli_errors", "load_saved_config");
-  const std::vector<std::string> flags = {"--train-iters", "4", "--micro-batch-size", "4", "--hidden-size", "48",
-                                          "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
-                                          "--exp-avg-sq-dtype", "fp8", "--lr-decay-style", "cosine", "--quiet"};
+  const std::vector<std::string> flags = {"--train-iters",
+                                          "4",
+                                          "--micro-batch-size",
+                                          "4",
+                                          "--hidden-size",
+                                          "48",
+                                          "--use-precision-aware-optimizer",
+                                          "--exp-avg-dtype",
+                                          "bf16",
+                                          "--exp-avg-sq-dtype",
+                                          "fp8",
+                                          "--lr-decay-style",
+                                          "cosine",
+                                          "--quiet"};
   auto with = [&](std::vector<std::string> a) {
     a.insert(a.end(), flags.begin(), flags.end());
     return a;
   };
-  ASSERT_EQ(tool(d, with({"train", "--out", (d / "saved").string(), "--save", (d / "ck").string(), "--stop-at", "2"})).code, 0);
+  ASSERT_EQ(tool(d, with({"train", "--out", (d / "saved").string(), "--save", (d / "ck").string(), "--stop-at", "2"}))
+                .code,
+            0);
   const ToolRun full = tool(d, with({"train", "--out", (d / "full").string(), "--load", (d / "ck").string()}));
   ASSERT_EQ(full.code, 0) << full.log;
   const ToolRun bare = tool(d, {"train", "--out", (d / "bare").string(), "--load", (d / "ck").string()});
@@ -247,14 +262,14 @@ TEST(TrainLoad, UsesTheSavedConfigAndRefusesAContradictingModelFlag) {
   EXPECT_EQ(slurp(d / "bare" / "metrics.csv"), slurp(d / "full" / "metrics.csv"));
   EXPECT_FALSE(slurp(d / "bare" / "metrics.csv").empty());
 
-  const ToolRun contra = tool(d, {"train", "--out", (d / "contra").string(), "--load", (d / "ck").string(),
-                                  "--hidden-size", "32"});
+  const ToolRun contra =
+      tool(d, {"train", "--out", (d / "contra").string(), "--load", (d / "ck").string(), "--hidden-size", "32"});
   expect_bad_input(contra, "config mismatch: ");
   EXPECT_NE(contra.log.find("was saved with --hidden-size=48, this run has --hidden-size=32"), std::string::npos)
       << contra.log;
 
-  const ToolRun clip = tool(d, {"train", "--out", (d / "clip").string(), "--load", (d / "ck").string(),
-                                "--clip-grad", "0.5"});
+  const ToolRun clip =
+      tool(d, {"train", "--out", (d / "clip").string(), "--load", (d / "ck").string(), "--clip-grad", "0.5"});
   EXPECT_EQ(clip.code, 0) << clip.log;
   EXPECT_NE(clip.log.find("differ from the checkpoint's: --clip-grad=0.5 (saved 1.0)"), std::string::npos) << clip.log;
 }
@@ -273,8 +288,8 @@ name = "good"
 name = "bad"
 fault = "reset_lr_schedule"
 )";
-  const ToolRun q = tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--keep-checkpoints",
-                             "--run-dir", (d / "q").string()});
+  const ToolRun q = tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--keep-checkpoints", "--run-dir",
+                             (d / "q").string()});
   EXPECT_EQ(q.code, 1) << q.log;
   EXPECT_NE(q.log.find("FAIL bad"), std::string::npos) << q.log;
   EXPECT_EQ(q.log.find("PASS good"), std::string::npos) << q.log;
@@ -284,7 +299,8 @@ fault = "reset_lr_schedule"
   EXPECT_EQ(v.code, 0) << v.log;
   EXPECT_NE(v.log.find("PASS good"), std::string::npos) << v.log;
   EXPECT_NE(v.log.find("directory: " + (d / "v" / "scenarios" / "good").string()), std::string::npos) << v.log;
-  EXPECT_EQ(tool(d, {"check", "-f", (d / "m.toml").string(), "good", "-q", "-v"}).code, 2) << "-q and -v exclude each other";
+  EXPECT_EQ(tool(d, {"check", "-f", (d / "m.toml").string(), "good", "-q", "-v"}).code, 2)
+      << "-q and -v exclude each other";
 
   fs::path ckpt;
   for (const auto& e : fs::recursive_directory_iterator(d / "q" / "baselines"))
@@ -314,11 +330,13 @@ fault = "reset_lr_schedule"
 // every file it wrote (each one exists).
 TEST(CliVerbosity, VerboseTrainInspectReportPrintWhatTheFilesSay) {
   const fs::path d = rh::testutil::fresh_dir("cli_errors", "verbose3");
-  const std::vector<std::string> tiny = {"--vocab-size", "32", "--seq-length", "16", "--hidden-size", "16",
-                                         "--num-layers", "1", "--num-attention-heads", "2", "--moe-ffn-hidden-size", "16",
-                                         "--train-iters", "3", "--global-batch-size", "4", "--micro-batch-size", "2"};
-  std::vector<std::string> args = {"train", "-v", "--out", (d / "out").string(), "--save-at", "2", "--save",
-                                   (d / "ck").string()};
+  const std::vector<std::string> tiny = {"--vocab-size",          "32", "--seq-length",          "16",
+                                         "--hidden-size",         "16", "--num-layers",          "1",
+                                         "--num-attention-heads", "2",  "--moe-ffn-hidden-size", "16",
+                                         "--train-iters",         "3",  "--global-batch-size",   "4",
+                                         "--micro-batch-size",    "2"};
+  std::vector<std::string> args = {"train",     "-v", "--out",  (d / "out").string(),
+                                   "--save-at", "2",  "--save", (d / "ck").string()};
   args.insert(args.end(), tiny.begin(), tiny.end());
   const ToolRun t = tool(d, args);
   ASSERT_EQ(t.code, 0) << t.log;
@@ -369,7 +387,8 @@ train = { iterations = 4, global_batch = 4, micro_batch = 2, lr_decay_iters = 4 
 [[scenario]]
 name = "one"
 )";
-  ASSERT_EQ(tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--run-dir", (d / "run").string()}).code, 0);
+  ASSERT_EQ(tool(d, {"matrix", (d / "m.toml").string(), "-q", "--no-report", "--run-dir", (d / "run").string()}).code,
+            0);
   const ToolRun r = tool(d, {"report", "-v", (d / "run").string()});
   ASSERT_EQ(r.code, 0) << r.log;
   EXPECT_NE(r.log.find("report: read 1 scenarios from " + (d / "run" / "summary.csv").string()), std::string::npos)
@@ -390,9 +409,10 @@ name = "one"
 
 namespace hostile4 {
 
-const std::string kTinyModelArgs[] = {"--vocab-size", "16", "--seq-length", "4", "--hidden-size", "8", "--num-layers", "1",
-                             "--num-attention-heads", "2", "--num-experts", "2", "--moe-router-topk", "1",
-                             "--moe-ffn-hidden-size", "8"};   // the conformance bases' model (tests/conformance/base)
+const std::string kTinyModelArgs[] = {
+    "--vocab-size",      "16", "--seq-length",          "4", "--hidden-size", "8",
+    "--num-layers",      "1",  "--num-attention-heads", "2", "--num-experts", "2",
+    "--moe-router-topk", "1",  "--moe-ffn-hidden-size", "8"};   // the conformance bases' model (tests/conformance/base)
 
 std::vector<std::string> with_tiny(std::vector<std::string> args) {
   args.insert(args.end(), std::begin(kTinyModelArgs), std::end(kTinyModelArgs));
@@ -489,8 +509,8 @@ TEST_P(HostileLoad, BadRankStateAtTwoRanksIsRefusedBeforeTheLoadIsReported) {
   const fs::path ckpt = corpus_case(d / "corpus", GetParam().corpus_case);
   for (int run = 0; run < 2; ++run) {
     const fs::path out = d / ("out" + std::to_string(run));
-    const ToolRun r = tool(d, with_tiny({"train", "--quiet", "--nproc", "2", "--train-iters", "2", "--load", ckpt.string(),
-                                         "--out", out.string()}));
+    const ToolRun r = tool(d, with_tiny({"train", "--quiet", "--nproc", "2", "--train-iters", "2", "--load",
+                                         ckpt.string(), "--out", out.string()}));
     EXPECT_EQ(r.code, GetParam().code) << "the same code every time (run " << run << "): " << r.log;
     EXPECT_NE(r.log.find("field /rank_states/1/rng_states/dropout: " + GetParam().needle), std::string::npos) << r.log;
     EXPECT_EQ(r.log.find("Exception raised from"), std::string::npos) << r.log;   // a LibTorch backtrace
@@ -504,7 +524,8 @@ INSTANTIATE_TEST_SUITE_P(
     Hostile, HostileLoad,
     ::testing::Values(BadRankState{"OneByte", "rng_one_byte_rank_state", "1 bytes is not a generator state", 1},
                       BadRankState{"CudaStateOnACpuRun", "accept_cuda_rank_state",
-                                   "16 bytes is a CUDA generator's state, but this run's generators are on the CPU", 2}),
+                                   "16 bytes is a CUDA generator's state, but this run's generators are on the CPU",
+                                   2}),
     [](const auto& i) { return std::string(i.param.name); });
 
 // Run directories and checkpoint paths need not be UTF-8: a load from and into such
@@ -554,8 +575,13 @@ TEST(HostileDisk, SaveOnAFullDiskExitsFourNamingThePathAndTheDisk) {
   if (rh::testutil::run_logged({"/usr/bin/unshare", "-rm", "true"}, d / "probe.log").code != 0)
     GTEST_SKIP() << "unshare -rm is not allowed here";
   // In the new mount namespace: mount the tmpfs, then exec the tool with the arguments after $0.
-  std::vector<std::string> argv{"/usr/bin/unshare", "-rm", "/bin/sh", "-c",
-                                "mount -t tmpfs -o size=16k tmpfs \"$0\" && exec \"$@\"", (d / "mnt").string(), RH_TOOL};
+  std::vector<std::string> argv{"/usr/bin/unshare",
+                                "-rm",
+                                "/bin/sh",
+                                "-c",
+                                "mount -t tmpfs -o size=16k tmpfs \"$0\" && exec \"$@\"",
+                                (d / "mnt").string(),
+                                RH_TOOL};
   for (const auto& a : with_tiny({"train", "--quiet", "--train-iters", "2", "--save-at", "2", "--save",
                                   (d / "mnt/ckpt").string(), "--out", (d / "out").string()}))
     argv.push_back(a);
@@ -568,4 +594,4 @@ TEST(HostileDisk, SaveOnAFullDiskExitsFourNamingThePathAndTheDisk) {
   fs::remove_all(d);
 }
 
-}  // namespace hostile4
+}   // namespace hostile4

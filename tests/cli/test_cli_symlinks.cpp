@@ -71,7 +71,9 @@ rh::testutil::ToolRun tool_no_prestart(const std::vector<std::string>& args, con
   return rh::testutil::run_logged(rh::testutil::tool_argv(args), out_file, 600, {{"RH_NO_PRESTART", "1"}});
 }
 
-std::string refusal(const fs::path& p) { return p.string() + " is a symbolic link; refusing to write or delete through it"; }
+std::string refusal(const fs::path& p) {
+  return p.string() + " is a symbolic link; refusing to write or delete through it";
+}
 
 // A place below a directory the tool writes into, and whether the planted link points at a
 // directory (what the tool would remove or fill) or a file (what it would overwrite).
@@ -94,9 +96,9 @@ TEST_P(MatrixSymlink, RefusedWithExit2AndOutsideUntouched) {
   std::ofstream(sb.root / "one.toml") << "[[scenario]]\nname = \"cell\"\n";
   sb.plant(sb.run, GetParam().below, GetParam().to_dir);
   const auto before = sb.outside();
-  for (const std::vector<std::string>& sub : {std::vector<std::string>{"matrix", (sb.root / "one.toml").string()},
-                                              std::vector<std::string>{"check", "--file", (sb.root / "one.toml").string(),
-                                                                       "cell"}}) {
+  for (const std::vector<std::string>& sub :
+       {std::vector<std::string>{"matrix", (sb.root / "one.toml").string()},
+        std::vector<std::string>{"check", "--file", (sb.root / "one.toml").string(), "cell"}}) {
     std::vector<std::string> args = sub;
     args.insert(args.end(), {"--run-dir", sb.run.string()});
     const auto r = tool_no_prestart(args, sb.root / "out.txt");
@@ -108,11 +110,11 @@ TEST_P(MatrixSymlink, RefusedWithExit2AndOutsideUntouched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Issue32, MatrixSymlink,
-                         testing::Values(Place{"scenarios", true}, Place{"baselines", true}, Place{"scenarios/cell", true},
-                                         Place{"summary.csv", false}, Place{"summary.json", false},
-                                         Place{"junit.xml", false}, Place{"report.html", false},
-                                         Place{"report.md", false}, Place{"projection.csv", false},
-                                         Place{"plots", true}),
+                         testing::Values(Place{"scenarios", true}, Place{"baselines", true},
+                                         Place{"scenarios/cell", true}, Place{"summary.csv", false},
+                                         Place{"summary.json", false}, Place{"junit.xml", false},
+                                         Place{"report.html", false}, Place{"report.md", false},
+                                         Place{"projection.csv", false}, Place{"plots", true}),
                          place_name);
 
 // report on its own: refused before the run directory is read.
@@ -214,4 +216,4 @@ TEST(NoFollow, UpdateGoldenRefusesALinkedGoldenCsv) {
   EXPECT_EQ(sb.outside(), before);
 }
 
-}  // namespace
+}   // namespace

@@ -17,4 +17,4 @@ Outcome manifest(const uint8_t* data, size_t size);             // parse_manifes
 Outcome pointer(const uint8_t* data, size_t size);              // parse_pointer_text
 Outcome scenario(const uint8_t* data, size_t size);             // load_scenarios_text (needs rh_core)
 
-}  // namespace rh::fuzz
+}   // namespace rh::fuzz

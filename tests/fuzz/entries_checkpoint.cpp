@@ -34,7 +34,8 @@ Outcome manifest(const uint8_t* data, size_t size) {
 
 Outcome pointer(const uint8_t* data, size_t size) {
   try {
-    const int64_t it = ckpt::detail::parse_pointer_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz/pointer");
+    const int64_t it =
+        ckpt::detail::parse_pointer_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz/pointer");
     if (it < 0 || it > ckpt::detail::kMaxCounter) __builtin_trap();
     return kAccepted;
   } catch (const ckpt::CheckpointError&) {
@@ -42,4 +43,4 @@ Outcome pointer(const uint8_t* data, size_t size) {
   }
 }
 
-}  // namespace rh::fuzz
+}   // namespace rh::fuzz

@@ -19,4 +19,4 @@ Outcome scenario(const uint8_t* data, size_t size) {
   }
 }
 
-}  // namespace rh::fuzz
+}   // namespace rh::fuzz

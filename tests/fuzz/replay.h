@@ -45,4 +45,4 @@ inline void replay_corpus(const std::string& target, const std::function<Outcome
   std::cout << target << ": " << n << " inputs replayed (" << ok << " real files, " << refuse << " hostile)\n";
 }
 
-}  // namespace rh::fuzz
+}   // namespace rh::fuzz

@@ -191,5 +191,5 @@ TEST(ExpertBiasState, WithSoftmaxScoringIsRefusedAsUpstreamDoes) {
   EXPECT_THROW(validate_config(cfg), std::invalid_argument);
 }
 
-}  // namespace
-}  // namespace rh::models::testing
+}   // namespace
+}   // namespace rh::models::testing

@@ -15,7 +15,7 @@ class MoELayerTest : public ::testing::TestWithParam<NumericsCase> {
  protected:
   void SetUp() override { torch::set_num_threads(1); }
   MoELayer make_layer(const ModelConfig& cfg, uint64_t seed) {
-    auto model = build(cfg, seed);  // initialized layers; keep only the first block's MoE
+    auto model = build(cfg, seed);   // initialized layers; keep only the first block's MoE
     return model->layers[0]->moe;
   }
 };
@@ -37,7 +37,7 @@ TEST_P(MoELayerTest, RouterTopKAndLossesMatchHandComputedCase) {
                .to(moe->num.compute_dtype);
   auto r = moe->route(x, nullptr);
 
-  const std::vector<int64_t> want_idx = {3, 2, 2, 0, 3, 1};  // descending logit order per token
+  const std::vector<int64_t> want_idx = {3, 2, 2, 0, 3, 1};   // descending logit order per token
   auto idx = r.top_idx.contiguous();
   ASSERT_EQ(idx.sizes(), (std::vector<int64_t>{3, 2}));
   EXPECT_EQ(std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + 6), want_idx);
@@ -145,17 +145,16 @@ TEST(MoEZLoss, Bf16AndFp32RouterDtypesDiffer) {
 torch::Tensor reference_dispatch(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r) {
   const int64_t N = x.size(0), K = moe->top_k, E = moe->n_experts;
   auto idx = r.top_idx.contiguous();
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> pairs(E);  // expert -> (token, slot)
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> pairs(E);   // expert -> (token, slot)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < K; ++j) pairs[idx[n][j].item<int64_t>()].push_back({n, j});
-  std::vector<torch::Tensor> y(N * K);  // pair n*K + j -> expert output row (C)
+  std::vector<torch::Tensor> y(N * K);   // pair n*K + j -> expert output row (C)
   for (int64_t e = 0; e < E; ++e) {
     if (pairs[e].empty()) continue;
     std::vector<torch::Tensor> rows;
     for (auto [n, j] : pairs[e]) rows.push_back(x[n]);
     auto ye = moe->experts[e]->forward(torch::stack(rows));
-    for (size_t i = 0; i < pairs[e].size(); ++i)
-      y[pairs[e][i].first * K + pairs[e][i].second] = ye[i];
+    for (size_t i = 0; i < pairs[e].size(); ++i) y[pairs[e][i].first * K + pairs[e][i].second] = ye[i];
   }
   std::vector<torch::Tensor> out;
   for (int64_t n = 0; n < N; ++n) {
@@ -172,14 +171,13 @@ TEST_P(MoELayerTest, DispatchMatchesPerTokenReferenceBitwise) {
     cfg.top_k = top_k;
     auto moe = make_layer(cfg, 11);
     auto g = cpu_gen(5);
-    auto x = torch::randn({37, cfg.d_model}, g).to(moe->num.compute_dtype);  // odd N
+    auto x = torch::randn({37, cfg.d_model}, g).to(moe->num.compute_dtype);   // odd N
     auto r = moe->route(x, nullptr);
     auto got = moe->dispatch(x, r);
     auto want = reference_dispatch(moe, x, r);
     EXPECT_EQ(got.scalar_type(), moe->num.compute_dtype);
-    EXPECT_TRUE(same_bits(got, want))
-        << "top_k=" << top_k << " max |diff| "
-        << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
+    EXPECT_TRUE(same_bits(got, want)) << "top_k=" << top_k << " max |diff| "
+                                      << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
   }
 }
 
@@ -221,9 +219,9 @@ TEST_P(MoELayerTest, RouterJitterDrawsOnlyFromGivenGenerator) {
   auto g1 = cpu_gen(21), g2 = cpu_gen(21), g3 = cpu_gen(22);
   auto a = moe->route(x, &g1).logits, b = moe->route(x, &g2).logits, c = moe->route(x, &g3).logits;
   EXPECT_TRUE(same_bits(a, b));
-  EXPECT_FALSE(same_bits(a, c));  // negative control: the jitter is really applied
+  EXPECT_FALSE(same_bits(a, c));   // negative control: the jitter is really applied
   EXPECT_TRUE(same_bits(global_before, at::detail::getDefaultCPUGenerator().get_state()));
-  moe->eval();  // no jitter in eval: no generator needed, logits are plain x W^T
+  moe->eval();   // no jitter in eval: no generator needed, logits are plain x W^T
   EXPECT_TRUE(same_bits(moe->route(x, nullptr).logits,
                         torch::linear(x.to(torch::kFloat), moe->router->weight.to(torch::kFloat))));
   moe->train();
@@ -232,5 +230,5 @@ TEST_P(MoELayerTest, RouterJitterDrawsOnlyFromGivenGenerator) {
 
 INSTANTIATE_TEST_SUITE_P(Numerics, MoELayerTest, ::testing::ValuesIn(numerics_cases()), case_name);
 
-}  // namespace
-}  // namespace rh::models::testing
+}   // namespace
+}   // namespace rh::models::testing

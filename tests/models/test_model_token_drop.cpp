@@ -12,7 +12,7 @@
 namespace rh::models::testing {
 namespace {
 
-using DropCase = std::tuple<std::string, NumericsCase>;  // policy, numerics
+using DropCase = std::tuple<std::string, NumericsCase>;   // policy, numerics
 
 std::string drop_case_name(const ::testing::TestParamInfo<DropCase>& info) {
   return std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
@@ -22,9 +22,11 @@ std::string drop_case_name(const ::testing::TestParamInfo<DropCase>& info) {
 // get_capacity), computed by running that expression in CPython 3. (100, 2, 1.1): the double
 // product is 55.00000000000001, so upstream (and we) get 56 where exact arithmetic gives 55.
 TEST(ExpertCapacity, MatchesUpstreamGetCapacity) {
-  const std::vector<std::tuple<int64_t, int64_t, double, int64_t>> cases = {
-      {128, 4, 1.0, 32}, {74, 4, 1.0, 19}, {111, 4, 0.3, 9}, {10, 3, 1.5, 5},  {64, 4, 0.5, 8},
-      {78, 4, 1.25, 25}, {96, 3, 0.7, 23}, {74, 4, 0.0, 0},  {6, 4, 2.0, 3},   {100, 2, 1.1, 56}};
+  const std::vector<std::tuple<int64_t, int64_t, double, int64_t>> cases = {{128, 4, 1.0, 32}, {74, 4, 1.0, 19},
+                                                                            {111, 4, 0.3, 9},  {10, 3, 1.5, 5},
+                                                                            {64, 4, 0.5, 8},   {78, 4, 1.25, 25},
+                                                                            {96, 3, 0.7, 23},  {74, 4, 0.0, 0},
+                                                                            {6, 4, 2.0, 3},    {100, 2, 1.1, 56}};
   for (auto [n, e, cf, want] : cases)
     EXPECT_EQ(expert_capacity(n, e, cf), want) << n << " tokens, " << e << " experts, factor " << cf;
 }
@@ -37,15 +39,13 @@ class TokenDropTest : public ::testing::TestWithParam<DropCase> {
     cfg.token_drop_policy = std::get<0>(GetParam());
     return cfg;
   }
-  static MoELayer make_layer(const ModelConfig& cfg, uint64_t seed) {
-    return build(cfg, seed)->layers[0]->moe;
-  }
+  static MoELayer make_layer(const ModelConfig& cfg, uint64_t seed) { return build(cfg, seed)->layers[0]->moe; }
   // 13 random rows repeated 3 times: duplicate tokens have equal probabilities, so the tie rule
   // (lower token index first) is exercised.
   static torch::Tensor input(const MoELayer& moe, int64_t C) {
     auto g = cpu_gen(17);
     auto a = torch::randn({13, C}, g);
-    return torch::cat({a, a, a}, 0).to(moe->num.compute_dtype);  // (39, C)
+    return torch::cat({a, a, a}, 0).to(moe->num.compute_dtype);   // (39, C)
   }
 };
 
@@ -60,7 +60,7 @@ std::vector<std::vector<bool>> reference_kept(const RouterOutput& r0, int64_t E,
   std::vector<std::vector<bool>> kept(N, std::vector<bool>(K, cap > N));
   if (cap > N) return kept;
   for (int64_t e = 0; e < E; ++e) {
-    std::vector<std::tuple<double, int64_t, int64_t>> pairs;  // (prob, token, slot)
+    std::vector<std::tuple<double, int64_t, int64_t>> pairs;   // (prob, token, slot)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < K; ++j)
         if (idx[n][j].item<int64_t>() == e) pairs.push_back({probs[n][j].item<double>(), n, j});
@@ -186,8 +186,8 @@ struct PaddedReference {
   std::vector<std::vector<bool>> processes;   // [e][n]: expert e runs token n
   torch::Tensor output;
 };
-PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r0,
-                                 int64_t cap, const std::string& policy) {
+PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r0, int64_t cap,
+                                 const std::string& policy) {
   const int64_t N = x.size(0), K = moe->top_k, E = moe->n_experts;
   auto idx = r0.top_idx.contiguous();
   auto probs = r0.top_probs.to(torch::kDouble).contiguous();
@@ -206,9 +206,15 @@ PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const Ro
     std::vector<int64_t> tokens;
     for (int64_t i = 0; i < std::min(cap, N); ++i) tokens.push_back(std::get<1>(keyed[i]));
     std::sort(tokens.begin(), tokens.end());
-    if (cap > N) { tokens.clear(); for (int64_t n = 0; n < N; ++n) tokens.push_back(n); }
+    if (cap > N) {
+      tokens.clear();
+      for (int64_t n = 0; n < N; ++n) tokens.push_back(n);
+    }
     std::vector<torch::Tensor> rows;
-    for (auto n : tokens) { rows.push_back(x[n]); ref.processes[e][n] = true; }
+    for (auto n : tokens) {
+      rows.push_back(x[n]);
+      ref.processes[e][n] = true;
+    }
     if (rows.empty()) continue;
     auto ye = moe->experts[e]->forward(torch::stack(rows));
     for (size_t i = 0; i < tokens.size(); ++i) rows_out[e][tokens[i]] = ye[i];
@@ -251,8 +257,9 @@ TEST_P(TokenDropTest, PadToCapacityRunsCapacityRowsPerExpertLikeTheReference) {
     EXPECT_TRUE(same_bits(r.kept, unpadded.kept));
     EXPECT_TRUE(same_bits(r.top_probs, unpadded.top_probs));
     auto got = moe->dispatch(x, r);
-    EXPECT_TRUE(same_bits(got, ref.output)) << "factor " << factor << " max |diff| "
-                                            << (got.to(torch::kFloat) - ref.output.to(torch::kFloat)).abs().max().item<float>();
+    EXPECT_TRUE(same_bits(got, ref.output))
+        << "factor " << factor << " max |diff| "
+        << (got.to(torch::kFloat) - ref.output.to(torch::kFloat)).abs().max().item<float>();
   }
 }
 
@@ -272,8 +279,7 @@ TEST_P(TokenDropTest, PadToCapacityCountsCapacityAndPadsUnchosenExperts) {
   auto x = input(moe, cfg.d_model);
   auto [y, r] = moe->forward(x, nullptr);
   const int64_t cap = expert_capacity(x.size(0) * cfg.top_k, cfg.n_experts, 0.5);
-  EXPECT_TRUE(same_bits(moe->local_tokens_per_expert,
-                        torch::full({cfg.n_experts}, double(cap), torch::kFloat)));
+  EXPECT_TRUE(same_bits(moe->local_tokens_per_expert, torch::full({cfg.n_experts}, double(cap), torch::kFloat)));
   y.to(torch::kFloat).sum().backward();
   auto g = moe->experts[1]->fc1->weight.grad();
   ASSERT_TRUE(g.defined()) << "the dead expert runs its padded rows";
@@ -312,7 +318,7 @@ TEST_P(RouterDtypeTest, LogitsAndProbsTakeTheRouterDtype) {
     EXPECT_EQ(none.scalar_type(), nc.compute == "native" ? torch::kBFloat16 : torch::kFloat);
     auto f = none.to(torch::kFloat);
     EXPECT_TRUE(same_bits(f, f.to(torch::kBFloat16).to(torch::kFloat)));   // bf16 values
-    EXPECT_FALSE(same_bits(f, logits["fp32"]));   // differs from the fp32 router
+    EXPECT_FALSE(same_bits(f, logits["fp32"]));                            // differs from the fp32 router
   }
 }
 
@@ -342,5 +348,5 @@ TEST(TokenDropConfig, BadValuesNameTheField) {
   }
 }
 
-}  // namespace
-}  // namespace rh::models::testing
+}   // namespace
+}   // namespace rh::models::testing

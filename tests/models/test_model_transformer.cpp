@@ -18,7 +18,7 @@ TEST_P(TransformerTest, ShapesNamesAndParameterCount) {
   const ModelConfig cfg = config_for(GetParam());
   auto model = build(cfg, 1);
   model->eval();
-  const int64_t B = 3, T = 17;  // odd sizes, T < seq_len
+  const int64_t B = 3, T = 17;   // odd sizes, T < seq_len
   auto out = model->forward(random_tokens(B, T, cfg.vocab_size, 2), nullptr);
   EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{B, T, cfg.vocab_size}));
   EXPECT_EQ(out.logits.scalar_type(), torch::kFloat);
@@ -31,7 +31,7 @@ TEST_P(TransformerTest, ShapesNamesAndParameterCount) {
   const int64_t C = cfg.d_model, F = cfg.ffn_hidden, E = cfg.n_experts, V = cfg.vocab_size;
   const int64_t per_layer = 2 * C + 4 * C * C + E * C + E * 3 * F * C;
   EXPECT_EQ(model->num_parameters(), 2 * V * C + C + cfg.n_layers * per_layer);
-  EXPECT_EQ(model->num_parameters(), 984704);  // the default is the ~1M model model.h promises
+  EXPECT_EQ(model->num_parameters(), 984704);   // the default is the ~1M model model.h promises
 
   std::set<std::string> names;
   const auto want_dtype = cfg.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
@@ -39,11 +39,10 @@ TEST_P(TransformerTest, ShapesNamesAndParameterCount) {
     names.insert(p.key());
     EXPECT_EQ(p.value().scalar_type(), want_dtype) << p.key();
   }
-  for (const char* n :
-       {"embedding.weight", "layers.0.attention_norm.weight", "layers.0.attention.qkv.weight",
-        "layers.1.attention.proj.weight", "layers.0.moe_norm.weight", "layers.0.moe.router.weight",
-        "layers.1.moe.experts.3.fc1.weight", "layers.0.moe.experts.1.fc2.weight",
-        "final_norm.weight", "lm_head.weight"})
+  for (const char* n : {"embedding.weight", "layers.0.attention_norm.weight", "layers.0.attention.qkv.weight",
+                        "layers.1.attention.proj.weight", "layers.0.moe_norm.weight", "layers.0.moe.router.weight",
+                        "layers.1.moe.experts.3.fc1.weight", "layers.0.moe.experts.1.fc2.weight", "final_norm.weight",
+                        "lm_head.weight"})
     EXPECT_EQ(names.count(n), 1u) << n;
   EXPECT_EQ(names.size(), size_t(3 + cfg.n_layers * (5 + 2 * E)));
   EXPECT_NE(model->describe().find("params=984704"), std::string::npos) << model->describe();
@@ -74,8 +73,7 @@ TEST_P(TransformerTest, FutureTokensNeverChangeEarlierLogits) {
     } else {
       EXPECT_TRUE(same_bits(early, early_base)) << "changed position " << t;
     }
-    EXPECT_FALSE(same_bits(logits.select(1, t), base.select(1, t)))
-        << "change at " << t << " had no effect";
+    EXPECT_FALSE(same_bits(logits.select(1, t), base.select(1, t))) << "change at " << t << " had no effect";
   }
 }
 
@@ -154,7 +152,7 @@ TEST_P(TransformerTest, InitDependsOnSeedOnly) {
   auto a = build(cfg, 100), b = build(cfg, 101);
   auto pb = b->named_parameters();
   for (auto& p : a->named_parameters()) {
-    if (p.value().dim() == 1) {  // norm weights start at ones whatever the seed
+    if (p.value().dim() == 1) {   // norm weights start at ones whatever the seed
       EXPECT_TRUE(torch::equal(p.value(), torch::ones_like(p.value()))) << p.key();
     } else {
       EXPECT_FALSE(torch::equal(p.value(), pb[p.key()])) << p.key() << " ignores the seed";
@@ -190,8 +188,7 @@ TEST_P(TransformerTest, GradsInParamDtypeAndNoneForIdleExperts) {
     const auto& grad = p.value().grad();
     bool expect_grad = true;
     for (int64_t e = 0; e < cfg.n_experts; ++e)
-      if (out.tokens_per_expert[e] == 0 &&
-          p.key().find("experts." + std::to_string(e) + ".") != std::string::npos)
+      if (out.tokens_per_expert[e] == 0 && p.key().find("experts." + std::to_string(e) + ".") != std::string::npos)
         expect_grad = false;
     ASSERT_EQ(grad.defined(), expect_grad) << p.key();
     if (!expect_grad) continue;
@@ -201,13 +198,12 @@ TEST_P(TransformerTest, GradsInParamDtypeAndNoneForIdleExperts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Numerics, TransformerTest, ::testing::ValuesIn(numerics_cases()),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(Numerics, TransformerTest, ::testing::ValuesIn(numerics_cases()), case_name);
 
 struct BadConfig {
   std::string name;
   void (*mutate)(ModelConfig&);
-  std::string message;  // must appear in the exception text
+  std::string message;   // must appear in the exception text
 };
 
 void PrintTo(const BadConfig& c, std::ostream* os) { *os << c.name; }
@@ -228,8 +224,7 @@ TEST_P(ConfigValidationTest, NamesTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Fields, ConfigValidationTest,
     ::testing::Values(
-        BadConfig{"vocab", [](ModelConfig& c) { c.vocab_size = 0; },
-                  "ModelConfig.vocab_size (0) must be > 0"},
+        BadConfig{"vocab", [](ModelConfig& c) { c.vocab_size = 0; }, "ModelConfig.vocab_size (0) must be > 0"},
         BadConfig{"seq_len", [](ModelConfig& c) { c.seq_len = -1; }, "ModelConfig.seq_len (-1)"},
         BadConfig{"layers", [](ModelConfig& c) { c.n_layers = 0; }, "ModelConfig.n_layers"},
         BadConfig{"heads_divide", [](ModelConfig& c) { c.n_heads = 3; },
@@ -245,21 +240,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"top_k_zero", [](ModelConfig& c) { c.top_k = 0; }, "ModelConfig.top_k (0)"},
         BadConfig{"experts", [](ModelConfig& c) { c.n_experts = 0; }, "ModelConfig.n_experts"},
         BadConfig{"ffn", [](ModelConfig& c) { c.ffn_hidden = 0; }, "ModelConfig.ffn_hidden"},
-        BadConfig{"dropout", [](ModelConfig& c) { c.dropout = 1.0; },
-                  "ModelConfig.dropout (1) must be in [0, 1)"},
-        BadConfig{"jitter_nan", [](ModelConfig& c) { c.router_jitter = std::nan(""); },
-                  "ModelConfig.router_jitter"},
-        BadConfig{"aux_negative", [](ModelConfig& c) { c.aux_loss_coeff = -1e-2; },
-                  "ModelConfig.aux_loss_coeff"},
-        BadConfig{"z_inf", [](ModelConfig& c) { c.z_loss_coeff = INFINITY; },
-                  "ModelConfig.z_loss_coeff"},
+        BadConfig{"dropout", [](ModelConfig& c) { c.dropout = 1.0; }, "ModelConfig.dropout (1) must be in [0, 1)"},
+        BadConfig{"jitter_nan", [](ModelConfig& c) { c.router_jitter = std::nan(""); }, "ModelConfig.router_jitter"},
+        BadConfig{"aux_negative", [](ModelConfig& c) { c.aux_loss_coeff = -1e-2; }, "ModelConfig.aux_loss_coeff"},
+        BadConfig{"z_inf", [](ModelConfig& c) { c.z_loss_coeff = INFINITY; }, "ModelConfig.z_loss_coeff"},
         BadConfig{"theta", [](ModelConfig& c) { c.rope_theta = 0; }, "ModelConfig.rope_theta"},
         BadConfig{"eps", [](ModelConfig& c) { c.norm_eps = 0; }, "ModelConfig.norm_eps"},
         BadConfig{"init_std", [](ModelConfig& c) { c.init_std = -0.02; }, "ModelConfig.init_std"},
         BadConfig{"param_dtype", [](ModelConfig& c) { c.param_dtype = "fp16"; },
                   "ModelConfig.param_dtype (\"fp16\") must be \"bf16\" or \"fp32\""},
-        BadConfig{"compute", [](ModelConfig& c) { c.compute = "bf16"; },
-                  "ModelConfig.compute (\"bf16\")"}),
+        BadConfig{"compute", [](ModelConfig& c) { c.compute = "bf16"; }, "ModelConfig.compute (\"bf16\")"}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return info.param.name; });
 
 TEST(TransformerInputs, RejectsBadTokensNamingThem) {
@@ -268,8 +258,7 @@ TEST(TransformerInputs, RejectsBadTokensNamingThem) {
   auto model = build(cfg, 1);
   model->eval();
   auto ok = random_tokens(2, 8, cfg.vocab_size, 1);
-  auto expect_msg = [&](const torch::Tensor& tokens, const torch::Tensor& targets,
-                        const std::string& msg) {
+  auto expect_msg = [&](const torch::Tensor& tokens, const torch::Tensor& targets, const std::string& msg) {
     try {
       model->loss(tokens, targets, nullptr);
       ADD_FAILURE() << "accepted bad input, expected: " << msg;
@@ -279,12 +268,12 @@ TEST(TransformerInputs, RejectsBadTokensNamingThem) {
   };
   expect_msg(ok + cfg.vocab_size, ok, "tokens ids must be in [0, vocab_size = 256)");
   expect_msg(ok, ok - 1 - ok.max(), "targets ids must be in [0, vocab_size = 256)");
-  expect_msg(random_tokens(1, cfg.seq_len + 1, cfg.vocab_size, 2),
-             random_tokens(1, cfg.seq_len + 1, 1, 2), "1 <= T <= seq_len = 64");
+  expect_msg(random_tokens(1, cfg.seq_len + 1, cfg.vocab_size, 2), random_tokens(1, cfg.seq_len + 1, 1, 2),
+             "1 <= T <= seq_len = 64");
   expect_msg(ok.to(torch::kInt), ok, "tokens must be int64");
   expect_msg(ok.flatten(), ok.flatten(), "must be (B, T)");
   expect_msg(ok, ok.narrow(1, 0, 4), "targets must have the shape of tokens");
 }
 
-}  // namespace
-}  // namespace rh::models::testing
+}   // namespace
+}   // namespace rh::models::testing

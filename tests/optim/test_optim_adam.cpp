@@ -91,13 +91,11 @@ TEST_P(MultiChunk, BitForBitOver10StepsInEveryMasterMode) {
     rig.expect_finite();
   }
 }
-INSTANTIATE_TEST_SUITE_P(Moments, MultiChunk,
-                         ::testing::Values(Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8),
+INSTANTIATE_TEST_SUITE_P(Moments, MultiChunk, ::testing::Values(Dtype::fp32, Dtype::bf16, Dtype::fp16, Dtype::fp8),
                          [](const auto& i) { return to_string(i.param); });
 
 TEST(Storage, Bf16MomentsAreRneOfTheReferenceFp32Value) {
-  Rig rig({Dtype::bf16, Dtype::bf16, MasterMode::fp32, true, Dtype::fp32, true},
-          testutil::small_specs());
+  Rig rig({Dtype::bf16, Dtype::bf16, MasterMode::fp32, true, Dtype::fp32, true}, testutil::small_specs());
   for (int s = 0; s < 5; ++s) {
     rig.step(s, 1e-3);
     for (size_t i = 0; i < rig.specs.size(); ++i) {
@@ -116,8 +114,7 @@ TEST(Storage, Bf16MomentsAreRneOfTheReferenceFp32Value) {
 // fp16 exp_avg, fp8 exp_avg_sq: after every step the scale is amax(|new fp32 moment|) / range,
 // and the amax element is stored at the top of the range.
 TEST(Storage, ScalesAreRecomputedFromAmaxEveryStep) {
-  Rig rig({Dtype::fp16, Dtype::fp8, MasterMode::fp32, true, Dtype::fp32, true},
-          testutil::small_specs());
+  Rig rig({Dtype::fp16, Dtype::fp8, MasterMode::fp32, true, Dtype::fp32, true}, testutil::small_specs());
   float prev = -1.0f;
   int changed = 0;
   for (int s = 0; s < 20; ++s) {
@@ -156,14 +153,18 @@ TEST_P(ZeroMoments, FollowUpstreamOrTheGuard) {
   OptimizerConfig cfg = rig.c.config();
   cfg.scale_zero_guard = guard;
   PrecisionAdam opt(groups, cfg);
-  auto bits32 = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+  auto bits32 = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
   for (int s = 0; s < 3; ++s) {
     rig.step(s, 1e-3);
     zero.mutable_grad() = torch::zeros({4}, torch::kBFloat16);
     opt.accumulate_grads();
     opt.step(1e-3);
-    const auto& m = opt.stored("zero", StateKey::exp_avg);     // fp8
-    const auto& v = opt.stored("zero", StateKey::exp_avg_sq);  // fp16
+    const auto& m = opt.stored("zero", StateKey::exp_avg);      // fp8
+    const auto& v = opt.stored("zero", StateKey::exp_avg_sq);   // fp16
     const std::string at = "step " + std::to_string(s + 1) + (guard ? " (guard)" : "");
     EXPECT_EQ(bits32(*v.scale), 0u) << "fp16 all-zero: scale 0, " << at;
     EXPECT_EQ(v.data.view(torch::kShort).abs().sum().item<int64_t>(), 0) << "fp16 stores zeros, " << at;
@@ -237,12 +238,12 @@ TEST(AgainstTorchAdamW, Fp32EverythingWithinRelative1e6) {
   EXPECT_LE(((ours - t).abs() / t.abs()).max().item<double>(), 1e-5) << "weights, elementwise";
   auto& st = adamw.state().at(c10::guts::to_string(theirs.unsafeGetTensorImpl()));
   auto& as = static_cast<torch::optim::AdamWParamState&>(*st);
-  for (auto [key, theirs_m] : {std::pair{StateKey::exp_avg, as.exp_avg()},
-                               std::pair{StateKey::exp_avg_sq, as.exp_avg_sq()}}) {
+  for (auto [key, theirs_m] :
+       {std::pair{StateKey::exp_avg, as.exp_avg()}, std::pair{StateKey::exp_avg_sq, as.exp_avg_sq()}}) {
     auto mine = opt.get_unscaled_state("w", key);
     EXPECT_LE(((mine - theirs_m).norm() / theirs_m.norm()).item<double>(), 1e-6) << key_name(key);
   }
   EXPECT_GT(((ours - init).abs().max()).item<double>(), 1e-2) << "the weights did move";
 }
 
-}  // namespace
+}   // namespace

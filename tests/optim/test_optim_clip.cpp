@@ -58,4 +58,4 @@ TEST(Clip, ScalesAtTheThresholdAndPropagatesNaN) {
   EXPECT_EQ(rh::optim::clip_coefficient(std::numeric_limits<float>::infinity(), 1.0), 0.0f);
 }
 
-}  // namespace
+}   // namespace

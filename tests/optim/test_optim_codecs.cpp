@@ -160,10 +160,22 @@ TEST(Fp8, MidpointsRoundToEvenAndNeighboursToNearest) {
 TEST(Fp8, SaturatesAndMapsNaN) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> x = {448.0f, 463.9f, 464.0f, 465.0f, 1e6f, 3e38f, inf, -464.0f, -inf, nan, -nan,
-                          1e-30f, -1e-30f, std::ldexp(1.0f, -10), std::ldexp(1.0f, -10) * 1.0001f};
-  std::vector<int> want = {0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0xFE, 0x7F, 0xFF,
-                           0x00, 0x80, 0x00, 0x01};
+  std::vector<float> x = {448.0f,
+                          463.9f,
+                          464.0f,
+                          465.0f,
+                          1e6f,
+                          3e38f,
+                          inf,
+                          -464.0f,
+                          -inf,
+                          nan,
+                          -nan,
+                          1e-30f,
+                          -1e-30f,
+                          std::ldexp(1.0f, -10),
+                          std::ldexp(1.0f, -10) * 1.0001f};
+  std::vector<int> want = {0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0xFE, 0x7F, 0xFF, 0x00, 0x80, 0x00, 0x01};
   auto enc = codec::fp8_encode(torch::tensor(x));
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_EQ(enc[i].item<int>(), want[i]) << "x = " << x[i];
@@ -177,8 +189,7 @@ TEST(Fp8, RandomValuesMatchTheReference) {
   auto enc = codec::fp8_encode(x);
   const float* xp = x.data_ptr<float>();
   const uint8_t* ep = enc.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < x.numel(); ++i)
-    ASSERT_EQ(ep[i], ref::e4m3_encode(xp[i])) << "x = " << xp[i];
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(ep[i], ref::e4m3_encode(xp[i])) << "x = " << xp[i];
 }
 
 // --- bf16 / fp16 casts used by storage ----------------------------------------------------
@@ -213,7 +224,10 @@ TEST(Casts, HalfToBf16IsRneOfTheHalfValue) {
 }
 
 // --- scale rule ---------------------------------------------------------------------------
-struct ScaleCase { bool fp8; const char* name; };
+struct ScaleCase {
+  bool fp8;
+  const char* name;
+};
 class Scaled : public ::testing::TestWithParam<ScaleCase> {};
 
 TEST_P(Scaled, ScaleIsAmaxOverRangeAndRoundTripIsClose) {
@@ -270,12 +284,17 @@ TEST_P(Scaled, AllZeroTensorFollowsUpstreamOrTheGuard) {
 // expected codes from numpy (float32 arithmetic, numpy's own RNE float16 cast):
 //   amax = f32(0.0123456); s = amax / f32(32752); r = f32(1) / s; code = float16(x * r)
 TEST(Scaled, Fp16EncodeMultipliesByTheReciprocal) {
-  auto f = [](uint32_t u) { float v; std::memcpy(&v, &u, 4); return v; };
+  auto f = [](uint32_t u) {
+    float v;
+    std::memcpy(&v, &u, 4);
+    return v;
+  };
   const float amax = f(0x3c4a4533u);
   EXPECT_EQ(codec::make_scaling(amax, false, false).scale, f(0x34ca5e7fu));
   EXPECT_EQ(codec::make_scaling(amax, false, false).mult, f(0x4a21ec04u));
-  const std::vector<std::pair<uint32_t, uint16_t>> cases = {
-      {0x3b18b72fu, 0x6e0a}, {0xba0da604u, 0xe59a}, {0x3b64f329u, 0x7087}};   // numpy; x / s gives code - 1
+  const std::vector<std::pair<uint32_t, uint16_t>> cases = {{0x3b18b72fu, 0x6e0a},
+                                                            {0xba0da604u, 0xe59a},
+                                                            {0x3b64f329u, 0x7087}};   // numpy; x / s gives code - 1
   std::vector<float> xs = {amax};
   for (auto [x, c] : cases) xs.push_back(f(x));
   codec::Scaling sc;
@@ -284,8 +303,7 @@ TEST(Scaled, Fp16EncodeMultipliesByTheReciprocal) {
     EXPECT_EQ(static_cast<uint16_t>(st[i + 1].view(torch::kShort).item<int16_t>()), cases[i].second) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, Scaled,
-                         ::testing::Values(ScaleCase{false, "fp16"}, ScaleCase{true, "fp8"}),
+INSTANTIATE_TEST_SUITE_P(Formats, Scaled, ::testing::Values(ScaleCase{false, "fp16"}, ScaleCase{true, "fp8"}),
                          [](const auto& i) { return std::string(i.param.name); });
 
-}  // namespace
+}   // namespace

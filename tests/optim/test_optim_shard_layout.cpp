@@ -91,7 +91,8 @@ TEST_P(ShardLayoutCover, EveryElementExactlyOnceInEqualShares) {
     }
   }
   for (size_t i = 0; i < numels.size(); ++i)
-    for (int64_t j = 0; j < numels[i]; ++j) EXPECT_NE(owner[i][static_cast<size_t>(j)], -1) << "param " << i << " element " << j;
+    for (int64_t j = 0; j < numels[i]; ++j)
+      EXPECT_NE(owner[i][static_cast<size_t>(j)], -1) << "param " << i << " element " << j;
   const auto L0 = ShardLayout::make(numels, 0, world, {bucket_size, false});
   for (size_t i = 0; i < numels.size(); ++i) {
     bool spans = false;
@@ -123,4 +124,4 @@ TEST(ShardLayout, RejectsBadGroups) {
   EXPECT_THROW(ShardLayout::make({-1}, 0, 1), std::invalid_argument);
 }
 
-}  // namespace
+}   // namespace

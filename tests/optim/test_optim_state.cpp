@@ -50,19 +50,47 @@ const Invalid kInvalid[] = {
      "--exp-avg-dtype can only be fp32 when not using precision-aware optimizer"},
     {"fp8_exp_avg_sq_without_pao", [](auto& c) { c.exp_avg_sq_dtype = Dtype::fp8; }, torch::kBFloat16,
      "--exp-avg-sq-dtype can only be fp32 when not using precision-aware optimizer"},
-    {"fp16_main_grads", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_grads_dtype = Dtype::fp16; },
+    {"fp16_main_grads",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.main_grads_dtype = Dtype::fp16;
+     },
      torch::kBFloat16, "--main-grads-dtype fp16 is not supported (allowed: fp32, bf16)"},
-    {"fp8_main_grads", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_grads_dtype = Dtype::fp8; },
+    {"fp8_main_grads",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.main_grads_dtype = Dtype::fp8;
+     },
      torch::kBFloat16, "--main-grads-dtype fp8 is not supported"},
-    {"bf16_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::bf16; },
+    {"bf16_master",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.main_params_dtype = Dtype::bf16;
+     },
      torch::kBFloat16, "--main-params-dtype bf16 is not supported (allowed: fp32, fp16)"},
-    {"fp8_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::fp8; },
+    {"fp8_master",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.main_params_dtype = Dtype::fp8;
+     },
      torch::kBFloat16, "--main-params-dtype fp8 is not supported"},
-    {"int16_exp_avg", [](auto& c) { c.use_precision_aware_optimizer = true; c.exp_avg_dtype = Dtype::int16; },
+    {"int16_exp_avg",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.exp_avg_dtype = Dtype::int16;
+     },
      torch::kBFloat16, "--exp-avg-dtype int16 is not supported (allowed: fp32, bf16, fp16, fp8)"},
-    {"int16_exp_avg_sq", [](auto& c) { c.use_precision_aware_optimizer = true; c.exp_avg_sq_dtype = Dtype::int16; },
+    {"int16_exp_avg_sq",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.exp_avg_sq_dtype = Dtype::int16;
+     },
      torch::kBFloat16, "--exp-avg-sq-dtype int16 is not supported"},
-    {"int16_master", [](auto& c) { c.use_precision_aware_optimizer = true; c.main_params_dtype = Dtype::int16; },
+    {"int16_master",
+     [](auto& c) {
+       c.use_precision_aware_optimizer = true;
+       c.main_params_dtype = Dtype::int16;
+     },
      torch::kBFloat16, "--main-params-dtype int16 is not supported"},
     {"fp16_params", [](auto&) {}, torch::kHalf, "model params must be fp32 or bf16"},
     {"beta1_one", [](auto& c) { c.beta1 = 1.0; }, torch::kFloat, "beta1 must be in [0, 1)"},
@@ -153,7 +181,8 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
         opt.set_scaled_state("a", StateKey::master_param, x);
         ADD_FAILURE() << "an fp32 value for a remainder master must be refused";
       } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find("upstream TransformerEngine fails an assertion"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("upstream TransformerEngine fails an assertion"), std::string::npos)
+            << e.what();
       }
       auto r = torch::randint(-32768, 32768, {64}, torch::kLong).to(torch::kShort);
       opt.set_scaled_state("a", StateKey::master_param, r);
@@ -331,7 +360,7 @@ TEST(Grads, NormZerosScaleAndAccumulate) {
   EXPECT_EQ(opt.grad_norm(), 0.0);
 }
 
-}  // namespace
+}   // namespace
 
 namespace {
 
@@ -422,4 +451,4 @@ TEST(RankAgreement, WithoutAGroupNothingIsSent) {
   EXPECT_TRUE(failed.flag);
 }
 
-}  // namespace
+}   // namespace

@@ -93,13 +93,19 @@ TEST_P(TeGpu, FusedAdamStepMatchesOurs) {
   cfg.exp_avg_dtype = c.exp_avg;
   cfg.exp_avg_sq_dtype = c.exp_avg_sq;
   cfg.store_param_remainders = c.remainders;
-  nlohmann::json js = {{"numel", n}, {"steps", steps}, {"lr", lr}, {"beta1", cfg.beta1},
-                       {"beta2", cfg.beta2}, {"eps", cfg.eps}, {"weight_decay", cfg.weight_decay},
-                       {"exp_avg", to_string(c.exp_avg)}, {"exp_avg_sq", to_string(c.exp_avg_sq)},
+  nlohmann::json js = {{"numel", n},
+                       {"steps", steps},
+                       {"lr", lr},
+                       {"beta1", cfg.beta1},
+                       {"beta2", cfg.beta2},
+                       {"eps", cfg.eps},
+                       {"weight_decay", cfg.weight_decay},
+                       {"exp_avg", to_string(c.exp_avg)},
+                       {"exp_avg_sq", to_string(c.exp_avg_sq)},
                        {"remainders", c.remainders}};
   std::ofstream(dir / "in" / "case.json") << js.dump();
-  const std::string cmd = "/usr/bin/env python3 " RH_SOURCE_DIR "/tests/gpu/te_fused_adam.py " +
-                          (dir / "in").string() + " " + (dir / "out").string();
+  const std::string cmd = "/usr/bin/env python3 " RH_SOURCE_DIR "/tests/gpu/te_fused_adam.py " + (dir / "in").string() +
+                          " " + (dir / "out").string();
   const int rc = std::system(cmd.c_str());
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "skipped by " << cmd;
   ASSERT_EQ(rc, 0) << cmd;
@@ -126,18 +132,20 @@ TEST_P(TeGpu, FusedAdamStepMatchesOurs) {
       auto t = read_raw(dir / "out" / files.at(key_name(key)).get<std::string>(), torch::kFloat, n);
       const int64_t u = max_ulps(ours, t);
       const int64_t same = ours.view(torch::kInt).eq(t.view(torch::kInt)).sum().item<int64_t>();
-      std::cout << "[ TE GPU ] " << at << " " << key_name(key) << ": " << same << "/" << n
-                << " bit-identical, max " << u << " ulp\n";
+      std::cout << "[ TE GPU ] " << at << " " << key_name(key) << ": " << same << "/" << n << " bit-identical, max "
+                << u << " ulp\n";
       // Scaled (fp16/fp8) moments quantize after the update: a 1-ulp difference may move a code.
-      EXPECT_LE(u, (c.exp_avg == Dtype::fp32 && c.exp_avg_sq == Dtype::fp32) ? 1 : 1 << 16) << key_name(key) << ", " << at;
+      EXPECT_LE(u, (c.exp_avg == Dtype::fp32 && c.exp_avg_sq == Dtype::fp32) ? 1 : 1 << 16)
+          << key_name(key) << ", " << at;
     }
     auto master_theirs_file = files.at("master_param").get<std::string>();
     torch::Tensor our_master, their_master;
     if (c.remainders) {   // rebuild both fp32 masters from (bf16 weight, int16 remainder)
       auto rem = read_raw(dir / "out" / master_theirs_file, torch::kShort, n);
       their_master = codec::remainder_join(their_param.to(torch::kBFloat16), rem);
-      our_master = codec::remainder_join(param.to(torch::kCPU).reshape({n}),
-                                  opt.get_unscaled_state("w", StateKey::master_param).to(torch::kCPU).reshape({n}));
+      our_master =
+          codec::remainder_join(param.to(torch::kCPU).reshape({n}),
+                                opt.get_unscaled_state("w", StateKey::master_param).to(torch::kCPU).reshape({n}));
     } else {
       their_master = read_raw(dir / "out" / master_theirs_file, torch::kFloat, n);
       our_master = opt.get_unscaled_state("w", StateKey::master_param).to(torch::kCPU, torch::kFloat).reshape({n});
@@ -148,11 +156,10 @@ TEST_P(TeGpu, FusedAdamStepMatchesOurs) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    States, TeGpu,
-    ::testing::Values(GpuCase{"fp32_moments", Dtype::fp32, Dtype::fp32, false},
-                      GpuCase{"bf16_moments_remainders", Dtype::bf16, Dtype::bf16, true},
-                      GpuCase{"fp16_fp8_moments_remainders", Dtype::fp8, Dtype::fp16, true}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(States, TeGpu,
+                         ::testing::Values(GpuCase{"fp32_moments", Dtype::fp32, Dtype::fp32, false},
+                                           GpuCase{"bf16_moments_remainders", Dtype::bf16, Dtype::bf16, true},
+                                           GpuCase{"fp16_fp8_moments_remainders", Dtype::fp8, Dtype::fp16, true}),
+                         [](const auto& info) { return info.param.name; });
 
-}  // namespace
+}   // namespace

@@ -21,9 +21,7 @@ namespace {
 
 using namespace rh::optim;
 
-const nlohmann::json& te_reference() {
-  return rh::testing::python_reference("te_reference.py", "te_reference.json");
-}
+const nlohmann::json& te_reference() { return rh::testing::python_reference("te_reference.py", "te_reference.json"); }
 
 uint32_t bits(float f) {
   uint32_t u;
@@ -45,7 +43,10 @@ TEST(TeBiasCorrection, FloatBetaThenDoublePowMatchesNumpy) {
   }
 }
 
-struct RtCase { bool fp8; const char* name; };
+struct RtCase {
+  bool fp8;
+  const char* name;
+};
 class TeScaleRoundTrip : public ::testing::TestWithParam<RtCase> {};
 
 TEST_P(TeScaleRoundTrip, StridedAmaxCountsMatchNumpy) {
@@ -72,4 +73,4 @@ TEST_P(TeScaleRoundTrip, StridedAmaxCountsMatchNumpy) {
 INSTANTIATE_TEST_SUITE_P(Formats, TeScaleRoundTrip, ::testing::Values(RtCase{false, "fp16"}, RtCase{true, "fp8"}),
                          [](const auto& i) { return std::string(i.param.name); });
 
-}  // namespace
+}   // namespace

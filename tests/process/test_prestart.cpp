@@ -106,4 +106,4 @@ TEST_F(Prestart, WithoutAWorkerAChildIsExecedAsBefore) {
   EXPECT_EQ(run("exit3").exit_code, 3);
 }
 
-}  // namespace
+}   // namespace

@@ -43,13 +43,13 @@ struct Case {
   Dtype moments;
   bool remainders;
   int world;
-  bool shared = false;       // OptimizerConfig::shared_dp_scale
-  int64_t bucket = 0;        // OptimizerConfig::ddp_bucket_size
+  bool shared = false;   // OptimizerConfig::shared_dp_scale
+  int64_t bucket = 0;    // OptimizerConfig::ddp_bucket_size
 };
 
 std::string case_text(const Case& c) {
-  return rh::optim::to_string(c.moments) + (c.remainders ? "_remainders" : "_fp32master") + (c.shared ? "_shared" : "_pershard") +
-         "_bucket" + std::to_string(c.bucket) + "_dp" + std::to_string(c.world);
+  return rh::optim::to_string(c.moments) + (c.remainders ? "_remainders" : "_fp32master") +
+         (c.shared ? "_shared" : "_pershard") + "_bucket" + std::to_string(c.bucket) + "_dp" + std::to_string(c.world);
 }
 
 Case parse_case(const std::string& s) {
@@ -244,14 +244,16 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
     ASSERT_EQ(g.size(), want.size());
     EXPECT_TRUE(same_bits(g[0], want[0])) << "grad norms of rank " << r;
     if (like_single) {   // per-shard scaled states: params checked against the pieces below
-      for (size_t i = 0; i < np; ++i) EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
+      for (size_t i = 0; i < np; ++i)
+        EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
     }
   }
   // Joined in rank order, the owned parts are the single process's state (fp32/bf16, or shared
   // scales). (States are written in optimizer order: group, then param.)
   auto layout = [&] {
     std::vector<int64_t> n;
-    for (const auto& name : single.opt->param_names()) n.push_back(single.opt->param(name).numel());   // optimizer order
+    for (const auto& name : single.opt->param_names())
+      n.push_back(single.opt->param(name).numel());   // optimizer order
     return layout_of(c, n);
   }();
   EXPECT_FALSE(layout.split_params().empty()) << "the case must split a param across ranks";
@@ -308,13 +310,14 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    MomentsMastersSizes, DistributedUpdate,
-    ::testing::Values(Case{Dtype::fp32, false, 2}, Case{Dtype::bf16, true, 2}, Case{Dtype::fp16, false, 2},
-                      Case{Dtype::fp8, true, 2}, Case{Dtype::bf16, false, 4}, Case{Dtype::fp16, true, 4},
-                      Case{Dtype::fp8, false, 4}, Case{Dtype::fp16, false, 2, true}, Case{Dtype::fp8, true, 4, true},
-                      Case{Dtype::fp8, false, 2, false, 2000}, Case{Dtype::bf16, true, 4, false, 3000}),
-    [](const auto& info) { return case_text(info.param); });
+INSTANTIATE_TEST_SUITE_P(MomentsMastersSizes, DistributedUpdate,
+                         ::testing::Values(Case{Dtype::fp32, false, 2}, Case{Dtype::bf16, true, 2},
+                                           Case{Dtype::fp16, false, 2}, Case{Dtype::fp8, true, 2},
+                                           Case{Dtype::bf16, false, 4}, Case{Dtype::fp16, true, 4},
+                                           Case{Dtype::fp8, false, 4}, Case{Dtype::fp16, false, 2, true},
+                                           Case{Dtype::fp8, true, 4, true}, Case{Dtype::fp8, false, 2, false, 2000},
+                                           Case{Dtype::bf16, true, 4, false, 3000}),
+                         [](const auto& info) { return case_text(info.param); });
 
 TEST(Placement, ReadsTorchrunAndSlurmVariables) {
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
@@ -347,10 +350,11 @@ TEST(Placement, ReadsTorchrunAndSlurmVariables) {
   unsetenv("MASTER_PORT");
   setenv("RANK", "1", 1);
   EXPECT_THROW(rh::dist::placement_from_environment(), std::invalid_argument);
-  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}) unsetenv(v);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"})
+    unsetenv(v);
 }
 
-}  // namespace
+}   // namespace
 
 int main(int argc, char** argv) {
   if (std::getenv("RH_DIST_WORKER")) return worker_main();

@@ -177,7 +177,8 @@ TEST_F(ReportOnFixture, OutcomeGridsFollowTheAxesAndSeparateExpectedDivergence) 
   EXPECT_EQ(ft.rows[1], (std::vector<std::string>{"scenario=crash", "failed"}));
   EXPECT_EQ(ft.cell_class[0][1], "o-diverged-as-expected");
   EXPECT_EQ(ft.cell_class[1][1], "o-failed");
-  EXPECT_NE(ft.cell_title[0][1].find("first divergence: after load: w/exp_avg"), std::string::npos) << ft.cell_title[0][1];
+  EXPECT_NE(ft.cell_title[0][1].find("first divergence: after load: w/exp_avg"), std::string::npos)
+      << ft.cell_title[0][1];
   const std::string html = slurp(*dir_ / "report.html");
   EXPECT_NE(html.find("<td class=\"o-failed\" title=\"faults/crash: FAIL: error: baseline process exited with 134"),
             std::string::npos);
@@ -212,8 +213,9 @@ TEST_F(ReportOnFixture, KeyFindingsShareOneLinePerModelAndDtypes) {
 // 1 errored).
 TEST_F(ReportOnFixture, StatusBannerOpensBothReportsWithCountsThatAddUp) {
   const std::string md = slurp(*dir_ / "report.md"), html = slurp(*dir_ / "report.html");
-  const std::string line = "FAILED: 5 scenarios, 4 met their expectation (3 bit for bit, 0 within tolerance, "
-                           "1 diverged as declared, 0 refused as declared), 1 failed";
+  const std::string line =
+      "FAILED: 5 scenarios, 4 met their expectation (3 bit for bit, 0 within tolerance, "
+      "1 diverged as declared, 0 refused as declared), 1 failed";
   const size_t body = html.find("<body>\n");
   ASSERT_NE(body, std::string::npos);
   EXPECT_EQ(html.find("<div id=\"status\" class=\"status fail\"><strong>"), body + 7) << html.substr(body, 200);
@@ -374,7 +376,9 @@ TEST_F(ReportOnFixture, MatrixTableNumbersAreTheCsvNumbers) {
   std::string line;
   std::getline(csv, line);
   const auto header = split_csv(line);
-  auto col = [&](const std::string& name) { return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin()); };
+  auto col = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
   size_t rows = 0;
   while (std::getline(csv, line)) {
     const auto f = split_csv(line);
@@ -418,8 +422,8 @@ TEST_F(ReportOnFixture, DiskTableSumsDiskCsvPerKind) {
   const auto r = md_row(md, "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16");
   ASSERT_EQ(r.size(), 12u);
   EXPECT_EQ(r[1], "states/exp_avg=bf16,policy=per_key");
-  const std::vector<std::string> want = {"200", "400", "\u2014", "200", "200", "\u2014", "500", "1500", "10.0000",
-                                         "21.05 %"};   // 1 - 1500/1900
+  const std::vector<std::string> want = {"200",    "400", "\u2014", "200",     "200",
+                                         "\u2014", "500", "1500",   "10.0000", "21.05 %"};   // 1 - 1500/1900
   EXPECT_EQ(std::vector<std::string>(r.begin() + 2, r.end()), want);
   EXPECT_EQ(md_row(md, "fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32").back(), "reference");
 }
@@ -435,12 +439,21 @@ TEST_F(ReportOnFixture, ProjectionMatchesHandComputedCase) {
   while (std::getline(in, line))
     if (line.rfind("| DeepSeek-V2-Lite |", 0) == 0) ds.push_back(md_row(line, "DeepSeek-V2-Lite"));
   ASSERT_EQ(ds.size(), 3u);   // one row per save policy: fp32, per_key, native
-  const std::vector<std::string> fp32 = {"DeepSeek-V2-Lite", "15.7 B", "fp32", "1", "219.8",
+  const std::vector<std::string> fp32 = {"DeepSeek-V2-Lite",
+                                         "15.7 B",
+                                         "fp32",
+                                         "1",
+                                         "219.8",
                                          "model BF16, master_param F32, exp_avg F32, exp_avg_sq F32",
                                          "fp32 states: published 222.0 GB, projected 219.8 (-1.0 %)"};
-  const std::vector<std::string> bf16 = {
-      "DeepSeek-V2-Lite", "15.7 B", "per_key", "1", "157.0", "model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16",
-      "bf16 states: published 164.0 GB, projected 157.0 (-4.3 %); reduction 28.57 % vs 26.13 % (+2.45 pp)"};
+  const std::vector<std::string> bf16 =
+      {"DeepSeek-V2-Lite",
+       "15.7 B",
+       "per_key",
+       "1",
+       "157.0",
+       "model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16",
+       "bf16 states: published 164.0 GB, projected 157.0 (-4.3 %); reduction 28.57 % vs 26.13 % (+2.45 pp)"};
   EXPECT_EQ(ds[0], fp32);
   EXPECT_EQ(ds[1], bf16);
   EXPECT_EQ(ds[2][2], "native");
@@ -521,8 +534,8 @@ TEST(ReportProjection, CompressedCombosAreTheirOwnRowsWithoutPublishedSizes) {
   ASSERT_EQ(t.rows.size(), 2u);   // one row per model and policy label
   EXPECT_EQ(t.rows[0][2], "native");
   EXPECT_EQ(t.rows[1][2], "native + zstd");
-  EXPECT_EQ(t.rows[1][4], "102.0");   // 6.5 B/param x 15.7e9 = 102.05 GB
-  EXPECT_EQ(t.rows[1][6], "\u2014");  // no published size applies
+  EXPECT_EQ(t.rows[1][4], "102.0");    // 6.5 B/param x 15.7e9 = 102.05 GB
+  EXPECT_EQ(t.rows[1][6], "\u2014");   // no published size applies
 }
 
 // storage_combos: two scenarios whose files hold the same dtypes, one of them compressed, are two
@@ -576,8 +589,8 @@ TEST(ReportReferences, Fp32SaveWithOverrideIsNotTheReference) {
   const auto refs = fp32_references(run);
   EXPECT_EQ(refs[2], 1);   // not itself (2): its disk.csv has BF16 moments
   EXPECT_EQ(refs[0], 0);
-  EXPECT_EQ(refs[4], -1);  // errored, no config
+  EXPECT_EQ(refs[4], -1);   // errored, no config
   fs::remove_all(dir);
 }
 
-}  // namespace
+}   // namespace

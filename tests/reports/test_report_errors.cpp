@@ -188,7 +188,9 @@ TEST_P(NoMatplotlib, TablesAreStillWritten) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Interpreters, NoMatplotlib, ::testing::Values("/bin/false", "/nonexistent/python3"),
-                         [](const auto& info) { return info.index == 0 ? std::string("bin_false") : std::string("nonexistent"); });
+                         [](const auto& info) {
+                           return info.index == 0 ? std::string("bin_false") : std::string("nonexistent");
+                         });
 
 TEST_F(NoPlots, ErroredScenarioIsNotedNotFatal) {
   const auto dir = report_fixture::temp_dir("errored");
@@ -258,8 +260,9 @@ TEST(ReportCompare, FixedIsNotARegressionAndSameRunHasNoChanges) {
 
 TEST(ReportCompare, AddedAndRemovedScenariosAreListed) {
   TwoRuns r;
-  replace_line(r.b / "summary.csv", 6, "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
-                                       "native,none,bf16,bf16,fp32,1");
+  replace_line(r.b / "summary.csv", 6,
+               "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
+               "native,none,bf16,bf16,fp32,1");
   std::ostringstream out;
   compare_runs(r.a.string(), r.b.string(), out);
   EXPECT_NE(out.str().find("### Only in A (removed)\n\n- faults/crash: FAIL (error)"), std::string::npos) << out.str();
@@ -269,8 +272,9 @@ TEST(ReportCompare, AddedAndRemovedScenariosAreListed) {
 // --json: the same changes as the Markdown, as values a CI script reads without parsing a table.
 TEST(ReportCompare, JsonHoldsTheSameChangesAsValues) {
   TwoRuns r;
-  replace_line(r.b / "summary.csv", 6, "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
-                                       "native,none,bf16,bf16,fp32,1");
+  replace_line(r.b / "summary.csv", 6,
+               "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
+               "native,none,bf16,bf16,fp32,1");
   std::ostringstream out;
   EXPECT_EQ(compare_runs(r.a.string(), r.b.string(), out, /*json=*/true), 1);
   const nlohmann::json j = nlohmann::json::parse(out.str());
@@ -325,8 +329,8 @@ TEST(ReportCli, CompareJsonOnStdoutWithTheSameExitCode) {
   const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j["regressions"], 1);
   EXPECT_EQ(j["verdicts"][0]["change"], "regression");
-  const auto alone = rh::testutil::run_logged(rh::testutil::tool_argv({"report", r.a.string(), "--json"}),
-                                              logs / "json_alone.log");
+  const auto alone =
+      rh::testutil::run_logged(rh::testutil::tool_argv({"report", r.a.string(), "--json"}), logs / "json_alone.log");
   EXPECT_EQ(alone.code, 2);
   EXPECT_EQ(alone.log, "resume-harness: error: report: --json needs --compare RUN_A RUN_B\n");
   fs::remove_all(logs);
@@ -338,8 +342,7 @@ TEST(ReportCli, ExitCodes) {
   const fs::path logs = rh::testutil::fresh_dir("report_cli", "exit_codes");
   auto run = [&logs](std::vector<std::string> args) {
     args.insert(args.begin(), "report");
-    return rh::testutil::run_logged(rh::testutil::tool_argv(args), logs / "log", 600,
-                                    {{"RH_PYTHON", "/bin/false"}})
+    return rh::testutil::run_logged(rh::testutil::tool_argv(args), logs / "log", 600, {{"RH_PYTHON", "/bin/false"}})
         .code;
   };
   EXPECT_EQ(run({r.a.string()}), 0);
@@ -362,7 +365,8 @@ TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
     generate_report(dir.string(), "", log);
     FAIL() << "accepted";
   } catch (const ReportError& e) {
-    EXPECT_NE(std::string(e.what()).find("summary.json:1: nesting deeper than 64 levels"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("summary.json:1: nesting deeper than 64 levels"), std::string::npos)
+        << e.what();
   }
   report_fixture::write_run(dir);
   std::string key = "a";
@@ -372,13 +376,14 @@ TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
     generate_report(dir.string(), (dir / "m.toml").string(), log);
     FAIL() << "accepted";
   } catch (const ReportError& e) {
-    EXPECT_NE(std::string(e.what()).find("m.toml:2: column 128: a key or table header of more than 64"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("m.toml:2: column 128: a key or table header of more than 64"),
+              std::string::npos)
         << std::string(e.what()).substr(0, 300);
   }
   fs::remove_all(dir);
 }
 
-}  // namespace
+}   // namespace
 
 // ---- The run directory's own files read back, and summary.json as hostile input ----
 
@@ -449,4 +454,4 @@ INSTANTIATE_TEST_SUITE_P(
         BadSummary{"DuplicateKey", R"("failed":1,)", R"("failed":1,"failed":0,)", "duplicate key 'failed'"}),
     [](const auto& i) { return std::string(i.param.name); });
 
-}  // namespace
+}   // namespace

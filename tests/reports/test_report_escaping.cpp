@@ -31,9 +31,9 @@ const char* output_name(Output o) {
 }
 
 struct Hostile {
-  const char* name;      // test name
-  std::string payload;   // put into scenario names and messages (and summary.json strings)
-  bool in_csv;           // summary.csv can carry it (a CSV line cannot hold a newline)
+  const char* name;                           // test name
+  std::string payload;                        // put into scenario names and messages (and summary.json strings)
+  bool in_csv;                                // summary.csv can carry it (a CSV line cannot hold a newline)
   std::string forbidden_md, escaped_md;       // in report.md and the compare output
   std::string forbidden_html, escaped_html;   // in report.html ("" forbidden: harmless there)
 };
@@ -99,8 +99,8 @@ void write_hostile_run(const fs::path& root, const std::string& p, bool in_csv, 
   const size_t at = csv.find("faults/skip=exp_avg,");
   csv.replace(at, csv.find('\n', at) - at,
               csv_quoted(name) + ",exact," + (passed ? "1,identical,PASS: " : "0,diverged,FAIL: ") + csv_quoted(msg) +
-                  "," + csv_quoted((passed ? "first " : "then ") + msg) + ",0.0078125,0,0,,3,0,," + (passed ? "1800" : "1900") +
-                  ",18,100,native,skip_exp_avg,bf16,bf16,fp32,2");
+                  "," + csv_quoted((passed ? "first " : "then ") + msg) + ",0.0078125,0,0,,3,0,," +
+                  (passed ? "1800" : "1900") + ",18,100,native,skip_exp_avg,bf16,bf16,fp32,2");
   // A scenario that errored: its message goes into the notes and the failing list.
   const size_t crash = csv.find("faults/crash,");
   csv.replace(crash, csv.find('\n', crash) - crash,
@@ -137,8 +137,9 @@ TEST_P(HostileText, IsEscapedInEveryOutput) {
   // B also gains a scenario named after the payload (the "Only in B" list).
   if (h.in_csv) {
     std::string csv = slurp(b / "summary.csv");
-    csv += csv_quoted("added/" + h.payload) + ",exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
-                                              "native,none,bf16,bf16,fp32,1\n";
+    csv += csv_quoted("added/" + h.payload) +
+           ",exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
+           "native,none,bf16,bf16,fp32,1\n";
     write(b / "summary.csv", csv);
   }
   std::string text;
@@ -185,4 +186,4 @@ TEST(MarkdownCode, FenceOutgrowsTheTextsBackticks) {
   EXPECT_EQ(md_code("a\nb"), "`a b`");
 }
 
-}  // namespace
+}   // namespace

@@ -87,15 +87,16 @@ TEST(RunConfig, StrictJsonNamesTheKey) {
 // train_iters) beside its key; the key is the name written back. Independent expectation: the
 // same values given by key.
 TEST(RunConfig, MegatronNamesAreAcceptedAndTheKeyIsWrittenBack) {
-  const auto by_name = rh::run_config_from_json(
-      nlohmann::json::parse(R"({"model": {"hidden_size": 48, "moe_aux_loss_coeff": 0.5},
+  const auto by_name =
+      rh::run_config_from_json(nlohmann::json::parse(R"({"model": {"hidden_size": 48, "moe_aux_loss_coeff": 0.5},
                                 "optimizer": {"adam_beta2": 0.9},
                                 "train": {"train_iters": 7, "micro_batch_size": 2, "override_opt_param_scheduler": true}})"),
-      "names.json");
-  const auto by_key = rh::run_config_from_json(
-      nlohmann::json::parse(R"({"model": {"d_model": 48, "aux_loss_coeff": 0.5}, "optimizer": {"beta2": 0.9},
+                               "names.json");
+  const auto by_key =
+      rh::run_config_from_json(nlohmann::json::parse(
+                                   R"({"model": {"d_model": 48, "aux_loss_coeff": 0.5}, "optimizer": {"beta2": 0.9},
                                 "train": {"iterations": 7, "micro_batch": 2, "override_opt_param_scheduler": true}})"),
-      "keys.json");
+                               "keys.json");
   EXPECT_EQ(rh::to_json(by_name), rh::to_json(by_key));
   EXPECT_EQ(by_name.train.iterations, 7);
   EXPECT_TRUE(rh::to_json(by_name)["train"].contains("iterations"));
@@ -198,4 +199,4 @@ TEST(Metrics, CsvRoundTripsBitExactly) {
   std::filesystem::remove(path);
 }
 
-}  // namespace
+}   // namespace

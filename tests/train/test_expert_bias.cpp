@@ -106,4 +106,4 @@ TEST(ExpertBiasInTrainer, RestoredBiasContinuesIdenticallyAndASkippedRestoreDoes
   EXPECT_NE(fbits(me.lm_loss), fbits(next.lm_loss)) << "the bias changes which experts are chosen";
 }
 
-}  // namespace
+}   // namespace

@@ -149,23 +149,40 @@ TEST(Schedule, BadStylesAndUpstreamAssertsAreBadInput) {
   refused([](rh::RunConfig& c) { c.train.weight_decay_incr_style = "exp"; }, "train.weight_decay_incr_style");
   // arguments.py: constant asserts --start/--end-weight-decay are None, even set to the same
   // value; linear and cosine assert both are set.
-  refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.0; c.train.end_weight_decay = 0.1; },
-          "constant: train.start_weight_decay and train.end_weight_decay");
-  refused([](rh::RunConfig& c) { c.train.start_weight_decay = c.train.end_weight_decay = 0.1; },
-          "must be unset");
+  refused(
+      [](rh::RunConfig& c) {
+        c.train.start_weight_decay = 0.0;
+        c.train.end_weight_decay = 0.1;
+      },
+      "constant: train.start_weight_decay and train.end_weight_decay");
+  refused([](rh::RunConfig& c) { c.train.start_weight_decay = c.train.end_weight_decay = 0.1; }, "must be unset");
   refused([](rh::RunConfig& c) { c.train.end_weight_decay = 0.1; }, "must be unset");
   for (const char* style : {"linear", "cosine"}) {
     refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; },
             std::string("weight_decay_incr_style ") + style + " needs both");
-    refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; c.train.start_weight_decay = 0.0; },
-            "needs both");
-    refused([&](rh::RunConfig& c) { c.train.weight_decay_incr_style = style; c.train.end_weight_decay = 0.1; },
-            "needs both");
+    refused(
+        [&](rh::RunConfig& c) {
+          c.train.weight_decay_incr_style = style;
+          c.train.start_weight_decay = 0.0;
+        },
+        "needs both");
+    refused(
+        [&](rh::RunConfig& c) {
+          c.train.weight_decay_incr_style = style;
+          c.train.end_weight_decay = 0.1;
+        },
+        "needs both");
   }
-  refused([](rh::RunConfig& c) { c.train.start_weight_decay = 0.2; c.train.end_weight_decay = 0.1;
-                                 c.train.weight_decay_incr_style = "linear"; }, "end_wd >= start_wd");
+  refused(
+      [](rh::RunConfig& c) {
+        c.train.start_weight_decay = 0.2;
+        c.train.end_weight_decay = 0.1;
+        c.train.weight_decay_incr_style = "linear";
+      },
+      "end_wd >= start_wd");
   refused([](rh::RunConfig& c) { c.train.lr_warmup_init = 1.0; }, "train.lr_warmup_init");
-  refused([](rh::RunConfig& c) { c.train.override_opt_param_scheduler = c.train.use_checkpoint_opt_param_scheduler = true; },
+  refused([](rh::RunConfig&
+                 c) { c.train.override_opt_param_scheduler = c.train.use_checkpoint_opt_param_scheduler = true; },
           "both override and use-checkpoint are set.");
 }
 
@@ -188,7 +205,8 @@ TEST(Schedule, LoadChecksEveryKeyOrTakesTheSideTheFlagsName) {
     const std::string w = e.what();
     EXPECT_NE(w.find("ckpt: opt_param_scheduler.lr_decay_style"), std::string::npos) << w;
     EXPECT_NE(w.find("class input value linear and checkpoint value cosine for learning rate decay style do not match"),
-              std::string::npos) << w;
+              std::string::npos)
+        << w;
   }
   a.use_checkpoint_opt_param_scheduler = true;
   EXPECT_EQ(rh::load_scheduler_state(cls, saved, a, "ckpt").lr_decay_style, "cosine");
@@ -232,16 +250,16 @@ TEST(Schedule, LoadComparesTheKeysInUpstreamsOrderNamingEach) {
   cls.wd_incr_style = "linear";
   cls.num_steps = 7;   // added, never compared
   // OptimizerParamScheduler.load_state_dict's order and _check_and_set's names.
-  const std::vector<std::pair<std::string, std::string>> order = {
-      {"max_lr", "learning rate"},
-      {"min_lr", "minimum learning rate"},
-      {"lr_warmup_steps", "warmup iterations"},
-      {"lr_decay_steps", "total number of iterations"},
-      {"lr_decay_style", "learning rate decay style"},
-      {"start_wd", "start weight decay"},
-      {"end_wd", "end weight decay"},
-      {"wd_incr_steps", "total number of weight decay iterations"},
-      {"wd_incr_style", "weight decay incr style"}};
+  const std::vector<std::pair<std::string, std::string>> order = {{"max_lr", "learning rate"},
+                                                                  {"min_lr", "minimum learning rate"},
+                                                                  {"lr_warmup_steps", "warmup iterations"},
+                                                                  {"lr_decay_steps", "total number of iterations"},
+                                                                  {"lr_decay_style", "learning rate decay style"},
+                                                                  {"start_wd", "start weight decay"},
+                                                                  {"end_wd", "end weight decay"},
+                                                                  {"wd_incr_steps",
+                                                                   "total number of weight decay iterations"},
+                                                                  {"wd_incr_style", "weight decay incr style"}};
   const auto a = rh::scheduler_args_from_config(cfg);
   for (size_t i = 0; i < order.size(); ++i) {
     try {
@@ -354,10 +372,17 @@ namespace cli {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kScheduleTinyFlags = {
-    "train", "--vocab-size", "32", "--seq-length", "16", "--hidden-size", "32", "--num-layers", "1",
-    "--num-attention-heads", "2", "--moe-ffn-hidden-size", "32", "--train-iters", "6", "--global-batch-size", "4",
-    "--micro-batch-size", "2", "--lr-decay-iters", "6", "--quiet"};   // the default decay style: cosine
+const std::vector<std::string> kScheduleTinyFlags = {"train", "--vocab-size",
+                                                     "32",    "--seq-length",
+                                                     "16",    "--hidden-size",
+                                                     "32",    "--num-layers",
+                                                     "1",     "--num-attention-heads",
+                                                     "2",     "--moe-ffn-hidden-size",
+                                                     "32",    "--train-iters",
+                                                     "6",     "--global-batch-size",
+                                                     "4",     "--micro-batch-size",
+                                                     "2",     "--lr-decay-iters",
+                                                     "6",     "--quiet"};   // the default decay style: cosine
 
 // `train` with the tiny flags and `more`, its output in log; the exit code.
 int tool(std::vector<std::string> more, const fs::path& log) {
@@ -402,8 +427,9 @@ TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideW
     return more;
   };
   EXPECT_EQ(tool(with({"--out", (d / "refused").string()}), d / "refused.log"), 2);
-  EXPECT_NE(slurp(d / "refused.log").find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
-                                           "value linear and checkpoint value cosine"),
+  EXPECT_NE(slurp(d / "refused.log")
+                .find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
+                      "value linear and checkpoint value cosine"),
             std::string::npos)
       << slurp(d / "refused.log");
   ASSERT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--out", (d / "ckpt").string()}), d / "ckpt.log"), 0)
@@ -423,6 +449,6 @@ TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideW
   fs::remove_all(d);
 }
 
-}  // namespace cli
+}   // namespace cli
 
-}  // namespace
+}   // namespace

@@ -76,12 +76,12 @@ TEST_P(TrainerByDtype, RestoredStateContinuesIdenticallyAndSkippedRngDoesNot) {
   const auto st = a.state();
   const auto next = a.train_iteration();
 
-  c.set_state(d.state(), /*restore_rng=*/true);  // perturb: d's advanced generator and position
+  c.set_state(d.state(), /*restore_rng=*/true);   // perturb: d's advanced generator and position
   c.set_state(st, /*restore_rng=*/true);
   EXPECT_TRUE(same_bits(c.train_iteration(), next));
 
   e.set_state(d.state(), /*restore_rng=*/true);
-  e.set_state(st, /*restore_rng=*/false);        // the fault: generator left as it was
+  e.set_state(st, /*restore_rng=*/false);   // the fault: generator left as it was
   EXPECT_FALSE(same_bits(e.train_iteration(), next));
 }
 
@@ -90,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(ParamDtype, TrainerByDtype, ::testing::Values("fp32", "
 
 TEST(Trainer, LossFallsWithinTwentyIterationsAtDefaults) {
   rh::configure_determinism(1);
-  rh::RunConfig cfg;  // the default run
+  rh::RunConfig cfg;   // the default run
   rh::Trainer t(cfg);
   float first = 0, last = 0;
   for (int i = 0; i < 20; ++i) {
@@ -133,14 +133,20 @@ TEST(CudaDevice, TwoRunsAreBitIdentical) {
 #endif
 }
 
-}  // namespace
+}   // namespace
 
 namespace {
 
 TEST(FaultTable, EveryNamePrintsAndParsesBackInTheEnumsOrder) {
-  const std::vector<std::string> names = {"none", "skip_rng_restore", "skip_data_position_restore",
-                                          "reset_step_counter", "skip_exp_avg_restore", "reset_lr_schedule",
-                                          "drop_remainders", "reset_wd_schedule", "wrong_lr_decay_style",
+  const std::vector<std::string> names = {"none",
+                                          "skip_rng_restore",
+                                          "skip_data_position_restore",
+                                          "reset_step_counter",
+                                          "skip_exp_avg_restore",
+                                          "reset_lr_schedule",
+                                          "drop_remainders",
+                                          "reset_wd_schedule",
+                                          "wrong_lr_decay_style",
                                           "skip_expert_bias_restore"};
   EXPECT_EQ(rh::fault_names(), names);
   for (size_t i = 0; i < names.size(); ++i) {
@@ -155,7 +161,8 @@ TEST(FaultTable, EveryNamePrintsAndParsesBackInTheEnumsOrder) {
     ADD_FAILURE() << "parsed";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("unknown fault 'skip_everything' (expected one of: none, skip_rng_restore,"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -200,4 +207,4 @@ TEST(FaultTable, EachFaultActsWhereItSays) {
   for (size_t g = 0; g < tr.optimizer().num_groups(); ++g) EXPECT_EQ(tr.optimizer().step_count(g), 0);
 }
 
-}  // namespace
+}   // namespace

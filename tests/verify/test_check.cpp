@@ -163,8 +163,8 @@ TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
     EXPECT_GT(r.bytes_per_param, 2.0);
     for (const auto& d : r.after_load) EXPECT_TRUE(d.identical()) << d.key;
     const fs::path out = dir_ / rh::safe_name(name);
-    for (const char* f : {"result.json", "metrics_compare.csv", "state_compare.csv", "disk.csv",
-                          "baseline/metrics.csv", "resumed/metrics.csv"})
+    for (const char* f : {"result.json", "metrics_compare.csv", "state_compare.csv", "disk.csv", "baseline/metrics.csv",
+                          "resumed/metrics.csv"})
       EXPECT_TRUE(fs::exists(out / f)) << f;
   }
 }
@@ -376,12 +376,13 @@ TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
   EXPECT_EQ(back[1].policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(back[1].policy.compress, rh::ckpt::Compression::zstd);
   EXPECT_EQ(back[1].policy.overrides.at("exp_avg_sq"), rh::optim::Dtype::bf16);
-  for (const auto& [text, want] : {std::pair{R"({"schema_version": 2, "saves": []})", "schema_version"},
-                                   std::pair{R"({"schema_version": 1, "saves": [{"policy": "native"}]})", "field /saves/0/root: missing"},
-                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "x", "policy": "fp64"}]})", "field /saves/0"},
-                                   std::pair{R"({"schema_version": "1", "saves": []})", "field /schema_version: expected an integer"},
-                                   std::pair{R"({"schema_version": 1, "saves": [{"root": "a\u0000b"}]})", "field /saves/0/root: NUL byte"},
-                                   std::pair{R"({"schema_version": 1, "schema_version": 1, "saves": []})", "duplicate key 'schema_version'"}}) {
+  for (const auto& [text, want] :
+       {std::pair{R"({"schema_version": 2, "saves": []})", "schema_version"},
+        std::pair{R"({"schema_version": 1, "saves": [{"policy": "native"}]})", "field /saves/0/root: missing"},
+        std::pair{R"({"schema_version": 1, "saves": [{"root": "x", "policy": "fp64"}]})", "field /saves/0"},
+        std::pair{R"({"schema_version": "1", "saves": []})", "field /schema_version: expected an integer"},
+        std::pair{R"({"schema_version": 1, "saves": [{"root": "a\u0000b"}]})", "field /saves/0/root: NUL byte"},
+        std::pair{R"({"schema_version": 1, "schema_version": 1, "saves": []})", "duplicate key 'schema_version'"}}) {
     std::ofstream(d / "bad.json") << text;
     try {
       rh::read_save_plan((d / "bad.json").string());
@@ -395,9 +396,8 @@ TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckFault,
-                         ::testing::Values("skip_rng_restore", "skip_data_position_restore",
-                                           "reset_step_counter", "skip_exp_avg_restore",
-                                           "reset_lr_schedule", "drop_remainders"),
+                         ::testing::Values("skip_rng_restore", "skip_data_position_restore", "reset_step_counter",
+                                           "skip_exp_avg_restore", "reset_lr_schedule", "drop_remainders"),
                          [](const auto& info) { return info.param; });
 
-}  // namespace
+}   // namespace

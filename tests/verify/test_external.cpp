@@ -61,16 +61,16 @@ TEST_P(Placeholders, ExpandOrRefuse) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, Placeholders,
-    ::testing::Values(PlaceholderCase{"--iters={iterations}", "--iters=20", nullptr},
-                      PlaceholderCase{"{save_dir}/iter_{iteration:07}", "/s/iter_0000010", nullptr},
-                      PlaceholderCase{"{{literal}}", "{literal}", nullptr},
-                      PlaceholderCase{"{load_dir}", nullptr, "{load_dir} has no value"},
-                      PlaceholderCase{"{iterations", nullptr, "unmatched '{'"},
-                      PlaceholderCase{"a}b", nullptr, "unmatched '}'"},
-                      PlaceholderCase{"{iteration:7}", nullptr, "zero-padded width"},
-                      PlaceholderCase{"{save_dir:07}", nullptr, "not an integer"}));
+INSTANTIATE_TEST_SUITE_P(Cases, Placeholders,
+                         ::testing::Values(PlaceholderCase{"--iters={iterations}", "--iters=20", nullptr},
+                                           PlaceholderCase{"{save_dir}/iter_{iteration:07}", "/s/iter_0000010",
+                                                           nullptr},
+                                           PlaceholderCase{"{{literal}}", "{literal}", nullptr},
+                                           PlaceholderCase{"{load_dir}", nullptr, "{load_dir} has no value"},
+                                           PlaceholderCase{"{iterations", nullptr, "unmatched '{'"},
+                                           PlaceholderCase{"a}b", nullptr, "unmatched '}'"},
+                                           PlaceholderCase{"{iteration:7}", nullptr, "zero-padded width"},
+                                           PlaceholderCase{"{save_dir:07}", nullptr, "not an integer"}));
 
 TEST(Placeholders, CheckNamesTheUnknownOne) {
   EXPECT_NO_THROW(check_placeholders("{save_dir}/x", {"save_dir"}));
@@ -78,7 +78,8 @@ TEST(Placeholders, CheckNamesTheUnknownOne) {
     check_placeholders("{save_dri}/x", {"save_dir", "load_dir"});
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown placeholder {save_dri} (expected {save_dir}, {load_dir})"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("unknown placeholder {save_dri} (expected {save_dir}, {load_dir})"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -87,7 +88,8 @@ TEST(Placeholders, CheckNamesTheUnknownOne) {
 
 TEST(ExternalMetrics, StdoutRegexRowsByIteration) {
   const std::string log =
-      "starting\n iter 1: loss 4.125000 lr 1.0e-03\niter 2: loss 4.000000 lr 2.0e-03\nwarning\r\niter 2: loss 4.000000 lr 2.0e-03\r\n";
+      "starting\n iter 1: loss 4.125000 lr 1.0e-03\niter 2: loss 4.000000 lr 2.0e-03\nwarning\r\niter 2: loss 4.000000 "
+      "lr 2.0e-03\r\n";
   const auto m = parse_stdout_metrics(log, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+) lr (?<lr>\S+))", "stdout");
   ASSERT_EQ(m.rows.size(), 3u);
   EXPECT_EQ(m.rows[0].iteration, 1);
@@ -96,7 +98,7 @@ TEST(ExternalMetrics, StdoutRegexRowsByIteration) {
   EXPECT_EQ(m.rows[0].values[0], (std::pair<std::string, std::string>{"loss", "4.125000"}));
   EXPECT_EQ(m.rows[0].values[1], (std::pair<std::string, std::string>{"lr", "1.0e-03"}));
   EXPECT_EQ(m.rows[2].values[1].second, "2.0e-03");   // \r stripped
-  EXPECT_EQ(m.find(2), &m.rows[1]);                     // the first row of an iteration
+  EXPECT_EQ(m.find(2), &m.rows[1]);                   // the first row of an iteration
   EXPECT_EQ(m.find(3), nullptr);
   EXPECT_EQ(m.resolution.at("loss"), "6 decimals: a difference below 5e-07 cannot be seen");
   EXPECT_EQ(m.resolution.at("lr"), "2 significant digits: a relative difference below 5e-02 cannot be seen");
@@ -104,10 +106,12 @@ TEST(ExternalMetrics, StdoutRegexRowsByIteration) {
 
 TEST(ExternalMetrics, BadIterationNamesTheLine) {
   try {
-    parse_stdout_metrics("iter 1: loss 1\niter 1x: loss 2\n", R"(iter (?P<iteration>\S+): loss (?P<loss>\S+))", "the run's stdout");
+    parse_stdout_metrics("iter 1: loss 1\niter 1x: loss 2\n", R"(iter (?P<iteration>\S+): loss (?P<loss>\S+))",
+                         "the run's stdout");
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("the run's stdout:2: iteration '1x' is not a non-negative integer"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("the run's stdout:2: iteration '1x' is not a non-negative integer"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -209,8 +213,10 @@ TEST(RunCaptured, OutputBeyondTheCapStopsTheRun) {
 
 std::string minimal(const std::string& trainer_extra, const std::string& top = "") {
   return "[defaults]\nsave_at = 10\n" + top +
-         "[defaults.trainer]\ncommand = [\"t\", \"{iterations}\"]\nresume_command = [\"t\", \"{load_dir}\"]\n" + trainer_extra +
-         "[defaults.trainer.metrics]\nstdout_regex = 'i (?P<iteration>\\d+) (?P<loss>\\S+)'\n[[scenario]]\nname = \"a\"\n";
+         "[defaults.trainer]\ncommand = [\"t\", \"{iterations}\"]\nresume_command = [\"t\", \"{load_dir}\"]\n" +
+         trainer_extra +
+         "[defaults.trainer.metrics]\nstdout_regex = 'i (?P<iteration>\\d+) (?P<loss>\\S+)'\n[[scenario]]\nname = "
+         "\"a\"\n";
 }
 
 struct TableError {
@@ -235,24 +241,29 @@ TEST_P(TrainerTable, RefusedWithFileLineAndKey) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, TrainerTable,
-    ::testing::Values(TableError{"unknown_key", minimal("comand = [\"x\"]\n"), "trainer.comand: unknown key"},
-                      TableError{"command_type", "[defaults.trainer]\ncommand = \"python3 train.py\"\n[[scenario]]\nname = \"a\"\n",
-                                 "trainer.command: expected an array"},
-                      TableError{"placeholder", minimal("args = [\"{save_dri}\"]\n"), "unknown placeholder {save_dri}"},
-                      TableError{"timeout", minimal("timeout_s = -1\n"), "trainer.timeout_s"},
-                      TableError{"determinism", minimal("determinism_runs = 0\n"), "trainer.determinism_runs"},
-                      TableError{"format", minimal("checkpoint = { path = \"x\", format = \"pickle\" }\n"),
-                                 "trainer.checkpoint.format: expected auto, safetensors or torch"},
-                      TableError{"round_trip", minimal("round_trip = true\n"), "trainer.round_trip: needs trainer.checkpoint.path"},
-                      TableError{"fault", minimal("", "fault = \"skip_rng_restore\"\n"), "built-in trainer's"},
-                      TableError{"diagnosis", minimal("", "expect_diagnosis = \"rng\"\n"), "expected one of none, nondeterministic"},
-                      TableError{"regex", "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\nmetrics={stdout_regex='(?P<loss>x)'}\n"
-                                          "[[scenario]]\nname=\"a\"\n", "has no (?P<iteration>...) group"},
-                      TableError{"no_metrics", "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n[[scenario]]\nname = \"a\"\n",
-                                 "trainer.metrics: expected exactly one of stdout_regex or file"},
-                      TableError{"csv_format", "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n"
-                                               "metrics = { file = \"m\", format = \"xml\" }\n[[scenario]]\nname = \"a\"\n",
-                                 "trainer.metrics.format: expected csv or jsonl"}),
+    ::testing::Values(
+        TableError{"unknown_key", minimal("comand = [\"x\"]\n"), "trainer.comand: unknown key"},
+        TableError{"command_type", "[defaults.trainer]\ncommand = \"python3 train.py\"\n[[scenario]]\nname = \"a\"\n",
+                   "trainer.command: expected an array"},
+        TableError{"placeholder", minimal("args = [\"{save_dri}\"]\n"), "unknown placeholder {save_dri}"},
+        TableError{"timeout", minimal("timeout_s = -1\n"), "trainer.timeout_s"},
+        TableError{"determinism", minimal("determinism_runs = 0\n"), "trainer.determinism_runs"},
+        TableError{"format", minimal("checkpoint = { path = \"x\", format = \"pickle\" }\n"),
+                   "trainer.checkpoint.format: expected auto, safetensors or torch"},
+        TableError{"round_trip", minimal("round_trip = true\n"), "trainer.round_trip: needs trainer.checkpoint.path"},
+        TableError{"fault", minimal("", "fault = \"skip_rng_restore\"\n"), "built-in trainer's"},
+        TableError{"diagnosis", minimal("", "expect_diagnosis = \"rng\"\n"), "expected one of none, nondeterministic"},
+        TableError{"regex",
+                   "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\nmetrics={stdout_regex='(?P<loss>x)'}\n"
+                   "[[scenario]]\nname=\"a\"\n",
+                   "has no (?P<iteration>...) group"},
+        TableError{"no_metrics",
+                   "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n[[scenario]]\nname = \"a\"\n",
+                   "trainer.metrics: expected exactly one of stdout_regex or file"},
+        TableError{"csv_format",
+                   "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n"
+                   "metrics = { file = \"m\", format = \"xml\" }\n[[scenario]]\nname = \"a\"\n",
+                   "trainer.metrics.format: expected csv or jsonl"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(TrainerTable, ArgsAppendFromDefaultsPresetsAndAxes) {
@@ -274,24 +285,31 @@ TEST(TrainerTable, ArgsAppendFromDefaultsPresetsAndAxes) {
 
 struct CellCase {
   const char* name;
-  const char* mode;        // fake_trainer.py --mode
-  const char* level;       // log | checkpoints
+  const char* mode;    // fake_trainer.py --mode
+  const char* level;   // log | checkpoints
   Outcome outcome;
-  const char* diagnosis;   // "" for an error outcome
-  const char* divergence;  // text the first divergence (or error) must contain
+  const char* diagnosis;    // "" for an error outcome
+  const char* divergence;   // text the first divergence (or error) must contain
 };
 
 std::string cell_toml(const CellCase& c) {
   const std::string src = RH_SOURCE_DIR;
-  std::string t = "[defaults]\nsave_at = 10\n[defaults.trainer]\niterations = 20\ntimeout_s = 5\noutput_cap_mb = 1\n"
-                  "command = [\"/usr/bin/python3\", \"" + src + "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
-                  "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--mode\", \"" + c.mode + "\"]\n"
-                  "resume_command = [\"/usr/bin/python3\", \"" + src + "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
-                  "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--load\", \"{load_dir}\", \"--mode\", \"" + c.mode + "\"]\n";
+  std::string t =
+      "[defaults]\nsave_at = 10\n[defaults.trainer]\niterations = 20\ntimeout_s = 5\noutput_cap_mb = 1\n"
+      "command = [\"/usr/bin/python3\", \"" +
+      src +
+      "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
+      "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--mode\", \"" +
+      c.mode +
+      "\"]\n"
+      "resume_command = [\"/usr/bin/python3\", \"" +
+      src +
+      "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
+      "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--load\", \"{load_dir}\", \"--mode\", \"" +
+      c.mode + "\"]\n";
   if (std::string(c.mode) == "csv" || std::string(c.mode) == "jsonl")
     t += "metrics = { file = \"{run_dir}/metrics." + std::string(c.mode) + "\", format = \"" + c.mode + "\" }\n";
-  else
-    t += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
+  else t += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
   if (std::string(c.level) == "checkpoints")
     t += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
   if (std::string(c.level) == "torch") t += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
@@ -327,9 +345,12 @@ INSTANTIATE_TEST_SUITE_P(
         CellCase{"correct_csv", "csv", "log", Outcome::identical, "none", ""},
         CellCase{"correct_jsonl", "jsonl", "log", Outcome::identical, "none", ""},
         CellCase{"rng_log", "rng_not_saved", "log", Outcome::diverged, "resumed-metrics", "iteration 11: metric loss"},
-        CellCase{"rng_checkpoints", "rng_not_saved", "checkpoints", Outcome::diverged, "not-in-checkpoint", "iteration 11: metric loss"},
-        CellCase{"nondeterministic", "nondeterministic", "log", Outcome::nondeterministic, "nondeterministic", "uninterrupted runs differ: iteration 1"},
-        CellCase{"iters_dependent", "iters_dependent", "log", Outcome::diverged, "before-save", "interrupted run: iteration 1"},
+        CellCase{"rng_checkpoints", "rng_not_saved", "checkpoints", Outcome::diverged, "not-in-checkpoint",
+                 "iteration 11: metric loss"},
+        CellCase{"nondeterministic", "nondeterministic", "log", Outcome::nondeterministic, "nondeterministic",
+                 "uninterrupted runs differ: iteration 1"},
+        CellCase{"iters_dependent", "iters_dependent", "log", Outcome::diverged, "before-save",
+                 "interrupted run: iteration 1"},
         CellCase{"crash", "crash_interrupted", "log", Outcome::error, "", "the interrupted run exited with code 3"},
         CellCase{"hang", "hang", "log", Outcome::error, "", "after its time ran out"},
         CellCase{"spam", "spam", "log", Outcome::error, "", "printed more than 1 MiB"},
@@ -338,7 +359,8 @@ INSTANTIATE_TEST_SUITE_P(
         CellCase{"garbage_checkpoint", "garbage_checkpoint", "checkpoints", Outcome::error, "", "iter_10.safetensors"},
         // through the shared torch bridge: refused naming the file, and the bridge serves on
         CellCase{"garbage_torch", "garbage_torch", "torch", Outcome::error, "", "iter_10.pt: not a torch.save file"},
-        CellCase{"garbage_torch_again", "garbage_torch", "torch", Outcome::error, "", "iter_10.pt: not a torch.save file"}),
+        CellCase{"garbage_torch_again", "garbage_torch", "torch", Outcome::error, "",
+                 "iter_10.pt: not a torch.save file"}),
     [](const auto& info) { return std::string(info.param.name); });
 
-}  // namespace
+}   // namespace

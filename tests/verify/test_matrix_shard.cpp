@@ -61,8 +61,8 @@ name = "c"
 train = { iterations = 8, lr_decay_iters = 8 }
 )";
 
-using rh::testutil::ToolRun;
 using rh::testutil::slurp;
+using rh::testutil::ToolRun;
 
 class Shards : public ::testing::Test {
  protected:
@@ -139,7 +139,8 @@ TEST(ShardPlan, KeepsBaselineGroupsTogetherAndAssignsEveryCellOnce) {
     for (const auto& x : plan.cells) {
       for (const auto& y : plan.cells) {
         if (x.baseline != y.baseline && x.baseline != y.reference && x.reference != y.baseline) continue;
-        EXPECT_EQ(sp.shard_of[x.scenario], sp.shard_of[y.scenario]) << sel[x.scenario].name << " / " << sel[y.scenario].name;
+        EXPECT_EQ(sp.shard_of[x.scenario], sp.shard_of[y.scenario])
+            << sel[x.scenario].name << " / " << sel[y.scenario].name;
       }
     }
     EXPECT_EQ(rh::plan_shards(sel, n).shard_of, sp.shard_of) << "not deterministic";
@@ -161,7 +162,9 @@ TEST(ShardPlan, BadShardTextIsRefusedNamingTheFlag) {
 
 TEST_F(Shards, MergedShardsEqualAnUnshardedRun) {
   ASSERT_EQ(tool({"matrix", (dir_ / "m.toml").string(), "-j", "2", "--run-dir", (dir_ / "whole").string(),
-                  "--no-report", "--junit", (dir_ / "whole-junit.xml").string()}).code, 1);   // a-fault fails
+                  "--no-report", "--junit", (dir_ / "whole-junit.xml").string()})
+                .code,
+            1);   // a-fault fails
   EXPECT_EQ(slurp(dir_ / "whole-junit.xml"), slurp(dir_ / "whole" / "junit.xml")) << "--junit PATH";
   for (int n : {2, 3}) {
     std::vector<std::string> merge{"report", "--merge", (dir_ / ("merged" + std::to_string(n))).string()};
@@ -179,7 +182,8 @@ TEST_F(Shards, MergedShardsEqualAnUnshardedRun) {
     const auto whole = nlohmann::json::parse(slurp(dir_ / "whole" / "summary.json"));
     const auto merged = nlohmann::json::parse(slurp(out / "summary.json"));
     EXPECT_EQ(without_seconds(merged), without_seconds(whole)) << n << " shards";
-    EXPECT_EQ(csv_without_seconds(slurp(out / "summary.csv")), csv_without_seconds(slurp(dir_ / "whole" / "summary.csv")));
+    EXPECT_EQ(csv_without_seconds(slurp(out / "summary.csv")),
+              csv_without_seconds(slurp(dir_ / "whole" / "summary.csv")));
     EXPECT_EQ(junit_without_times(slurp(out / "junit.xml")), junit_without_times(slurp(dir_ / "whole" / "junit.xml")));
     for (const auto& e : whole.at("scenarios")) {
       const fs::path cell = e.at("dir").get<std::string>();
@@ -216,4 +220,4 @@ TEST_F(Shards, ShardsThatAreNotOneMatrixAreRefused) {
   EXPECT_NE(bad.log.find("--shard '3/2'"), std::string::npos) << bad.log;
 }
 
-}  // namespace
+}   // namespace

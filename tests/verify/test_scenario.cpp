@@ -148,7 +148,8 @@ TEST(Scenarios, FormatsRefusedExpectationAndMasterConversionKey) {
   EXPECT_EQ(s[1].expect.kind, rh::Expectation::Kind::refused);
   EXPECT_TRUE(s[1].exact_master_conversion);
   EXPECT_EQ(rh::ckpt::to_string(s[0].policy.kind), "dp_reshardable");
-  EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"c\"\nexpect = \"refused\"\n", "x.toml"), rh::ScenarioError);
+  EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"c\"\nexpect = \"refused\"\n", "x.toml"),
+               rh::ScenarioError);
   EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"d\"\nexact_master_conversion = 1\n", "x.toml"),
                rh::ScenarioError);
 }
@@ -167,9 +168,12 @@ TEST(Scenarios, MegatronNamesInTablesPresetsAndAxisKeys) {
       "[[matrix.axis]]\nname = \"width\"\nvalues = [\"w\"]\n"
       "[matrix.axis.presets]\nw = { model = { hidden_size = 64, num_attention_heads = 4 } }\n";
   std::string by_key = by_name;
-  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-           {"train_iters", "iterations"}, {"micro_batch_size", "micro_batch"}, {"hidden_size", "d_model"},
-           {"moe_router_topk", "top_k"}, {"adam_beta2", "beta2"}, {"num_attention_heads", "n_heads"}})
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{"train_iters", "iterations"},
+                                                                                 {"micro_batch_size", "micro_batch"},
+                                                                                 {"hidden_size", "d_model"},
+                                                                                 {"moe_router_topk", "top_k"},
+                                                                                 {"adam_beta2", "beta2"},
+                                                                                 {"num_attention_heads", "n_heads"}})
     for (size_t at; (at = by_key.find(from)) != std::string::npos;) by_key.replace(at, from.size(), to);
   const auto named = rh::load_scenarios_text(by_name, "names.toml");
   const auto keyed = rh::load_scenarios_text(by_key, "keys.toml");
@@ -231,18 +235,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"syntax", "[[scenario]]\nname = \"a\"\nsave_at = = 3\n", "", 3},
         BadFile{"unknown_key", "[[scenario]]\nname = \"a\"\nsave_at = 3\nsav_policy = \"native\"\n", "sav_policy", 4},
         BadFile{"bad_type", "[[scenario]]\nname = \"a\"\n\nsave_at = \"ten\"\n", "save_at", 4},
-        BadFile{"bad_policy", "[[scenario]]\nname = \"a\"\nsave_policy = \"fp64\"\n", "save_policy: unknown save policy 'fp64'", 3},
+        BadFile{"bad_policy", "[[scenario]]\nname = \"a\"\nsave_policy = \"fp64\"\n",
+                "save_policy: unknown save policy 'fp64'", 3},
         BadFile{"bad_model_key", "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_modle = 3\n", "model.d_modle", 4},
         BadFile{"bad_dtype", "[[scenario]]\nname = \"a\"\n[scenario.optimizer]\nexp_avg_dtype = \"fp64\"\n",
                 "exp_avg_dtype", 4},
         BadFile{"no_reason", "[[scenario]]\nname = \"a\"\nexpect = \"diverge\"\n", "needs a reason", 1},
         BadFile{"save_at_range", "[[scenario]]\nname = \"a\"\nsave_at = 20\n", "save_at", 1},
         BadFile{"missing_preset",
-                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nvalues = [\"a\"]\n[matrix.axis.presets]\nb = {}\n",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nvalues = [\"a\"]\n[matrix.axis.presets]\nb = "
+                "{}\n",
                 "no preset", 3},
         BadFile{"bad_fault", "[[scenario]]\nname = \"a\"\nfault = \"skip_everything\"\n", "skip_everything", 3},
         BadFile{"megatron_rule",
-                "[[scenario]]\nname = \"a\"\n[scenario.optimizer]\nuse_precision_aware_optimizer = false\nexp_avg_dtype = \"bf16\"\n",
+                "[[scenario]]\nname = \"a\"\n[scenario.optimizer]\nuse_precision_aware_optimizer = "
+                "false\nexp_avg_dtype = \"bf16\"\n",
                 "precision", 1},
         BadFile{"dp_indivisible", "[[scenario]]\nname = \"a\"\ndp_size = 4\n", "do not divide the 2 micro-batches", 1},
         BadFile{"resume_dp_range", "[[scenario]]\nname = \"a\"\nresume_dp_size = -1\n", "resume_dp_size", 1},
@@ -264,13 +271,16 @@ INSTANTIATE_TEST_SUITE_P(
         // Issue 17 item 8: tolerances that let anything pass, unmatched `when`s, model settings
         // that cannot work, and caps (item 4): bad input at parse time, not a failure at run time.
         BadFile{"tolerance_inf",
-                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = inf } }\n",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = "
+                "inf } }\n",
                 "expected a finite number >= 0", 5},
         BadFile{"tolerance_nan",
-                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { rtol = nan } }\n",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { rtol = "
+                "nan } }\n",
                 "tolerance.lm_loss.rtol", 5},
         BadFile{"tolerance_negative",
-                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = -1.0 } }\n",
+                "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = "
+                "-1.0 } }\n",
                 "expected a finite number >= 0", 5},
         BadFile{"when_matches_nothing",
                 "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"save_at\"\nvalues = [3, 4]\n"
@@ -282,40 +292,52 @@ INSTANTIATE_TEST_SUITE_P(
                 "m.exclude: matches no cell", 7},
         BadFile{"matrix_too_many_cells",
                 "[[matrix]]\nname = \"m\"\n"
-                "[[matrix.axis]]\nname = \"a\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
-                "[[matrix.axis]]\nname = \"b\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
-                "[[matrix.axis]]\nname = \"c\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
-                "[[matrix.axis]]\nname = \"d\"\nkey = \"description\"\nvalues = [\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n",
+                "[[matrix.axis]]\nname = \"a\"\nkey = \"description\"\nvalues = "
+                "[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"b\"\nkey = \"description\"\nvalues = "
+                "[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"c\"\nkey = \"description\"\nvalues = "
+                "[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n"
+                "[[matrix.axis]]\nname = \"d\"\nkey = \"description\"\nvalues = "
+                "[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n",
                 "expands to more than 4096 cells", 1},
         // toml++ 3.3.0 reaches __builtin_unreachable() on U+0403 at a token boundary (found by
         // scripts/fuzz.sh scenario): non-ASCII is refused before the parser sees it.
-        BadFile{"non_ascii_after_value", "[[scenario]]\nname = \"a\"\xd0\x83\n", "column 11: byte 0xD0 is not ASCII", 2},
+        BadFile{"non_ascii_after_value", "[[scenario]]\nname = \"a\"\xd0\x83\n", "column 11: byte 0xD0 is not ASCII",
+                2},
         BadFile{"non_ascii_in_comment", "# ok\n[[scenario]] # caf\xc3\xa9\nname = \"a\"\n", "byte 0xC3", 2},
         BadFile{"dropout_2", "[[scenario]]\nname = \"a\"\n[scenario.model]\ndropout = 2.0\n", "dropout", 1},
         BadFile{"zero_layers", "[[scenario]]\nname = \"a\"\n[scenario.model]\nn_layers = 0\n", "n_layers", 1},
         BadFile{"topk_over_experts", "[[scenario]]\nname = \"a\"\n[scenario.model]\ntop_k = 99\n", "top_k", 1},
         BadFile{"heads_not_dividing", "[[scenario]]\nname = \"a\"\n[scenario.model]\nn_heads = 7\n", "n_heads", 1},
-        BadFile{"threads_100000", "[[scenario]]\nname = \"a\"\n[scenario.train]\nthreads = 100000\n", "train.threads", 1},
-        BadFile{"iterations_huge", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 999999999999\n", "train.iterations", 1},
+        BadFile{"threads_100000", "[[scenario]]\nname = \"a\"\n[scenario.train]\nthreads = 100000\n", "train.threads",
+                1},
+        BadFile{"iterations_huge", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 999999999999\n",
+                "train.iterations", 1},
         // Run-config sections are read through the config's field table: a wrong type names the
         // key and the value's own line, a Megatron-name typo gets a suggestion, and one setting
         // given under its key and its Megatron name in one table is refused.
         BadFile{"config_wrong_type", "[[scenario]]\nname = \"a\"\n[scenario.model]\n\nd_model = \"wide\"\n",
                 "key 'model.d_model': expected an integer in [1, 16384], got \"wide\"", 5},
-        BadFile{"config_float_for_integer", "[[scenario]]\nname = \"a\"\n[scenario.train]\nseed = 1\nmicro_batch_size = 2.0\n",
+        BadFile{"config_float_for_integer",
+                "[[scenario]]\nname = \"a\"\n[scenario.train]\nseed = 1\nmicro_batch_size = 2.0\n",
                 "key 'train.micro_batch': expected an integer in [-2^63, 2^63 - 1], got 2.0", 5},
         BadFile{"config_megatron_typo", "[[scenario]]\nname = \"a\"\n[scenario.train]\ntrain_itres = 30\n",
                 "unknown key 'train.train_itres' (did you mean 'train_iters'?)", 4},
-        BadFile{"config_named_twice", "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 30\ntrain_iters = 30\n",
+        BadFile{"config_named_twice",
+                "[[scenario]]\nname = \"a\"\n[scenario.train]\niterations = 30\ntrain_iters = 30\n",
                 "'train.iterations' and 'train.train_iters' name one setting", 5},
         BadFile{"axis_config_wrong_type",
-                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"optimizer.adam_beta1\"\nvalues = [\"high\"]\n",
+                "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"optimizer.adam_beta1\"\nvalues = "
+                "[\"high\"]\n",
                 "key 'optimizer.beta1': expected a number, got \"high\"", 6},
         BadFile{"scenario_key_typo", "[[scenario]]\nname = \"a\"\nsave_polcy = \"native\"\n",
                 "save_polcy: unknown key (expected model, optimizer, train, description, save_at, save_policy", 3},
         BadFile{"override_dtype_type", "[[scenario]]\nname = \"a\"\nsave_overrides = { exp_avg = 16 }\n",
                 "save_overrides.exp_avg: expected a string", 3},
-        BadFile{"model_too_large", "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_model = 16384\nffn_hidden = 65536\nn_experts = 1024\n", "parameters", 1}),
+        BadFile{"model_too_large",
+                "[[scenario]]\nname = \"a\"\n[scenario.model]\nd_model = 16384\nffn_hidden = 65536\nn_experts = 1024\n",
+                "parameters", 1}),
     [](const auto& info) { return std::string(info.param.label); });
 
 TEST(Scenarios, SafeNameRefusesNamesThatLeaveTheScenariosDirectory) {
@@ -345,8 +367,9 @@ TEST(Scenarios, MatrixWithADotDotScenarioRemovesNothing) {
   std::ofstream(run / "keep.txt") << "unrelated\n";
   std::ofstream(run / "scenarios" / "other" / "result.json") << "{}\n";
   for (const char* name : {"..", ".", ""}) {
-    auto p = temp_file("dotdot.toml", std::string("[[scenario]]\nname = \"") + name + "\"\nsave_at = 3\n"
-                                      "[scenario.train]\niterations = 6\n");
+    auto p = temp_file("dotdot.toml", std::string("[[scenario]]\nname = \"") + name +
+                                          "\"\nsave_at = 3\n"
+                                          "[scenario.train]\niterations = 6\n");
     rh::MatrixOptions o;
     o.file = p.string();
     o.run_dir = run.string();
@@ -402,7 +425,8 @@ TEST(HostileFiles, ScenarioAndConfigFifosAreRefusedWithoutBlocking) {
 
 // Issue 17 item 2: a --config of 100k nested '[' crashed (stack overflow) in parsing and dump().
 TEST(HostileFiles, DeeplyNestedConfigIsRefusedNotACrash) {
-  auto p = temp_file("deep.json", "{\"train\": {\"iterations\": " + std::string(100000, '[') + std::string(100000, ']') + "}}");
+  auto p = temp_file("deep.json",
+                     "{\"train\": {\"iterations\": " + std::string(100000, '[') + std::string(100000, ']') + "}}");
   try {
     rh::load_run_config_file(p.string());
     FAIL() << "accepted";
@@ -525,9 +549,9 @@ INSTANTIATE_TEST_SUITE_P(
 // comments are not counted.
 TEST(TomlNestingBounds, DotsInValuesStringsAndCommentsAreNotParts) {
   const std::string floats = "x = [" + parts(200, "1.5, ") + "]\n";
-  for (const std::string& text : {parts(64) + " = 1\n", floats, "x = \"" + parts(500) + "\"\n", "# " + parts(500) + "\n",
-                                  "x = '''\n" + parts(500) + "\n'''\n"})
+  for (const std::string& text : {parts(64) + " = 1\n", floats, "x = \"" + parts(500) + "\"\n",
+                                  "# " + parts(500) + "\n", "x = '''\n" + parts(500) + "\n'''\n"})
     EXPECT_EQ(rh::ckpt::toml_nesting_position(text), "") << text.substr(0, 80);
 }
 
-}  // namespace
+}   // namespace
