@@ -106,6 +106,17 @@ class Layers(unittest.TestCase):
         self.assertEqual([r for r in table if r in ROOMS], ROOMS)
         self.assertTrue({"harness/base", "reports"} <= PLAIN, "base and reports link no LibTorch")
 
+    def test_the_readme_folder_table_is_the_tree(self):
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            listed = re.findall(r"^\| `([^`]+)/` \|", f.read(), re.M)
+        rooms_listed = [r for r in listed if r in ROOMS]
+        self.assertEqual(rooms_listed, ROOMS, "the README lists the rooms in the build's order")
+        tops = sorted(d for d in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, d)) and not d.startswith(".")
+                      and not d.startswith("build") and d != "runs" and d != "harness")
+        rooms_in_harness = sorted("harness/" + d for d in os.listdir(os.path.join(ROOT, "harness")))
+        self.assertEqual(sorted(r for r in listed if r.startswith("harness/")), rooms_in_harness)
+        self.assertEqual(sorted(r for r in listed if "/" not in r and r != "runs"), tops)
+
     def test_the_check_catches_an_upward_include(self):
         # Negative control: a models/ file including the checkpoint room must be reported.
         global includes
