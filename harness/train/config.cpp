@@ -3,8 +3,7 @@
 #include "harness/train/config.h"
 
 #include "harness/base/suggest.h"
-#include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/checked_io.h"
+#include "harness/base/input.h"
 #include "harness/train/schedule.h"
 
 #include <CLI/CLI.hpp>
@@ -210,7 +209,7 @@ void require_one_of(const std::string& v, const std::vector<std::string>& names,
   if (std::find(names.begin(), names.end(), v) != names.end()) return;
   std::string all;
   for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-  require(false, what + " must be one of " + all + ", got '" + ckpt::quote_text(v) + "'");
+  require(false, what + " must be one of " + all + ", got '" + quote_text(v) + "'");
 }
 
 // The asserts of optimizer_param_scheduler.py OptimizerParamScheduler.__init__ / get_wd, and
@@ -277,7 +276,7 @@ void validate(const RunConfig& c) {
   require(std::isfinite(t.lr) && std::isfinite(t.min_lr) && std::isfinite(t.clip_grad),
           "train.lr, train.min_lr and train.clip_grad must be finite");
   require(t.device == "cpu" || t.device == "cuda",
-          "train.device (--device) must be 'cpu' or 'cuda', got '" + ckpt::quote_text(t.device) + "'");
+          "train.device (--device) must be 'cpu' or 'cuda', got '" + quote_text(t.device) + "'");
 #ifndef RH_WITH_CUDA
   require(t.device != "cuda", "train.device (--device) cuda: this build has no CUDA (LibTorch without CUDA)");
 #endif
@@ -334,7 +333,7 @@ SettingValue json_setting(const nlohmann::json& v) {
   else if (v.is_number_integer()) s.value = v.get<int64_t>();
   else if (v.is_number_float()) s.value = v.get<double>();
   else if (v.is_string()) s.value = v.get<std::string>();
-  s.shown = ckpt::quote_json(v);
+  s.shown = quote_json(v);
   return s;
 }
 
@@ -378,12 +377,12 @@ RunConfig run_config_from_json(const nlohmann::json& j, const std::string& where
 RunConfig load_run_config_file(const std::string& path, std::set<std::string>* keys_given) {
   std::string text;
   try {
-    text = ckpt::read_regular_file(path, kMaxConfigBytes);   // no FIFO, no /dev/zero
-  } catch (const ckpt::CheckpointError& e) {
+    text = read_regular_file(path, kMaxConfigBytes);   // no FIFO, no /dev/zero
+  } catch (const InputError& e) {
     throw std::invalid_argument("run config " + std::string(e.what()));
   }
   // Depth-bounded (a file of 100k '[' must not overflow the parser's or dump()'s stack).
-  const nlohmann::json j = ckpt::parse_json_unique(text, path);
+  const nlohmann::json j = parse_json_unique(text, path);
   RunConfig cfg = run_config_from_json(j, path);   // validates the shape before keys are listed
   if (keys_given) {                                // by their keys, whichever name the file used
     const auto fs = fields(cfg);

@@ -11,8 +11,7 @@
 
 #include <toml++/toml.h>
 
-#include "harness/checkpoint/errors.h"
-#include "harness/checkpoint/checked_io.h"
+#include "harness/base/input.h"
 #include "harness/verify/scenario_check.h"
 #include "harness/verify/scenario_matrix.h"
 #include "harness/verify/scenario_settings.h"
@@ -33,8 +32,8 @@ std::string to_string(Expectation::Kind k) {
 std::vector<Scenario> load_scenarios(const std::string& path) {
   std::string text;
   try {
-    text = ckpt::read_regular_file(path, kMaxScenarioFileBytes);   // no FIFO, no /dev/zero
-  } catch (const ckpt::CheckpointError& e) {
+    text = read_regular_file(path, kMaxScenarioFileBytes);   // no FIFO, no /dev/zero
+  } catch (const InputError& e) {
     throw ScenarioError("scenario file " + std::string(e.what()));
   }
   return load_scenarios_text(text, path);
@@ -42,9 +41,9 @@ std::vector<Scenario> load_scenarios(const std::string& path) {
 
 std::vector<Scenario> load_scenarios_text(const std::string& text, const std::string& path) {
   namespace sf = scenario_file;
-  // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (json_guard.h).
-  if (const auto at = ckpt::non_ascii_position(text); !at.empty()) throw ScenarioError(path + ":" + at);
-  if (const auto at = ckpt::toml_nesting_position(text); !at.empty()) throw ScenarioError(path + ":" + at);
+  // ASCII only: toml++ 3.3.0 has undefined behaviour on some non-ASCII code points (base/input.h).
+  if (const auto at = non_ascii_position(text); !at.empty()) throw ScenarioError(path + ":" + at);
+  if (const auto at = toml_nesting_position(text); !at.empty()) throw ScenarioError(path + ":" + at);
   toml::table root;
   try {
     root = toml::parse(text, path);

@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "harness/checkpoint/checked_io.h"
+#include "harness/base/input.h"
 #include "harness/verify/scenario_name.h"
 
 namespace rh::scenario_file {
@@ -53,7 +53,7 @@ SettingValue setting_value(const toml::node& n) {
   SettingValue v;
   if (const auto* s = n.as_string()) {
     v.value = s->get();
-    v.shown = ckpt::quote_json(s->get());   // "text", as a config file's message quotes it
+    v.shown = quote_json(s->get());   // "text", as a config file's message quotes it
     return v;
   }
   if (n.is_table()) {
@@ -65,7 +65,7 @@ SettingValue setting_value(const toml::node& n) {
   else if (const auto* b = n.as_boolean()) v.value = b->get();
   std::ostringstream os;   // as TOML writes it: 2.0, inf, [ 1, 2 ], 1979-05-27
   n.visit([&os](const auto& x) { os << x; });
-  v.shown = ckpt::quote_text(os.str());
+  v.shown = quote_text(os.str());
   return v;
 }
 
