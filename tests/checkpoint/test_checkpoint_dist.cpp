@@ -264,7 +264,7 @@ const std::vector<ShardDamage> kDamages = {
      "field /rank_states/1/dp_rank: 5 is not below dp_size 2"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Issue32, InspectAgreesWithLoad, ::testing::ValuesIn(kDamages),
+INSTANTIATE_TEST_SUITE_P(Damages, InspectAgreesWithLoad, ::testing::ValuesIn(kDamages),
                          [](const auto& i) { return std::string(i.param.name); });
 
 }   // namespace

@@ -437,7 +437,7 @@ TEST_P(EditedManifest, IsRefusedByLoadAndInspectBeforeParsing) {
   EXPECT_NE(out.str().find(msg), std::string::npos) << out.str();
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue32, EditedManifest, ::testing::ValuesIn(kEdits),
+INSTANTIATE_TEST_SUITE_P(Edits, EditedManifest, ::testing::ValuesIn(kEdits),
                          [](const auto& i) { return i.param.name; });
 
 // The sidecar itself: missing (a checkpoint written before it existed, or deleted to make an

@@ -109,7 +109,7 @@ TEST_P(MatrixSymlink, RefusedWithExit2AndOutsideUntouched) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue32, MatrixSymlink,
+INSTANTIATE_TEST_SUITE_P(PlantedLinks, MatrixSymlink,
                          testing::Values(Place{"scenarios", true}, Place{"baselines", true},
                                          Place{"scenarios/cell", true}, Place{"summary.csv", false},
                                          Place{"summary.json", false}, Place{"junit.xml", false},
@@ -130,7 +130,7 @@ TEST_P(ReportSymlink, RefusedWithExit2AndOutsideUntouched) {
   EXPECT_EQ(sb.outside(), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue32, ReportSymlink,
+INSTANTIATE_TEST_SUITE_P(PlantedLinks, ReportSymlink,
                          testing::Values(Place{"report.html", false}, Place{"report.md", false},
                                          Place{"projection.csv", false}, Place{"plots", true},
                                          Place{"plots/index.csv", false}, Place{"plots/storage.csv", false},
@@ -151,7 +151,7 @@ TEST_P(TrainOutSymlink, RefusedWithExit2AndOutsideUntouched) {
   EXPECT_EQ(sb.outside(), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(Issue32, TrainOutSymlink,
+INSTANTIATE_TEST_SUITE_P(PlantedLinks, TrainOutSymlink,
                          testing::Values(Place{"config.json", false}, Place{"metrics.csv", false},
                                          Place{"timing.csv", false}, Place{"fingerprints.csv", false},
                                          Place{"load_result.json", false}, Place{"state_at_save", true},

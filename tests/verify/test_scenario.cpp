@@ -532,7 +532,7 @@ TEST_P(TomlNesting, IsRefusedBeforeParsing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Issue32, TomlNesting,
+    Depths, TomlNesting,
     ::testing::Values(
         DeepToml{"DottedKey50000Parts", parts(50000) + " = 1\n",
                  "deep.toml:1: column 128: a key or table header of more than 64 dotted parts"},
