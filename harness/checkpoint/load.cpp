@@ -209,20 +209,17 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
 void check_generators(const Verified& v, const TrainState& ts, const std::string& mpath) {
   for (const auto& [name, bytes] : ts.rng_states)
     check_generator_state(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
-  const nlohmann::json& m = v.manifest;
-  if (!m.contains("rank_states")) return;
-  const int64_t dp_size = m.value("dp_size", int64_t(1));
+  const int64_t dp_size = v.manifest.value("dp_size", int64_t(1));
   std::set<int64_t> seen;
-  for (size_t i = 0; i < m["rank_states"].size(); ++i) {
-    const nlohmann::json& rs = m["rank_states"][i];
+  for (size_t i = 0; i < v.rank_states.size(); ++i) {
     const std::string at = "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i);
-    const int64_t r = rs.at("dp_rank").get<int64_t>();   // the schema check bounded it
+    const int64_t r = v.rank_states[i].dp_rank;   // the schema check bounded it
     if (r >= dp_size)
       throw CheckpointError(at + "/dp_rank: " + std::to_string(r) + " is not below dp_size " + std::to_string(dp_size),
                             mpath);
     if (!seen.insert(r).second)
       throw CheckpointError(at + "/dp_rank: rank " + std::to_string(r) + " listed twice", mpath);
-    for (const auto& [name, bytes] : parse_rng_states(rs.at("rng_states"), mpath))
+    for (const auto& [name, bytes] : v.rank_states[i].rng_states)
       check_generator_state(bytes, at + "/rng_states/" + name);
   }
 }
@@ -251,10 +248,8 @@ void check_generators_for_device(const Verified& v, const TrainState& ts, const 
   };
   for (const auto& [name, bytes] : ts.rng_states)
     check(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
-  const nlohmann::json& m = v.manifest;
-  if (!m.contains("rank_states")) return;
-  for (size_t i = 0; i < m["rank_states"].size(); ++i)
-    for (const auto& [name, bytes] : parse_rng_states(m["rank_states"][i].at("rng_states"), mpath))
+  for (size_t i = 0; i < v.rank_states.size(); ++i)
+    for (const auto& [name, bytes] : v.rank_states[i].rng_states)
       check(bytes, "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i) + "/rng_states/" + name);
 }
 
@@ -293,16 +288,6 @@ std::string where(const Verified& v, const std::string& file, const std::string&
   return "checkpoint file " + (fs::path(v.dir) / file).string() + " tensor '" + key + "'";
 }
 
-std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::json& j, const std::string& mpath) {
-  std::map<std::string, std::vector<uint8_t>> out;
-  try {
-    for (const auto& [name, hex] : j.items())
-      out[name] = hex_decode(hex.get<std::string>(), mpath + " rng state '" + name + "'");
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(mpath + ": bad rng_states: " + e.what());
-  }
-  return out;
-}
 
 // The most a load of this model and optimizer may decode: the model's
 // parameters and buffers as they are, and per parameter element at most 16 bytes of optimizer

@@ -65,7 +65,5 @@ void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module&
 
 // "checkpoint file <dir>/<file> tensor '<key>'": how every phase names a tensor in a message.
 std::string where(const Verified& v, const std::string& file, const std::string& key);
-// Generator states ("rng_states": name -> hex), as train_state and rank_states hold them.
-std::map<std::string, std::vector<uint8_t>> parse_rng_states(const nlohmann::json& j, const std::string& mpath);
 
 }   // namespace rh::ckpt::detail

@@ -50,12 +50,11 @@ constexpr StateKey kKeys[] = {StateKey::master_param, StateKey::exp_avg, StateKe
 void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
   if (my_rank == 0) return;
   const nlohmann::json& m = vl.v.manifest;
-  const nlohmann::json* mine = nullptr;
-  if (m.contains("rank_states"))
-    for (const auto& rs : m["rank_states"])
-      if (rs.value("dp_rank", -1) == my_rank) mine = &rs;
+  const RankGenerators* mine = nullptr;
+  for (const auto& rs : vl.v.rank_states)
+    if (rs.dp_rank == my_rank) mine = &rs;
   if (mine) {
-    plan.train_state.rng_states = parse_rng_states(mine->at("rng_states"), vl.mpath);
+    plan.train_state.rng_states = mine->rng_states;
   } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
     plan.notes.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
                          m.value("dp_size", nlohmann::json(1)).dump() +

@@ -40,6 +40,7 @@ struct Verified {
   std::string dir;
   nlohmann::json manifest;
   TrainState train_state;                         // the manifest's, parsed with its schema check
+  std::vector<RankGenerators> rank_states;        // the manifest's rank_states in order, parsed likewise
   std::map<std::string, SafetensorsFile> files;   // by file name, every file the manifest lists
 };
 

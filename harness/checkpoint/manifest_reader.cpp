@@ -53,7 +53,8 @@ int64_t read_pointer_file(const std::string& path) {
   return parse_pointer_text(read_regular_file(path, kMaxPointerBytes), path);
 }
 
-nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state) {
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state,
+                                   std::vector<RankGenerators>* rank_states) {
   // A key named twice in one object is refused (nlohmann keeps the last silently, Python's json
   // too: an edit appended after the original would win in both readers unseen).
   nlohmann::json j;
@@ -141,11 +142,15 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   });
   const TrainState ts = ckpt::parse_train_state(m["train_state"], iteration, kMaxCounter);
   if (train_state) *train_state = ts;
+  std::vector<RankGenerators> ranks;
   if (m.has("rank_states"))
-    m["rank_states"].each([](const JsonField& r) {
-      (void)r["dp_rank"].i64(0, 4095);
-      (void)ckpt::parse_rng_states(r["rng_states"]);
+    m["rank_states"].each([&ranks](const JsonField& r) {
+      RankGenerators g;
+      g.dp_rank = r["dp_rank"].i64(0, 4095);
+      g.rng_states = ckpt::parse_rng_states(r["rng_states"]);
+      ranks.push_back(std::move(g));
     });
+  if (rank_states) *rank_states = std::move(ranks);
   const JsonField d = m["disk"];
   (void)d["total_bytes"].u64();
   u64_map(d["bytes_per_file"]);
@@ -191,7 +196,8 @@ void check_manifest_checksum(const std::string& manifest_text, const std::string
                           manifest_path);
 }
 
-nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state) {
+nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state,
+                                     std::vector<RankGenerators>* rank_states) {
   const std::string mpath = (std::filesystem::path(dir) / "manifest.json").string();
   const std::string spath = (std::filesystem::path(dir) / kManifestChecksumFile).string();
   // Never through a symbolic link: nothing outside the checkpoint directory is read.
@@ -204,7 +210,7 @@ nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_s
                               "version)",
                           spath);
   check_manifest_checksum(text, read_regular_file(spath, kMaxManifestChecksumBytes, /*no_follow=*/true), mpath, spath);
-  return parse_manifest_text(text, mpath, train_state);
+  return parse_manifest_text(text, mpath, train_state, rank_states);
 }
 
 void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {

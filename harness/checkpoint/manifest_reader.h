@@ -30,8 +30,10 @@ int64_t read_pointer_file(const std::string& path);   // regular file, <= kMaxPo
 // every field's presence, type and range (files, tensors, shards, optimizer groups and params,
 // train_state with its counters and generator hex, rank_states, disk). Throws CheckpointError
 // "<path>: field /json/path: expected ..., got ...".
-// train_state, if given, receives the parsed train state (parsed once, here).
-nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state = nullptr);
+// train_state and rank_states, if given, receive the parsed train state and every rank's
+// generators (parsed once, here).
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state = nullptr,
+                                   std::vector<RankGenerators>* rank_states = nullptr);
 nlohmann::json read_manifest_file(const std::string& path);   // regular file, <= kMaxManifestBytes
 
 // The manifest's own checksum: "<16 lower-case hex digits of XXH3-64>\n" of the
@@ -49,7 +51,8 @@ void check_manifest_checksum(const std::string& manifest_text, const std::string
                              const std::string& manifest_path, const std::string& sidecar_path);
 // manifest.json and its sidecar in dir, both regular files read without following a link; the
 // checksum checked, then the text parsed as parse_manifest_text does.
-nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state = nullptr);
+nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state = nullptr,
+                                     std::vector<RankGenerators>* rank_states = nullptr);
 
 // The number of block checksums a file of `bytes` needs with blocks of block_bytes (> 0), without
 // overflow: ceil(bytes / block_bytes).

@@ -51,6 +51,12 @@ struct TrainState {
   std::map<std::string, std::vector<uint8_t>> rng_states;   // generator name -> get_state() bytes
 };
 
+// One data-parallel rank's generators, as a manifest's rank_states lists them.
+struct RankGenerators {
+  int64_t dp_rank = 0;
+  std::map<std::string, std::vector<uint8_t>> rng_states;
+};
+
 class JsonField;
 
 // {"max_lr": ..., ...}: every scheduler key, as Megatron's state_dict holds it.

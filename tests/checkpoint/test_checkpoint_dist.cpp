@@ -135,6 +135,21 @@ TEST(DataParallelSave, PublishesOneShardPerRankWithRanges) {
   const auto v = ck::detail::verify_checkpoint_dir(ck::detail::resolve_checkpoint_dir(root.string()));
   EXPECT_EQ(v.manifest["dp_size"], 2);
   EXPECT_EQ(v.manifest["rank_states"].size(), 2u);
+  // Every rank's generators, parsed once by the manifest reader: the manifest's hex, decoded here.
+  ASSERT_EQ(v.rank_states.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& rs = v.manifest["rank_states"][i];
+    EXPECT_EQ(v.rank_states[i].dp_rank, rs["dp_rank"].get<int64_t>());
+    ASSERT_EQ(v.rank_states[i].rng_states.size(), rs["rng_states"].size());
+    ASSERT_FALSE(rs["rng_states"].empty());
+    for (const auto& [name, hex] : rs["rng_states"].items()) {
+      const std::string h = hex.get<std::string>();
+      std::vector<uint8_t> bytes;
+      for (size_t k = 0; k + 1 < h.size(); k += 2)
+        bytes.push_back(static_cast<uint8_t>(std::stoi(h.substr(k, 2), nullptr, 16)));
+      EXPECT_EQ(v.rank_states[i].rng_states.at(name), bytes) << name;
+    }
+  }
   EXPECT_TRUE(v.files.count("optim_rank_00000.safetensors"));
   EXPECT_TRUE(v.files.count("optim_rank_00001.safetensors"));
   // Megatron's buffer (reverse order, starts padded to 64, end to lcm(2, 128)): "b" at [0, 5),
