@@ -6,10 +6,12 @@
 #include <ostream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "harness/checkpoint/checkpoint.h"
 #include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/manifest.h"
+#include "harness/checkpoint/train_state.h"
 #include "harness/base/version.h"
 
 namespace rh::ckpt {
@@ -68,7 +70,8 @@ void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
 
 // inspect -v: each verified file, and the training state the manifest carries (what a resume
 // restores besides the tensors). The manifest passed verify_checkpoint_dir's schema check.
-void print_files_and_state(const nlohmann::json& m, std::ostream& out) {
+void print_files_and_state(const detail::Verified& v, std::ostream& out) {
+  const nlohmann::json& m = v.manifest;
   out << "files (bytes, XXH3-64 of the whole file, checksummed blocks):\n";
   for (const auto& f : m["files"]) {
     out << "  " << std::left << std::setw(36) << printable_text(f["name"].get<std::string>()) << std::right
@@ -79,29 +82,21 @@ void print_files_and_state(const nlohmann::json& m, std::ostream& out) {
     if (f.contains("compress")) out << "  " << f["compress"].get<std::string>();
     out << '\n';
   }
-  if (!m.contains("train_state") || !m["train_state"].is_object()) return;
-  const auto& ts = m["train_state"];
-  out << "training state: iteration " << ts.value("iteration", int64_t(-1)) << ", consumed samples "
-      << ts.value("consumed_samples", int64_t(-1)) << '\n';
-  if (ts.contains("opt_param_scheduler") && ts["opt_param_scheduler"].is_object()) {
-    out << "  scheduler:";
-    for (auto it = ts["opt_param_scheduler"].begin(); it != ts["opt_param_scheduler"].end(); ++it)
-      out << ' ' << it.key() << '=' << (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
-    out << '\n';
-  }
-  const auto generators = [&out](const char* who, const nlohmann::json& rng) {
-    if (!rng.is_object()) return;
+  const TrainState& ts = v.train_state;   // parsed once by the manifest reader, as a load uses it
+  out << "training state: iteration " << ts.iteration << ", consumed samples " << ts.consumed_samples << '\n';
+  const nlohmann::json sched = to_json(ts.opt_param_scheduler);
+  out << "  scheduler:";
+  for (auto it = sched.begin(); it != sched.end(); ++it)
+    out << ' ' << it.key() << '=' << (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  out << '\n';
+  const auto generators = [&out](const std::string& who, const std::map<std::string, std::vector<uint8_t>>& rng) {
     out << "  generators" << who << ':';
-    for (auto it = rng.begin(); it != rng.end(); ++it)
-      out << ' ' << it.key() << " (" << (it.value().is_string() ? it.value().get<std::string>().size() / 2 : 0)
-          << " bytes)";
+    for (const auto& [name, bytes] : rng) out << ' ' << name << " (" << bytes.size() << " bytes)";
     out << '\n';
   };
-  if (ts.contains("rng_states")) generators("", ts["rng_states"]);
-  if (m.contains("rank_states") && m["rank_states"].is_array() && m["rank_states"].size() > 1)
-    for (const auto& r : m["rank_states"])
-      if (r.contains("rng_states"))
-        generators((" of data-parallel rank " + std::to_string(r.value("dp_rank", -1))).c_str(), r["rng_states"]);
+  generators("", ts.rng_states);
+  if (v.rank_states.size() > 1)
+    for (const auto& r : v.rank_states) generators(" of data-parallel rank " + std::to_string(r.dp_rank), r.rng_states);
   if (m.contains("shards") && m["shards"].is_array()) {
     const int64_t dp = m.value("dp_size", int64_t(1));
     out << "data parallel: " << dp << (dp == 1 ? " rank" : " ranks") << ", optimizer shards:";
@@ -194,7 +189,7 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
     print_tensor_table(v.manifest, out);
-    if (verbose) print_files_and_state(v.manifest, out);
+    if (verbose) print_files_and_state(v, out);
     out << "OK: " << v.files.size() << " files verified (size, XXH3-64, safetensors structure"
         << (v.manifest["save_policy"].value("compress", std::string("none")) != "none"
                 ? "; every compressed block's XXH3-64, stored and decoded)\n"
