@@ -3,7 +3,7 @@
 
 Writes a synthetic run directory of N scenarios (summary.csv, plots/index.csv, plots/storage.csv;
 the scenarios' metrics files absent, so the loss panels are empty and the time is the summary's)
-and times plots.py on it, N = 1,000 / 10,000 / 100,000 by default. Issue 32: a 100,000-row
+and times plots.py on it, N = 1,000 / 10,000 / 100,000 by default. A 100,000-row
 summary ran past the plot step's 300 s limit; the ULP heat map now draws at most
 plots.MAX_ULP_ROWS rows and says so.
 

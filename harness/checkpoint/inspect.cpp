@@ -82,7 +82,7 @@ void print_files_and_state(const detail::Verified& v, std::ostream& out) {
     if (f.contains("compress")) out << "  " << f["compress"].get<std::string>();
     out << '\n';
   }
-  const TrainState& ts = v.train_state;   // parsed once by the manifest reader, as a load uses it
+  const TrainState& ts = v.saved.train_state;   // parsed once by the manifest reader, as a load uses it
   out << "training state: iteration " << ts.iteration << ", consumed samples " << ts.consumed_samples << '\n';
   const nlohmann::json sched = to_json(ts.opt_param_scheduler);
   out << "  scheduler:";
@@ -95,8 +95,9 @@ void print_files_and_state(const detail::Verified& v, std::ostream& out) {
     out << '\n';
   };
   generators("", ts.rng_states);
-  if (v.rank_states.size() > 1)
-    for (const auto& r : v.rank_states) generators(" of data-parallel rank " + std::to_string(r.dp_rank), r.rng_states);
+  if (v.saved.rank_states.size() > 1)
+    for (const auto& r : v.saved.rank_states)
+      generators(" of data-parallel rank " + std::to_string(r.dp_rank), r.rng_states);
   if (m.contains("shards") && m["shards"].is_array()) {
     const int64_t dp = m.value("dp_size", int64_t(1));
     out << "data parallel: " << dp << (dp == 1 ? " rank" : " ranks") << ", optimizer shards:";

@@ -211,15 +211,15 @@ void check_generators(const Verified& v, const TrainState& ts, const std::string
     check_generator_state(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
   const int64_t dp_size = v.manifest.value("dp_size", int64_t(1));
   std::set<int64_t> seen;
-  for (size_t i = 0; i < v.rank_states.size(); ++i) {
+  for (size_t i = 0; i < v.saved.rank_states.size(); ++i) {
     const std::string at = "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i);
-    const int64_t r = v.rank_states[i].dp_rank;   // the schema check bounded it
+    const int64_t r = v.saved.rank_states[i].dp_rank;   // the schema check bounded it
     if (r >= dp_size)
       throw CheckpointError(at + "/dp_rank: " + std::to_string(r) + " is not below dp_size " + std::to_string(dp_size),
                             mpath);
     if (!seen.insert(r).second)
       throw CheckpointError(at + "/dp_rank: rank " + std::to_string(r) + " listed twice", mpath);
-    for (const auto& [name, bytes] : v.rank_states[i].rng_states)
+    for (const auto& [name, bytes] : v.saved.rank_states[i].rng_states)
       check_generator_state(bytes, at + "/rng_states/" + name);
   }
 }
@@ -248,8 +248,8 @@ void check_generators_for_device(const Verified& v, const TrainState& ts, const 
   };
   for (const auto& [name, bytes] : ts.rng_states)
     check(bytes, "checkpoint file " + mpath + ": field /train_state/rng_states/" + name);
-  for (size_t i = 0; i < v.rank_states.size(); ++i)
-    for (const auto& [name, bytes] : v.rank_states[i].rng_states)
+  for (size_t i = 0; i < v.saved.rank_states.size(); ++i)
+    for (const auto& [name, bytes] : v.saved.rank_states[i].rng_states)
       check(bytes, "checkpoint file " + mpath + ": field /rank_states/" + std::to_string(i) + "/rng_states/" + name);
 }
 
@@ -276,8 +276,8 @@ void check_generator_state(const std::vector<uint8_t>& bytes, const std::string&
 Consistent check_consistency(const Verified& v, const nlohmann::json& run_config) {
   const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
   Consistent c;
-  check_counters(v.manifest, run_config, mpath);   // counters against each other and the run they resume
-  c.train_state = v.train_state;
+  check_counters(v.saved, resuming_run(run_config), mpath);   // against each other and the run they resume
+  c.train_state = v.saved.train_state;
   check_generators(v, c.train_state, mpath);
   c.ix = shard_index(v);
   check_shard_files(v, mpath);

@@ -51,7 +51,7 @@ void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
   if (my_rank == 0) return;
   const nlohmann::json& m = vl.v.manifest;
   const RankGenerators* mine = nullptr;
-  for (const auto& rs : vl.v.rank_states)
+  for (const auto& rs : vl.v.saved.rank_states)
     if (rs.dp_rank == my_rank) mine = &rs;
   if (mine) {
     plan.train_state.rng_states = mine->rng_states;

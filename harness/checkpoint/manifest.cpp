@@ -320,7 +320,7 @@ Verified verify_checkpoint_dir(const std::string& dir, uint64_t decode_budget) t
   if (!path_exists(mpath)) fail(mpath, "missing (an incomplete save; not a checkpoint)");
   // The manifest's own checksum (its sidecar) before parsing, then size cap, regular file,
   // bounded depth, and the schema of every field read below.
-  v.manifest = read_checked_manifest(dir, &v.train_state, &v.rank_states);
+  v.manifest = read_checked_manifest(dir, &v.saved);
   const JsonField mf(v.manifest, "checkpoint file " + mpath);
   std::vector<Want> wants = listed_files(mf, dir, mpath);
   expect_tables(mf, mpath, wants, decode_budget);

@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 
+#include "harness/checkpoint/manifest_reader.h"
 #include "harness/checkpoint/publish.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/checkpoint/train_state.h"
@@ -39,8 +40,8 @@ std::string shard_file_name(int dp_rank);       // optim_rank_00000.safetensors
 struct Verified {
   std::string dir;
   nlohmann::json manifest;
-  TrainState train_state;                         // the manifest's, parsed with its schema check
-  std::vector<RankGenerators> rank_states;        // the manifest's rank_states in order, parsed likewise
+  ManifestState saved;                            // the manifest's train state, generators and counters,
+                                                  // parsed with its schema check
   std::map<std::string, SafetensorsFile> files;   // by file name, every file the manifest lists
 };
 

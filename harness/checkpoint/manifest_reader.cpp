@@ -53,8 +53,7 @@ int64_t read_pointer_file(const std::string& path) {
   return parse_pointer_text(read_regular_file(path, kMaxPointerBytes), path);
 }
 
-nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, TrainState* train_state,
-                                   std::vector<RankGenerators>* rank_states) {
+nlohmann::json parse_manifest_text(const std::string& text, const std::string& path, ManifestState* parsed) {
   // A key named twice in one object is refused (nlohmann keeps the last silently, Python's json
   // too: an edit appended after the original would win in both readers unseen).
   nlohmann::json j;
@@ -74,8 +73,12 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   const int64_t iteration = m["iteration"].i64(0, kMaxCounter);
   if (m.has("dp_size")) (void)m["dp_size"].i64(1, 4096);
   // The run config the checkpoint was saved with: an object, or null when the caller gave none.
+  // Its batch size is what the counters were counted in (check_counters).
+  ManifestState state;
   if (const JsonField rc = m["run_config"]; !rc.raw().is_null() && !rc.raw().is_object())
     rc.fail("expected an object or null, got " + quote_json(rc.raw()));
+  else if (rc.has("train") && rc["train"].has("global_batch"))
+    state.saved_global_batch = rc["train"]["global_batch"].i64(1, kMaxCounter);
   (void)m["save_policy"]["kind"].str();
   if (m["save_policy"].has("compress")) {
     const std::string c = m["save_policy"]["compress"].str();
@@ -136,21 +139,18 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
   });
   const JsonField o = m["optimizer"];
   o["params"].each([](const JsonField& p) { (void)p["name"].str(); });
-  o["groups"].each([](const JsonField& g) {
-    (void)g["name"].str();
-    (void)g["step"].i64(0, kMaxCounter);
+  o["groups"].each([&state](const JsonField& group) {
+    (void)group["name"].str();
+    state.group_steps.push_back(group["step"].i64(0, kMaxCounter));
   });
-  const TrainState ts = ckpt::parse_train_state(m["train_state"], iteration, kMaxCounter);
-  if (train_state) *train_state = ts;
-  std::vector<RankGenerators> ranks;
+  state.train_state = ckpt::parse_train_state(m["train_state"], iteration, kMaxCounter);
   if (m.has("rank_states"))
-    m["rank_states"].each([&ranks](const JsonField& r) {
-      RankGenerators g;
-      g.dp_rank = r["dp_rank"].i64(0, 4095);
-      g.rng_states = ckpt::parse_rng_states(r["rng_states"]);
-      ranks.push_back(std::move(g));
+    m["rank_states"].each([&state](const JsonField& r) {
+      RankGenerators generators;
+      generators.dp_rank = r["dp_rank"].i64(0, 4095);
+      generators.rng_states = ckpt::parse_rng_states(r["rng_states"]);
+      state.rank_states.push_back(std::move(generators));
     });
-  if (rank_states) *rank_states = std::move(ranks);
   const JsonField d = m["disk"];
   (void)d["total_bytes"].u64();
   u64_map(d["bytes_per_file"]);
@@ -163,6 +163,7 @@ nlohmann::json parse_manifest_text(const std::string& text, const std::string& p
     u64_map(d["raw_bytes_per_key"]);
     (void)d["raw_bytes_per_param"].number();
   }
+  if (parsed) *parsed = std::move(state);
   return j;
 }
 
@@ -196,8 +197,7 @@ void check_manifest_checksum(const std::string& manifest_text, const std::string
                           manifest_path);
 }
 
-nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_state,
-                                     std::vector<RankGenerators>* rank_states) {
+nlohmann::json read_checked_manifest(const std::string& dir, ManifestState* parsed) {
   const std::string mpath = (std::filesystem::path(dir) / "manifest.json").string();
   const std::string spath = (std::filesystem::path(dir) / kManifestChecksumFile).string();
   // Never through a symbolic link: nothing outside the checkpoint directory is read.
@@ -210,63 +210,63 @@ nlohmann::json read_checked_manifest(const std::string& dir, TrainState* train_s
                               "version)",
                           spath);
   check_manifest_checksum(text, read_regular_file(spath, kMaxManifestChecksumBytes, /*no_follow=*/true), mpath, spath);
-  return parse_manifest_text(text, mpath, train_state, rank_states);
+  return parse_manifest_text(text, mpath, parsed);
 }
 
-void check_counters(const nlohmann::json& manifest, const nlohmann::json& run_config, const std::string& path) {
-  const JsonField m(manifest, "checkpoint file " + path);
-  const JsonField ts = m["train_state"];
-  const int64_t it = ts["iteration"].i64(0, kMaxCounter);
-  // The resuming run's train settings, when it has any (inspect has none): without them the
-  // manifest's counters are still checked against each other and its own run config.
-  std::optional<JsonField> train;
-  if (run_config.is_object() && run_config.contains("train") && run_config["train"].is_object())
-    train = JsonField(run_config, "the run config")["train"];
-  if (train && train->has("iterations")) {
-    const int64_t n = (*train)["iterations"].i64();
-    if (it > n)
-      ts["iteration"].fail("iteration " + std::to_string(it) + " is beyond the run's length (train.iterations = " +
-                           std::to_string(n) + "): nothing would be trained");
-  }
+ResumingRun resuming_run(const nlohmann::json& run_config) {
+  ResumingRun run;
+  if (!run_config.is_object() || !run_config.contains("train") || !run_config["train"].is_object()) return run;
+  const JsonField train = JsonField(run_config, "the run config")["train"];
+  if (train.has("iterations")) run.iterations = train["iterations"].i64();
+  if (train.has("global_batch")) run.global_batch = train["global_batch"].i64(1, kMaxCounter);
+  return run;
+}
+
+void check_counters(const ManifestState& saved, const ResumingRun& run, const std::string& path) {
+  // The message JsonField::fail gives for a manifest field (each value was read through it).
+  auto fail = [&path](const std::string& field, const std::string& what) {
+    throw CheckpointError("checkpoint file " + path + ": field " + field + ": " + what);
+  };
+  const TrainState& ts = saved.train_state;
+  const int64_t iteration = ts.iteration;
+  const int64_t consumed = ts.consumed_samples;
+  const int64_t num_steps = ts.opt_param_scheduler.num_steps;
+  if (run.iterations && iteration > *run.iterations)
+    fail("/train_state/iteration", "iteration " + std::to_string(iteration) +
+                                       " is beyond the run's length (train.iterations = " +
+                                       std::to_string(*run.iterations) + "): nothing would be trained");
   // The batch size the checkpoint was written with (its own run config), else the current one.
-  const JsonField saved = m["run_config"];
-  const JsonField* src = nullptr;
-  std::optional<JsonField> saved_train;
-  if (saved.has("train") && saved["train"].has("global_batch")) saved_train = saved["train"];
-  else if (train && train->has("global_batch")) saved_train = train;
-  src = saved_train ? &*saved_train : nullptr;
-  if (src) {
-    const int64_t gb = (*src)["global_batch"].i64(1, kMaxCounter);
-    int64_t want = 0;
-    if (__builtin_mul_overflow(it, gb, &want) || want > kMaxCounter)
-      ts["iteration"].fail("iteration " + std::to_string(it) + " * global_batch " + std::to_string(gb) + " overflows");
-    const int64_t got = ts["consumed_samples"].i64(0, kMaxCounter);
-    if (got != want)
-      ts["consumed_samples"].fail(std::to_string(got) + " samples, but " + std::to_string(it) + " iterations of " +
-                                  std::to_string(gb) + " samples consume " + std::to_string(want));
+  if (const std::optional<int64_t> batch = saved.saved_global_batch ? saved.saved_global_batch : run.global_batch) {
+    const int64_t global_batch = *batch;
+    int64_t expected = 0;
+    if (__builtin_mul_overflow(iteration, global_batch, &expected) || expected > kMaxCounter)
+      fail("/train_state/iteration",
+           "iteration " + std::to_string(iteration) + " * global_batch " + std::to_string(global_batch) + " overflows");
+    if (consumed != expected)
+      fail("/train_state/consumed_samples", std::to_string(consumed) + " samples, but " + std::to_string(iteration) +
+                                                " iterations of " + std::to_string(global_batch) + " samples consume " +
+                                                std::to_string(expected));
     // The scheduler counts samples (training.py: increment = global batch per step).
-    const int64_t ns = ts["opt_param_scheduler"]["num_steps"].i64(0, kMaxCounter);
-    if (ns != want)
-      ts["opt_param_scheduler"]["num_steps"].fail(std::to_string(ns) + " scheduler steps (samples) after " +
-                                                  std::to_string(it) + " iterations of " + std::to_string(gb) +
-                                                  " samples, expected " + std::to_string(want));
+    if (num_steps != expected)
+      fail("/train_state/opt_param_scheduler/num_steps",
+           std::to_string(num_steps) + " scheduler steps (samples) after " + std::to_string(iteration) +
+               " iterations of " + std::to_string(global_batch) + " samples, expected " + std::to_string(expected));
   }
   // The scheduler counts samples, as consumed_samples does: equal even when no batch size is known.
-  const int64_t ns = ts["opt_param_scheduler"]["num_steps"].i64(0, kMaxCounter);
-  const int64_t cs = ts["consumed_samples"].i64(0, kMaxCounter);
-  if (ns != cs)
-    ts["opt_param_scheduler"]["num_steps"].fail(
-        std::to_string(ns) + " scheduler steps (samples), but consumed_samples is " + std::to_string(cs));
-  std::optional<int64_t> first_step;
-  m["optimizer"]["groups"].each([&](const JsonField& g) {
-    const int64_t s = g["step"].i64(0, kMaxCounter);
-    if (s > it)
-      g["step"].fail("step " + std::to_string(s) + " is more than the " + std::to_string(it) + " iterations run");
+  if (num_steps != consumed)
+    fail("/train_state/opt_param_scheduler/num_steps",
+         std::to_string(num_steps) + " scheduler steps (samples), but consumed_samples is " + std::to_string(consumed));
+  for (size_t i = 0; i < saved.group_steps.size(); ++i) {
+    const int64_t step = saved.group_steps[i];
+    const std::string field = "/optimizer/groups/" + std::to_string(i) + "/step";
+    if (step > iteration)
+      fail(field,
+           "step " + std::to_string(step) + " is more than the " + std::to_string(iteration) + " iterations run");
     // One optimizer step advances every group (a skipped step skips them all).
-    if (first_step && s != *first_step)
-      g["step"].fail("step " + std::to_string(s) + " differs from group 0's step " + std::to_string(*first_step));
-    if (!first_step) first_step = s;
-  });
+    if (step != saved.group_steps[0])
+      fail(field,
+           "step " + std::to_string(step) + " differs from group 0's step " + std::to_string(saved.group_steps[0]));
+  }
 }
 
 }   // namespace rh::ckpt::detail

@@ -136,18 +136,18 @@ TEST(DataParallelSave, PublishesOneShardPerRankWithRanges) {
   EXPECT_EQ(v.manifest["dp_size"], 2);
   EXPECT_EQ(v.manifest["rank_states"].size(), 2u);
   // Every rank's generators, parsed once by the manifest reader: the manifest's hex, decoded here.
-  ASSERT_EQ(v.rank_states.size(), 2u);
+  ASSERT_EQ(v.saved.rank_states.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     const nlohmann::json& rs = v.manifest["rank_states"][i];
-    EXPECT_EQ(v.rank_states[i].dp_rank, rs["dp_rank"].get<int64_t>());
-    ASSERT_EQ(v.rank_states[i].rng_states.size(), rs["rng_states"].size());
+    EXPECT_EQ(v.saved.rank_states[i].dp_rank, rs["dp_rank"].get<int64_t>());
+    ASSERT_EQ(v.saved.rank_states[i].rng_states.size(), rs["rng_states"].size());
     ASSERT_FALSE(rs["rng_states"].empty());
     for (const auto& [name, hex] : rs["rng_states"].items()) {
       const std::string h = hex.get<std::string>();
       std::vector<uint8_t> bytes;
       for (size_t k = 0; k + 1 < h.size(); k += 2)
         bytes.push_back(static_cast<uint8_t>(std::stoi(h.substr(k, 2), nullptr, 16)));
-      EXPECT_EQ(v.rank_states[i].rng_states.at(name), bytes) << name;
+      EXPECT_EQ(v.saved.rank_states[i].rng_states.at(name), bytes) << name;
     }
   }
   EXPECT_TRUE(v.files.count("optim_rank_00000.safetensors"));
@@ -194,7 +194,7 @@ TEST(DataParallelSave, OneRanksBadInputFailsEveryRankBeforeAnythingIsWritten) {
   fs::remove_all(root);
 }
 
-// Issue 32 item 3: inspect said OK where load refused. One verification (check_consistency),
+// Inspect once said OK where load refused. One verification (check_consistency),
 // two callers: for each damage (made behind a resealed manifest checksum, so it reaches the
 // checks after it) load refuses and inspect prints the same refusal and exits 1.
 struct ShardDamage {

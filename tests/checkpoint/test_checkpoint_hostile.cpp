@@ -363,6 +363,12 @@ TEST(HostileCounters, CountersMustMatchTheRunConfig) {
   m["train_state"]["consumed_samples"] = 17;
   write_manifest(dir, m);
   refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", no_train);
+  // The batch the counters were counted in is the saved run config's, read with the manifest's
+  // schema: a batch of 0 would make every count "consistent" with iteration 0 only.
+  m = good;
+  m["run_config"]["train"]["global_batch"] = 0;
+  write_manifest(dir, m);
+  refused("field /run_config/train/global_batch: expected an integer in [1, 1099511627776], got 0", cfg);
 }
 
 TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
@@ -378,7 +384,7 @@ TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
 
 }   // namespace
 
-// ---- Issue 32 item 2: the manifest's own checksum, and what can be checked for consistency.
+// ---- The manifest's own checksum, and what can be checked for consistency.
 
 namespace manifest_checksum {
 
@@ -504,7 +510,7 @@ TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
 
 }   // namespace manifest_checksum
 
-// Issue 32 item 5, in the sanitizer step (base/input.cpp is compiled instrumented there): the TOML
+// In the sanitizer step (base/input.cpp is compiled instrumented there): the TOML
 // scan that runs before toml++ on inputs toml++ would recurse on 50,000 or 100,000 times.
 TEST(TomlGuard, DeepKeysAndNestingAreRefusedBeforeParsing) {
   std::string key = "a";

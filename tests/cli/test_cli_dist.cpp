@@ -178,10 +178,10 @@ TEST(FailingRank, KilledRankIsReportedAndTheRunFails) {
 
 TEST(FailingRank, HungRankTimesOutInsteadOfHanging) {
   const fs::path d = rh::testutil::fresh_dir("cli_dist", "hung");
-  // rank 1 stops answering. The timeout also bounds the ranks' rendezvous: 4 s left little room
-  // for two LibTorch start-ups under load, before rank 1 is stopped. With 10 s the run ended 28 s
-  // after the stop with three other builds on the 2 cores: the bound is 60 s (was 40), a hang
-  // is disturb_rank1's 90 s guard.
+  // rank 1 stops answering. The timeout also bounds the ranks' rendezvous, which must leave room
+  // for two LibTorch start-ups under load before rank 1 is stopped (4 s did not). With 10 s a
+  // loaded 2-core machine ended the run up to 28 s after the stop: the bound is 60 s; a hang is
+  // disturb_rank1's 90 s guard.
   const Outcome o = disturb_rank1(d, SIGSTOP, "10");
   EXPECT_EQ(o.code, 3) << "rank 0's collective timed out: exit 3, passed on by the launcher: " << o.log;
   EXPECT_NE(o.log.find("data-parallel"), std::string::npos) << o.log;   // rank 0's collective error

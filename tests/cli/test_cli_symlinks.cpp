@@ -1,4 +1,4 @@
-// Issue 32 item 1: nothing the tool deletes or writes may be reached through a symbolic link it
+// Nothing the tool deletes or writes may be reached through a symbolic link it
 // did not create. Each test plants a link at one place below a temporary run (or --out, or
 // golden) directory, pointing at a directory or file outside it, runs the tool or the library
 // function, and asserts the refusal (exit 2 naming the path) and that the outside target is byte

@@ -23,9 +23,9 @@ Outcome safetensors_header(const uint8_t* data, size_t size) {
 Outcome manifest(const uint8_t* data, size_t size) {
   try {
     const std::string text(reinterpret_cast<const char*>(data), size);
-    const nlohmann::json m = ckpt::detail::parse_manifest_text(text, "fuzz/manifest.json");
-    static const nlohmann::json run_config = {{"train", {{"iterations", 20}, {"global_batch", 16}}}};
-    ckpt::detail::check_counters(m, run_config, "fuzz/manifest.json");
+    ckpt::detail::ManifestState saved;
+    (void)ckpt::detail::parse_manifest_text(text, "fuzz/manifest.json", &saved);
+    ckpt::detail::check_counters(saved, {/*iterations=*/20, /*global_batch=*/16}, "fuzz/manifest.json");
     return kAccepted;
   } catch (const ckpt::CheckpointError&) {
     return kRefused;

@@ -354,7 +354,7 @@ TEST(ReportCli, ExitCodes) {
   fs::remove_all(logs);
 }
 
-// Issue 32 item 5: summary.json nested 200,000 levels deep made `report` die with SIGSEGV; a
+// summary.json nested 200,000 levels deep made `report` die with SIGSEGV; a
 // models file with a 50,000-part key did the same in toml++. Both refused before parsing.
 TEST_F(NoPlots, DeeplyNestedSummaryJsonOrModelsKeyIsRefused) {
   const auto dir = report_fixture::temp_dir("deep");

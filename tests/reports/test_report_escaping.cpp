@@ -1,4 +1,4 @@
-// Issue 32: scenario names and messages are read from files and end up in report.md and the
+// Scenario names and messages are read from files and end up in report.md and the
 // `report --compare` output (both posted as pull-request comments) and in report.html. Each hostile
 // payload below goes through every one of the three outputs; the test asserts that the raw payload
 // (or the fragment of it that would act as markup there) never appears, that its escaped text

@@ -305,7 +305,7 @@ TEST_P(CheckFault, IsCaughtAndNamed) {
   EXPECT_FALSE(r.first_divergence.empty());
 }
 
-// Issue 17 item 1, through the tool: `matrix` and `check` with a scenario named "..", "." or ""
+// Through the tool: `matrix` and `check` with a scenario named "..", "." or ""
 // used to remove the run directory itself and report PASS. Now: exit 2 naming file and line, and
 // nothing in the run directory is touched.
 TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {

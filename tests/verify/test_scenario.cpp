@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"dp_indivisible", "[[scenario]]\nname = \"a\"\ndp_size = 4\n", "do not divide the 2 micro-batches", 1},
         BadFile{"resume_dp_range", "[[scenario]]\nname = \"a\"\nresume_dp_size = -1\n", "resume_dp_size", 1},
         BadFile{"dp_type", "[[scenario]]\nname = \"a\"\ndp_size = \"two\"\n", "dp_size", 3},
-        // Issue 17 item 1: names that would make a scenario directory the run directory itself.
+        // Names that would make a scenario directory the run directory itself.
         BadFile{"name_dotdot", "[[scenario]]\nname = \"..\"\n", "scenario.name", 2},
         BadFile{"name_dot", "[[scenario]]\nname = \".\"\n", "scenario.name", 2},
         BadFile{"name_empty", "[[scenario]]\nname = \"\"\n", "is empty", 2},
@@ -268,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFile{"axis_value_slash",
                 "[[matrix]]\nname = \"m\"\n[[matrix.axis]]\nname = \"x\"\nkey = \"description\"\nvalues = [\"a/b\"]\n",
                 "path separator", 6},
-        // Issue 17 item 8: tolerances that let anything pass, unmatched `when`s, model settings
+        // Tolerances that let anything pass, unmatched `when`s, model settings
         // that cannot work, and caps (item 4): bad input at parse time, not a failure at run time.
         BadFile{"tolerance_inf",
                 "[[scenario]]\nname = \"a\"\nexpect = \"tolerance\"\nreason = \"r\"\ntolerance = { lm_loss = { atol = "
@@ -360,7 +360,7 @@ TEST(Scenarios, NamesMappingToOneDirectoryAreRefused) {
   }
 }
 
-// Issue 17 item 1: a scenario named ".." made matrix remove the run directory itself.
+// A scenario named ".." made matrix remove the run directory itself.
 TEST(Scenarios, MatrixWithADotDotScenarioRemovesNothing) {
   const fs::path run = fs::temp_directory_path() / ("rh_dotdot_run_" + std::to_string(::getpid()));
   fs::create_directories(run / "scenarios" / "other");
@@ -399,7 +399,7 @@ TEST(Scenarios, CudaWithoutACudaBuildIsBadInputAtParse) {
 }
 #endif
 
-// Issue 17 item 3: a FIFO (or device) in place of a scenario file or --config blocked forever.
+// A FIFO (or device) in place of a scenario file or --config blocked forever.
 TEST(HostileFiles, ScenarioAndConfigFifosAreRefusedWithoutBlocking) {
   ::alarm(20);   // if the open ever blocks again, fail fast instead of at CTest's timeout
   const fs::path dir = fs::temp_directory_path() / ("rh_fifo_" + std::to_string(::getpid()));
@@ -423,7 +423,7 @@ TEST(HostileFiles, ScenarioAndConfigFifosAreRefusedWithoutBlocking) {
   fs::remove_all(dir);
 }
 
-// Issue 17 item 2: a --config of 100k nested '[' crashed (stack overflow) in parsing and dump().
+// A --config of 100k nested '[' crashed (stack overflow) in parsing and dump().
 TEST(HostileFiles, DeeplyNestedConfigIsRefusedNotACrash) {
   auto p = temp_file("deep.json",
                      "{\"train\": {\"iterations\": " + std::string(100000, '[') + std::string(100000, ']') + "}}");
@@ -506,7 +506,7 @@ TEST(Golden, ComparisonNamesIterationAndMetric) {
   EXPECT_NE(rh::compare_golden(a.string(), b.string()).find("rows"), std::string::npos);
 }
 
-// Issue 32 item 5: toml++ recurses per dotted part and per nested array / inline table; a key or
+// toml++ recurses per dotted part and per nested array / inline table; a key or
 // header of 50,000 parts overflowed the stack. Refused before parsing, naming line and column.
 struct DeepToml {
   const char* name;
