@@ -23,48 +23,48 @@ namespace {
 // The manifest's tensor table and totals. Compressed checkpoints add the stored bytes and the
 // ratio stored/raw per tensor and per key.
 void print_tensor_table(const nlohmann::json& m, std::ostream& out) {
-  bool comp = false;
-  for (const auto& t : m["tensors"]) comp = comp || t.contains("stored_bytes");
+  bool compressed = false;
+  for (const auto& t : m["tensors"]) compressed = compressed || t.contains("stored_bytes");
   out << std::left << std::setw(48) << "key" << std::setw(9) << "dtype" << std::setw(18) << "shape" << std::right
       << std::setw(12) << "bytes";
-  if (comp) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
+  if (compressed) out << std::setw(12) << "stored" << std::setw(8) << "ratio";
   out << "  file\n";
   std::map<std::string, std::pair<uint64_t, uint64_t>> per_key;   // kind -> raw, stored
   for (const auto& t : m["tensors"]) {
     const uint64_t raw = t["bytes"].get<uint64_t>();
-    const uint64_t st = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
+    const uint64_t stored = t.contains("stored_bytes") ? t["stored_bytes"].get<uint64_t>() : raw;
     per_key[t["kind"].get<std::string>()].first += raw;
-    per_key[t["kind"].get<std::string>()].second += st;
+    per_key[t["kind"].get<std::string>()].second += stored;
     out << std::left << std::setw(48) << t["key"].get<std::string>() << std::setw(9) << t["dtype"].get<std::string>()
         << std::setw(18) << t["shape"].dump() << std::right << std::setw(12) << raw;
-    if (comp)
-      out << std::setw(12) << st << std::setw(8) << std::fixed << std::setprecision(3)
-          << (raw ? double(st) / double(raw) : 1.0) << std::defaultfloat;
+    if (compressed)
+      out << std::setw(12) << stored << std::setw(8) << std::fixed << std::setprecision(3)
+          << (raw ? double(stored) / double(raw) : 1.0) << std::defaultfloat;
     out << "  " << t["file"].get<std::string>() << '\n';
   }
-  if (comp) {
+  if (compressed) {
     out << "compression per key (raw -> stored bytes, ratio stored/raw):\n";
-    for (const auto& [k, rs] : per_key)
-      out << "  " << std::left << std::setw(32) << k << std::right << std::setw(14) << rs.first << std::setw(14)
-          << rs.second << std::setw(8) << std::fixed << std::setprecision(3)
-          << (rs.first ? double(rs.second) / double(rs.first) : 1.0) << std::defaultfloat << '\n';
+    for (const auto& [kind, bytes] : per_key)
+      out << "  " << std::left << std::setw(32) << kind << std::right << std::setw(14) << bytes.first << std::setw(14)
+          << bytes.second << std::setw(8) << std::fixed << std::setprecision(3)
+          << (bytes.first ? double(bytes.second) / double(bytes.first) : 1.0) << std::defaultfloat << '\n';
   }
-  const auto& d = m["disk"];
+  const auto& disk = m["disk"];
   auto section = [&](const char* title, const nlohmann::json& map) {
     out << title << ":\n";
     for (auto it = map.begin(); it != map.end(); ++it)
       out << "  " << std::left << std::setw(32) << it.key() << std::right << std::setw(14) << it.value().get<uint64_t>()
           << '\n';
   };
-  section("bytes per key", d["bytes_per_key"]);
-  section("bytes per dtype", d["bytes_per_dtype"]);
-  section("bytes per file", d["bytes_per_file"]);
-  out << "total " << d["total_bytes"].get<uint64_t>() << " bytes, " << d["num_params"].get<uint64_t>()
-      << " parameters, " << std::fixed << std::setprecision(3) << d["bytes_per_param"].get<double>()
+  section("bytes per key", disk["bytes_per_key"]);
+  section("bytes per dtype", disk["bytes_per_dtype"]);
+  section("bytes per file", disk["bytes_per_file"]);
+  out << "total " << disk["total_bytes"].get<uint64_t>() << " bytes, " << disk["num_params"].get<uint64_t>()
+      << " parameters, " << std::fixed << std::setprecision(3) << disk["bytes_per_param"].get<double>()
       << " bytes/parameter\n";
-  if (d.contains("raw_total_bytes"))
-    out << "uncompressed " << d["raw_total_bytes"].get<uint64_t>() << " bytes, "
-        << d["raw_bytes_per_param"].get<double>() << " bytes/parameter\n";
+  if (disk.contains("raw_total_bytes"))
+    out << "uncompressed " << disk["raw_total_bytes"].get<uint64_t>() << " bytes, "
+        << disk["raw_bytes_per_param"].get<double>() << " bytes/parameter\n";
   out.unsetf(std::ios::fixed);
 }
 
@@ -109,7 +109,7 @@ void print_files_and_state(const detail::Verified& v, std::ostream& out) {
 }
 
 // inspect --json: the same content as the listing, one object (docs/running.md, "inspect --json").
-nlohmann::json listing_json(const std::string& d, const detail::Verified& v) {
+nlohmann::json listing_json(const std::string& checkpoint_dir, const detail::Verified& v) {
   const nlohmann::json& m = v.manifest;
   nlohmann::json tensors = nlohmann::json::array();
   for (const auto& t : m["tensors"]) {
@@ -127,7 +127,7 @@ nlohmann::json listing_json(const std::string& d, const detail::Verified& v) {
   return {{"schema_version", 1},
           {"status", "ok"},
           {"exit_code", 0},
-          {"checkpoint", printable_text(d)},
+          {"checkpoint", printable_text(checkpoint_dir)},
           {"iteration", m.value("iteration", int64_t(-1))},
           {"save_policy", m["save_policy"].value("kind", std::string("?"))},
           {"compress", m["save_policy"].value("compress", std::string("none"))},
@@ -165,12 +165,12 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
   // A path that is not there, or names no checkpoint at all, is bad input (2), not a damaged
   // checkpoint (1): an iter_ directory without its manifest or a dangling pointer is damage.
   std::error_code ec;
-  const fs::path p(dir);
-  const bool is_dir = fs::is_directory(p, ec);
-  if (!is_dir || (!fs::exists(p / detail::kManifestFile, ec) && !fs::exists(p / detail::kPointerFile, ec) &&
-                  p.filename().string().rfind("iter_", 0) != 0)) {
-    const std::string why = !fs::exists(p, ec) ? "no such file or directory"
-                            : !is_dir          ? "not a directory"
+  const fs::path path(dir);
+  const bool is_dir = fs::is_directory(path, ec);
+  if (!is_dir || (!fs::exists(path / detail::kManifestFile, ec) && !fs::exists(path / detail::kPointerFile, ec) &&
+                  path.filename().string().rfind("iter_", 0) != 0)) {
+    const std::string why = !fs::exists(path, ec) ? "no such file or directory"
+                            : !is_dir             ? "not a directory"
                                       : std::string("neither a checkpoint directory (no ") + detail::kManifestFile +
                                             ") nor a checkpoint root (no " + detail::kPointerFile + ")";
     if (json) return refusal_json(out, dir, 2, printable_text(dir) + ": " + why);
@@ -178,15 +178,16 @@ int inspect_checkpoint(const std::string& dir, std::ostream& out, bool json, boo
     return 2;
   }
   try {
-    const std::string d = detail::resolve_checkpoint_dir(dir);
-    detail::Verified v = detail::verify_checkpoint_dir(d);   // files, checksums, schema: as load
-    (void)detail::check_consistency(v, nullptr);             // counters, generators, shards: as load
+    const std::string checkpoint_dir = detail::resolve_checkpoint_dir(dir);
+    detail::Verified v = detail::verify_checkpoint_dir(checkpoint_dir);   // files, checksums, schema: as load
+    (void)detail::check_consistency(v, nullptr);                          // counters, generators, shards: as load
     if (json) {
-      out << dump_text(listing_json(d, v), 2) << "\n";
+      out << dump_text(listing_json(checkpoint_dir, v), 2) << "\n";
       return 0;
     }
-    out << "checkpoint " << printable_text(d) << " (iteration " << v.manifest.value("iteration", int64_t(-1))
-        << ", policy " << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
+    out << "checkpoint " << printable_text(checkpoint_dir) << " (iteration "
+        << v.manifest.value("iteration", int64_t(-1)) << ", policy "
+        << v.manifest["save_policy"].value("kind", std::string("?")) << ", compress "
         << v.manifest["save_policy"].value("compress", std::string("none")) << ", harness "
         << v.manifest.value("harness_version", std::string("?")) << ")\n";
     print_tensor_table(v.manifest, out);

@@ -54,16 +54,16 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   LoadReport rep;
   const auto t0 = std::chrono::steady_clock::now();
   rep.dir = detail::resolve_checkpoint_dir(root_or_dir);
-  const detail::VerifiedLoad vl = detail::verify_for_load(rep.dir, model, opt, run_config);
-  detail::LoadPlan plan = detail::plan_load(vl, opt, opts);
+  const detail::VerifiedLoad verified = detail::verify_for_load(rep.dir, model, opt, run_config);
+  detail::LoadPlan plan = detail::plan_load(verified, opt, opts);
   rep.conversions = std::move(plan.notes);
   rep.verify_seconds = seconds_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  detail::apply_load(vl, plan, model, opt, opts, rep.conversions);
+  detail::apply_load(verified, plan, model, opt, opts, rep.conversions);
   state = plan.train_state;
   rep.apply_seconds = seconds_since(t1);
   rep.iteration = plan.train_state.iteration;
-  rep.manifest = vl.v.manifest;
+  rep.manifest = verified.v.manifest;
   return rep;
 }
 
@@ -114,14 +114,14 @@ void check_model(const Verified& v, const torch::nn::Module& model, const nlohma
 
 void check_optimizer(const Verified& v, const optim::PrecisionAdam& opt) {
   const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
-  const nlohmann::json& o = v.manifest.at("optimizer");
+  const nlohmann::json& optimizer = v.manifest.at("optimizer");
   std::vector<std::string> saved;
-  for (const auto& p : o.at("params")) saved.push_back(p.at("name").get<std::string>());
+  for (const auto& p : optimizer.at("params")) saved.push_back(p.at("name").get<std::string>());
   if (saved != opt.param_names())
     throw CheckpointError("config mismatch: " + mpath + " lists " + std::to_string(saved.size()) +
                           " optimizer params, the optimizer has " + std::to_string(opt.param_names().size()) +
                           " (names or order differ)");
-  const auto& groups = o.at("groups");
+  const auto& groups = optimizer.at("groups");
   if (groups.size() != opt.num_groups())
     throw CheckpointError("config mismatch: " + mpath + " has " + std::to_string(groups.size()) +
                           " parameter groups, the optimizer has " + std::to_string(opt.num_groups()));
@@ -144,37 +144,39 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
   // every range of one param gives it the same buffer offset (flat_begin - begin), and no two
   // params' [offset, offset + numel) overlap (numel from model.safetensors).
   std::map<std::string, int64_t> flat_offset;
-  const SafetensorsFile& mf = v.files.at(kModelFile);   // shard_index refused a manifest without it
+  const SafetensorsFile& model_file = v.files.at(kModelFile);   // shard_index refused a manifest without it
   std::set<std::string> files;
   std::set<int64_t> ranks;
   std::map<std::pair<std::string, std::string>, int64_t> range_len;   // (file, param) -> end - begin
-  m["shards"].each([&](const JsonField& sh) {
-    const std::string file = sh["file"].str();
-    const int64_t rank = sh["dp_rank"].i64(0, 4095);
-    if (!files.insert(file).second) sh["file"].fail("shard file '" + quote_text(file) + "' is named by two shards");
-    if (!ranks.insert(rank).second) sh["dp_rank"].fail("dp_rank " + std::to_string(rank) + " has two shards");
+  m["shards"].each([&](const JsonField& shard) {
+    const std::string file = shard["file"].str();
+    const int64_t rank = shard["dp_rank"].i64(0, 4095);
+    if (!files.insert(file).second) shard["file"].fail("shard file '" + quote_text(file) + "' is named by two shards");
+    if (!ranks.insert(rank).second) shard["dp_rank"].fail("dp_rank " + std::to_string(rank) + " has two shards");
     if (file != shard_file_name(static_cast<int>(rank)))
-      sh["file"].fail("the shard of dp_rank " + std::to_string(rank) + " is " +
-                      shard_file_name(static_cast<int>(rank)) + ", not '" + quote_text(file) +
-                      "' (shard files swapped or renamed)");
-    sh["param_ranges"].each([&](const JsonField& r) {
-      const std::string p = r["param"].str();
-      if (!range_len.emplace(std::make_pair(file, p), r["end"].i64() - r["begin"].i64()).second)
-        r["param"].fail("shard " + file + " holds two ranges of '" + quote_text(p) + "'");
-      if (!r.has("flat_begin")) return;
-      const int64_t offset = r["flat_begin"].i64(0, int64_t(1) << 50) - r["begin"].i64();
-      auto [off, first] = flat_offset.emplace(p, offset);
-      if (!first && off->second != offset)
-        r["flat_begin"].fail(std::to_string(r["flat_begin"].i64()) + ", but another range of '" + quote_text(p) +
-                             "' puts the param at flat offset " + std::to_string(off->second) +
-                             " and this range starts at its element " + std::to_string(r["begin"].i64()) +
-                             ": expected " + std::to_string(off->second + r["begin"].i64()));
+      shard["file"].fail("the shard of dp_rank " + std::to_string(rank) + " is " +
+                         shard_file_name(static_cast<int>(rank)) + ", not '" + quote_text(file) +
+                         "' (shard files swapped or renamed)");
+    shard["param_ranges"].each([&](const JsonField& range) {
+      const std::string param = range["param"].str();
+      if (!range_len.emplace(std::make_pair(file, param), range["end"].i64() - range["begin"].i64()).second)
+        range["param"].fail("shard " + file + " holds two ranges of '" + quote_text(param) + "'");
+      if (!range.has("flat_begin")) return;
+      const int64_t offset = range["flat_begin"].i64(0, int64_t(1) << 50) - range["begin"].i64();
+      auto [earlier, first] = flat_offset.emplace(param, offset);
+      if (!first && earlier->second != offset)
+        range["flat_begin"].fail(std::to_string(range["flat_begin"].i64()) + ", but another range of '" +
+                                 quote_text(param) + "' puts the param at flat offset " +
+                                 std::to_string(earlier->second) + " and this range starts at its element " +
+                                 std::to_string(range["begin"].i64()) + ": expected " +
+                                 std::to_string(earlier->second + range["begin"].i64()));
     });
   });
   {
     std::vector<std::tuple<int64_t, int64_t, std::string>> spans;   // (offset, end, param)
-    for (const auto& [p, off] : flat_offset)
-      if (const TensorInfo* ti = mf.find(p)) spans.emplace_back(off, off + static_cast<int64_t>(ti->numel()), p);
+    for (const auto& [param, offset] : flat_offset)
+      if (const TensorInfo* info = model_file.find(param))
+        spans.emplace_back(offset, offset + static_cast<int64_t>(info->numel()), param);
     std::sort(spans.begin(), spans.end());
     for (size_t i = 1; i < spans.size(); ++i)
       if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
@@ -184,24 +186,24 @@ void check_shard_files(const Verified& v, const std::string& mpath) {
                          std::to_string(std::get<1>(spans[i - 1])) + ")");
   }
   if (m.has("dp_size")) {
-    const int64_t n = m["dp_size"].i64();
-    if (static_cast<int64_t>(ranks.size()) != n || (!ranks.empty() && *ranks.rbegin() != n - 1))
-      m["shards"].fail(std::to_string(ranks.size()) + " shards, but dp_size is " + std::to_string(n) +
-                       " (one shard per rank 0.." + std::to_string(n - 1) + ")");
+    const int64_t dp_size = m["dp_size"].i64();
+    if (static_cast<int64_t>(ranks.size()) != dp_size || (!ranks.empty() && *ranks.rbegin() != dp_size - 1))
+      m["shards"].fail(std::to_string(ranks.size()) + " shards, but dp_size is " + std::to_string(dp_size) +
+                       " (one shard per rank 0.." + std::to_string(dp_size - 1) + ")");
   }
   m["tensors"].each([&](const JsonField& t) {
     const std::string kind = t["kind"].str();
     if (kind != "master_param" && kind != "remainder" && kind != "exp_avg" && kind != "exp_avg_sq") return;
     const std::string file = t["file"].str(), param = t["param"].str(), key = t["key"].str();
-    auto it = range_len.find({file, param});
-    if (it == range_len.end())
+    auto range = range_len.find({file, param});
+    if (range == range_len.end())
       t["file"].fail("state '" + quote_text(key) + "' is in " + quote_text(file) +
                      ", but no shard range of that file holds '" + quote_text(param) + "'");
     const int64_t numel = static_cast<int64_t>(v.files.at(file).info(key).numel());
-    if (numel != it->second)
+    if (numel != range->second)
       fail_tensor(v, file, key,
                   "has " + std::to_string(numel) + " elements, but its shard's range of '" + param + "' has " +
-                      std::to_string(it->second));
+                      std::to_string(range->second));
   });
 }
 
@@ -275,13 +277,13 @@ void check_generator_state(const std::vector<uint8_t>& bytes, const std::string&
 
 Consistent check_consistency(const Verified& v, const nlohmann::json& run_config) {
   const std::string mpath = (fs::path(v.dir) / kManifestFile).string();
-  Consistent c;
+  Consistent consistent;
   check_counters(v.saved, resuming_run(run_config), mpath);   // against each other and the run they resume
-  c.train_state = v.saved.train_state;
-  check_generators(v, c.train_state, mpath);
-  c.ix = shard_index(v);
+  consistent.train_state = v.saved.train_state;
+  check_generators(v, consistent.train_state, mpath);
+  consistent.ix = shard_index(v);
   check_shard_files(v, mpath);
-  return c;
+  return consistent;
 }
 
 std::string where(const Verified& v, const std::string& file, const std::string& key) {
@@ -305,33 +307,33 @@ uint64_t decode_budget(const torch::nn::Module& model) {
 // In this order, so that a checkpoint with several faults is refused for the same one as always.
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config) {
-  VerifiedLoad vl;
-  vl.v = verify_checkpoint_dir(dir, decode_budget(model));   // marks what inspect refuses as damage
-  vl.mpath = (fs::path(dir) / kManifestFile).string();
-  Consistent c;
+  VerifiedLoad verified;
+  verified.v = verify_checkpoint_dir(dir, decode_budget(model));   // marks what inspect refuses as damage
+  verified.mpath = (fs::path(dir) / kManifestFile).string();
+  Consistent consistent;
   try {
-    check_model(vl.v, model, run_config);
-    check_optimizer(vl.v, opt);
-    c = check_consistency(vl.v, run_config);   // what inspect checks too
+    check_model(verified.v, model, run_config);
+    check_optimizer(verified.v, opt);
+    consistent = check_consistency(verified.v, run_config);   // what inspect checks too
   } catch (const std::exception& e) {
     // Damage is damage whatever else this run refuses: the message stays the first refusal (the
     // order above), the exit code is inspect's, so both commands give a damaged checkpoint one code.
     bool damaged = false;
     try {
-      (void)check_consistency(vl.v, nlohmann::json());
+      (void)check_consistency(verified.v, nlohmann::json());
     } catch (const std::exception&) {
       damaged = true;
     }
-    const auto* ce = dynamic_cast<const CheckpointError*>(&e);
-    if (!damaged && ce == nullptr) throw;
-    CheckpointError out = ce ? *ce : CheckpointError(e.what(), vl.mpath);
+    const auto* refusal = dynamic_cast<const CheckpointError*>(&e);
+    if (!damaged && refusal == nullptr) throw;
+    CheckpointError out = refusal ? *refusal : CheckpointError(e.what(), verified.mpath);
     out.damaged = out.damaged || damaged;
     throw out;
   }
-  check_generators_for_device(vl.v, c.train_state, run_config, vl.mpath);
-  vl.train_state = std::move(c.train_state);
-  vl.ix = std::move(c.ix);
-  return vl;
+  check_generators_for_device(verified.v, consistent.train_state, run_config, verified.mpath);
+  verified.train_state = std::move(consistent.train_state);
+  verified.ix = std::move(consistent.ix);
+  return verified;
 }
 
 }   // namespace detail
