@@ -45,7 +45,7 @@ std::string shell_word(const std::string& s) {
 
 // The first thing a reader needs: which scenarios did not meet their expectation, what diverged
 // first, and the command that reruns exactly that scenario.
-void failing_list(Document& d, const RunData& run) {
+void failing_list(Document& doc, const RunData& run) {
   std::vector<std::string> items;
   const std::string file = run.matrix_file.empty() ? "" : " --file " + shell_word(run.matrix_file);
   for (const auto& s : run.scenarios) {
@@ -56,104 +56,106 @@ void failing_list(Document& d, const RunData& run) {
     item += "; reproduce: resume-harness check" + file + " " + shell_word(s.row.scenario);
     items.push_back(item);
   }
-  d.heading("Scenarios that did not meet their expectation");
-  if (items.empty()) d.paragraph("None: every scenario met its expectation.");
-  else d.bullets(std::move(items));
+  doc.heading("Scenarios that did not meet their expectation");
+  if (items.empty()) doc.paragraph("None: every scenario met its expectation.");
+  else doc.bullets(std::move(items));
 }
 
 // The first screen: the verdict and the scenarios that did not meet their expectation.
-void overview(Document& d, const RunData& run, const PlotOutcome& plots) {
+void overview(Document& doc, const RunData& run, const PlotOutcome& plots) {
   const StatusCounts counts = status_counts(run);
-  d.status = status_line(counts);
-  d.status_ok = counts.passed();
-  d.paragraph("Run directory " + run.dir +
-              "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
-              "linked from its row of the matrix table in report.html.");
-  failing_list(d, run);
-  if (!plots.ok) d.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
+  doc.status = status_line(counts);
+  doc.status_ok = counts.passed();
+  doc.paragraph("Run directory " + run.dir +
+                "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
+                "linked from its row of the matrix table in report.html.");
+  failing_list(doc, run);
+  if (!plots.ok) doc.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
 }
 
 // Outcome counts, the per-group lines and one outcome grid per group.
-void outcomes_section(Document& d, const RunData& run) {
+void outcomes_section(Document& doc, const RunData& run) {
   std::map<Outcome, std::pair<size_t, size_t>> outcomes;   // outcome -> (count, met)
   struct GroupCount {
     size_t met = 0, exact = 0, count = 0;
   };
   std::map<std::string, GroupCount> groups;
   std::vector<std::string> group_order;
-  for (const auto& s : run.scenarios) {
-    auto& o = outcomes[s.row.outcome];
-    ++o.first;
-    o.second += s.row.passed;
-    if (!groups.count(s.group)) group_order.push_back(s.group);
-    auto& g = groups[s.group];
-    g.met += s.row.passed;
-    g.exact += s.row.outcome == Outcome::identical;
-    ++g.count;
+  for (const auto& scenario : run.scenarios) {
+    auto& tally = outcomes[scenario.row.outcome];
+    ++tally.first;
+    tally.second += scenario.row.passed;
+    if (!groups.count(scenario.group)) group_order.push_back(scenario.group);
+    auto& group_count = groups[scenario.group];
+    group_count.met += scenario.row.passed;
+    group_count.exact += scenario.row.outcome == Outcome::identical;
+    ++group_count.count;
   }
-  d.heading("Outcomes");
-  Table t;
-  t.header = {"outcome", "meaning", "scenarios", "met expectation"};
-  t.right = {false, false, true, true};
-  for (const auto& [o, n] : outcomes)
-    t.rows.push_back({to_string(o), outcome_meaning(o), std::to_string(n.first), std::to_string(n.second)});
-  d.table(t);
+  doc.heading("Outcomes");
+  Table table;
+  table.header = {"outcome", "meaning", "scenarios", "met expectation"};
+  table.right = {false, false, true, true};
+  for (const auto& [outcome, tally] : outcomes)
+    table.rows.push_back(
+        {to_string(outcome), outcome_meaning(outcome), std::to_string(tally.first), std::to_string(tally.second)});
+  doc.table(table);
   std::vector<std::string> items;
   // Met expectation and bit-exact apart: a fault or lossy-policy group passes by diverging.
-  for (const auto& g : group_order)
-    items.push_back(g + ": " + std::to_string(groups[g].met) + " of " + std::to_string(groups[g].count) +
-                    " met their expectation, " + std::to_string(groups[g].exact) + " bit-exact");
-  d.bullets(std::move(items));
-  d.paragraph(
+  for (const auto& group : group_order)
+    items.push_back(group + ": " + std::to_string(groups[group].met) + " of " + std::to_string(groups[group].count) +
+                    " met their expectation, " + std::to_string(groups[group].exact) + " bit-exact");
+  doc.bullets(std::move(items));
+  doc.paragraph(
       "Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
       "a=v) with the most values that fit 6 columns, the rows the other axes; each cell is how that "
       "scenario ended (identical / within tolerance / diverged as expected / failed), with its verdict and "
       "first divergence on hover in report.html.");
-  for (auto& g : outcome_grids(run)) {
-    d.heading(g.group, 3);
-    if (!g.note.empty()) d.paragraph(g.note + ".");
-    d.table(std::move(g.table));
+  for (auto& grid : outcome_grids(run)) {
+    doc.heading(grid.group, 3);
+    if (!grid.note.empty()) doc.paragraph(grid.note + ".");
+    doc.table(std::move(grid.table));
   }
 }
 
-void matrix_section(Document& d, const RunData& run, const std::vector<int>& refs, const PlotOutcome& plots) {
-  d.heading("Matrix");
-  d.paragraph(
+void matrix_section(Document& doc, const RunData& run, const std::vector<int>& refs, const PlotOutcome& plots) {
+  doc.heading("Matrix");
+  doc.paragraph(
       "One row per scenario, in the order of summary.csv, with its numbers exactly as summary.csv holds "
       "them. max |d loss| is over the iterations after resume; max ULP is the largest distance, in "
       "representable values of the saved dtype, between a state right after load and the state that was "
       "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
       "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
       "the verdict is the outcome's hover text and each scenario name links its directory.");
-  d.table(matrix_table(run, refs));
+  doc.table(matrix_table(run, refs));
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
-    d.image(std::string("plots/") + kUlpPlot,
-            "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
-            "red: expectation missed; grey: key not in the checkpoint)");
+    doc.image(std::string("plots/") + kUlpPlot,
+              "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
+              "red: expectation missed; grey: key not in the checkpoint)");
 }
 
-void loss_section(Document& d, const PlotOutcome& plots) {
-  d.heading("Loss after resume");
-  d.paragraph(
+void loss_section(Document& doc, const PlotOutcome& plots) {
+  doc.heading("Loss after resume");
+  doc.paragraph(
       "Baseline (uninterrupted) and resumed lm loss per iteration, one panel per scenario group; the dashed "
       "line marks the save point. Below: |d loss| per iteration after resume on a log scale; exact zeros "
       "(bit-exact iterations) are drawn as markers on their own row, not hidden.");
   for (const char* p : {kLossPlot, kDlossPlot})
     if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + p))
-      d.image(std::string("plots/") + p,
-              std::string(p) == kLossPlot
-                  ? "Loss per scenario group, baseline (line) vs resumed (x)"
-                  : "|d loss| per iteration after resume, log scale; bottom row: exactly 0 (bit-exact)");
+      doc.image(std::string("plots/") + p,
+                std::string(p) == kLossPlot
+                    ? "Loss per scenario group, baseline (line) vs resumed (x)"
+                    : "|d loss| per iteration after resume, log scale; bottom row: exactly 0 (bit-exact)");
 }
 
 // Returns the headline of the section ("" when nothing resumed bit-exactly with a reference).
-std::string disk_section(Document& d, const RunData& run, const std::vector<Combo>& combos, const PlotOutcome& plots) {
-  d.heading("Checkpoint size per key");
-  d.paragraph(
+std::string disk_section(Document& doc, const RunData& run, const std::vector<Combo>& combos,
+                         const PlotOutcome& plots) {
+  doc.heading("Checkpoint size per key");
+  doc.paragraph(
       "One row per storage combination: the save policy and the dtype each key kind was written in, measured "
       "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
       "The reduction compares the total with the fp32-policy checkpoint of the same run configuration.");
-  d.table(disk_table(run, combos));
+  doc.table(disk_table(run, combos));
   const Combo* best = nullptr;
   for (const auto& c : combos)
     if (c.has_reduction && run.scenarios[c.scenario].row.outcome == Outcome::identical &&
@@ -163,40 +165,40 @@ std::string disk_section(Document& d, const RunData& run, const std::vector<Comb
   if (best)
     headline = "Largest saving with a bit-exact resume: " + best->label + ", " + reduction_text(best->reduction_pct) +
                " smaller than the fp32 policy (measured in " + run.scenarios[best->scenario].row.scenario + ").";
-  if (!headline.empty()) d.paragraph(headline);
+  if (!headline.empty()) doc.paragraph(headline);
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kDiskPlot))
-    d.image(std::string("plots/") + kDiskPlot,
-            "Checkpoint bytes stacked by key kind, one bar per storage configuration grouped by save "
-            "policy, with the reduction vs the fp32 policy");
+    doc.image(std::string("plots/") + kDiskPlot,
+              "Checkpoint bytes stacked by key kind, one bar per storage configuration grouped by save "
+              "policy, with the reduction vs the fp32 policy");
   return headline;
 }
 
 // Returns one line per projection that has a published size to compare with.
-std::vector<std::string> projection_section(Document& d, const std::vector<Combo>& combos,
+std::vector<std::string> projection_section(Document& doc, const std::vector<Combo>& combos,
                                             const std::string& models_file, const std::string& run_dir) {
-  d.heading("Projection to real model sizes");
+  doc.heading("Projection to real model sizes");
   if (!fs::exists(models_file)) {
-    d.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
+    doc.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
     return {};
   }
   const auto models = load_models(models_file);
   const auto rows = project(models, combos);
-  d.paragraph("Projected bytes = measured bytes per parameter x the model's parameter count (models from " +
-              models_file +
-              "). Bytes per parameter count the model and optimizer tensors only: the fixed "
-              "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
-              "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
-              "the published dtype; the reduction difference is in percentage points (pp). Every model and "
-              "configuration, at full precision: projection.csv.");
+  doc.paragraph("Projected bytes = measured bytes per parameter x the model's parameter count (models from " +
+                models_file +
+                "). Bytes per parameter count the model and optimizer tensors only: the fixed "
+                "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
+                "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
+                "the published dtype; the reduction difference is in percentage points (pp). Every model and "
+                "configuration, at full precision: projection.csv.");
   bool compressed = false;
   for (const auto& c : combos) compressed = compressed || c.compress != "none";
   if (compressed)
-    d.paragraph(
+    doc.paragraph(
         "Rows \"POLICY + zstd\" are compressed checkpoints (byte planes + zstd), projected with the bytes "
         "per parameter this run's tiny model compressed to. A tiny model's entropy may not match a real "
         "one's: weights and moments of a trained 16 B model can compress better or worse, so these rows "
         "are an estimate, not a measurement; the published sizes are uncompressed and never apply to them.");
-  d.table(projection_table(models, combos, rows));
+  doc.table(projection_table(models, combos, rows));
   write_report_file((fs::path(run_dir) / "projection.csv").string(), projection_csv(models, combos, rows));
   // One finding per model and stored dtypes: policies that store the same dtypes project the same
   // bytes, so they share a line ("policies native, fp32") instead of repeating it.
@@ -229,25 +231,25 @@ std::vector<std::string> projection_section(Document& d, const std::vector<Combo
     for (size_t i = 0; i < p.size(); ++i) who += (i ? ", " : "") + p[i];
     items.push_back(head[k] + who + ")" + tail[k]);
   }
-  if (!items.empty()) d.bullets(items);
+  if (!items.empty()) doc.bullets(items);
   return items;
 }
 
-void notes_section(Document& d, const RunData& run) {
+void notes_section(Document& doc, const RunData& run) {
   std::vector<std::string> items;
-  for (const auto& s : run.scenarios) {
-    std::string n;
-    if (s.row.outcome == Outcome::error) n += "the check errored: " + s.row.first_divergence + ". ";
-    if (!s.missing.empty()) {
-      n += "missing in " + s.rel_dir + ":";
-      for (const auto& m : s.missing) n += " " + m;
-      n += " (the tables and plots that need them leave this scenario out).";
+  for (const auto& scenario : run.scenarios) {
+    std::string note;
+    if (scenario.row.outcome == Outcome::error) note += "the check errored: " + scenario.row.first_divergence + ". ";
+    if (!scenario.missing.empty()) {
+      note += "missing in " + scenario.rel_dir + ":";
+      for (const auto& file : scenario.missing) note += " " + file;
+      note += " (the tables and plots that need them leave this scenario out).";
     }
-    if (!n.empty()) items.push_back(s.row.scenario + ": " + n);
+    if (!note.empty()) items.push_back(scenario.row.scenario + ": " + note);
   }
   if (items.empty()) return;
-  d.heading("Scenario notes");
-  d.bullets(std::move(items));
+  doc.heading("Scenario notes");
+  doc.bullets(std::move(items));
 }
 
 }   // namespace
@@ -278,15 +280,15 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   out.plots = run_plots(run);
   if (!out.plots.ok) log << "report: plots not drawn: " << out.plots.message << "\n";
 
-  Document d;
-  d.title = "Resume report: " + (run.matrix_file.empty() ? run.dir : run.matrix_file);
-  overview(d, run, out.plots);
-  const size_t findings_at = d.blocks.size();
-  outcomes_section(d, run);
-  matrix_section(d, run, refs, out.plots);
-  loss_section(d, out.plots);
-  const std::string saving = disk_section(d, run, combos, out.plots);
-  auto findings = projection_section(d, combos, models, run_dir);
+  Document doc;
+  doc.title = "Resume report: " + (run.matrix_file.empty() ? run.dir : run.matrix_file);
+  overview(doc, run, out.plots);
+  const size_t findings_at = doc.blocks.size();
+  outcomes_section(doc, run);
+  matrix_section(doc, run, refs, out.plots);
+  loss_section(doc, out.plots);
+  const std::string saving = disk_section(doc, run, combos, out.plots);
+  auto findings = projection_section(doc, combos, models, run_dir);
   // Key findings repeat the sections' headline sentences right under the overview.
   if (!saving.empty()) findings.insert(findings.begin(), saving);
   size_t fold_from = findings_at;   // the verdict, failures and key findings stay unfolded in report.md
@@ -294,19 +296,19 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
     Document k;
     k.heading("Key findings");
     k.bullets(findings);
-    d.blocks.insert(d.blocks.begin() + static_cast<std::ptrdiff_t>(findings_at), k.blocks.begin(), k.blocks.end());
+    doc.blocks.insert(doc.blocks.begin() + static_cast<std::ptrdiff_t>(findings_at), k.blocks.begin(), k.blocks.end());
     fold_from += k.blocks.size();
   }
-  d.fold_from = fold_from;
-  notes_section(d, run);
-  d.heading("Environment");
-  if (!run.has_summary_json) d.paragraph("summary.json is missing: the environment of this run is unknown.");
-  d.table(environment_table(run));
+  doc.fold_from = fold_from;
+  notes_section(doc, run);
+  doc.heading("Environment");
+  if (!run.has_summary_json) doc.paragraph("summary.json is missing: the environment of this run is unknown.");
+  doc.table(environment_table(run));
 
   out.markdown = (fs::path(run_dir) / "report.md").string();
   out.html = (fs::path(run_dir) / "report.html").string();
-  write_report_file(out.markdown, render_markdown(d, md_image_links));
-  write_report_file(out.html, render_html(d, run_dir));
+  write_report_file(out.markdown, render_markdown(doc, md_image_links));
+  write_report_file(out.html, render_html(doc, run_dir));
   if (verbose) {
     for (const auto& p : out.plots.written) log << "report: wrote " << (fs::path(run_dir) / p).string() << "\n";
     if (fs::exists(models)) log << "report: wrote " << (fs::path(run_dir) / "projection.csv").string() << "\n";

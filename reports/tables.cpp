@@ -113,26 +113,27 @@ std::string md_code(const std::string& s) {
   return pad ? fence + " " + body + " " + fence : fence + body + fence;
 }
 
-std::string to_markdown(const Table& t) {
-  std::string o = "|";
-  for (const auto& h : t.header) {
-    o += ' ';
-    append_md_cell(o, h);
-    o += " |";
+std::string to_markdown(const Table& table) {
+  std::string markdown = "|";
+  for (const auto& heading : table.header) {
+    markdown += ' ';
+    append_md_cell(markdown, heading);
+    markdown += " |";
   }
-  o += "\n|";
-  for (size_t c = 0; c < t.header.size(); ++c) o += c < t.right.size() && t.right[c] ? " ---: |" : " --- |";
-  o += '\n';
-  for (const auto& r : t.rows) {
-    o += '|';
-    for (const auto& cell : r) {
-      o += ' ';
-      append_md_cell(o, cell);
-      o += " |";
+  markdown += "\n|";
+  for (size_t c = 0; c < table.header.size(); ++c)
+    markdown += c < table.right.size() && table.right[c] ? " ---: |" : " --- |";
+  markdown += '\n';
+  for (const auto& row : table.rows) {
+    markdown += '|';
+    for (const auto& cell : row) {
+      markdown += ' ';
+      append_md_cell(markdown, cell);
+      markdown += " |";
     }
-    o += '\n';
+    markdown += '\n';
   }
-  return o;
+  return markdown;
 }
 
 namespace {
@@ -157,50 +158,54 @@ std::string url_path(const std::string& p) {
 
 }   // namespace
 
-std::string to_html(const Table& t) {
-  std::string o = t.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + t.html_class + "\">\n<thead><tr>";
-  const auto hidden = [&t](size_t c) {
-    return t.html_hidden_column >= 0 && c == static_cast<size_t>(t.html_hidden_column);
+std::string to_html(const Table& table) {
+  std::string html =
+      table.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + table.html_class + "\">\n<thead><tr>";
+  const auto hidden = [&table](size_t c) {
+    return table.html_hidden_column >= 0 && c == static_cast<size_t>(table.html_hidden_column);
   };
-  for (size_t c = 0; c < t.header.size(); ++c) {
+  for (size_t c = 0; c < table.header.size(); ++c) {
     if (hidden(c)) continue;
     // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
     // otherwise set the column's width.
-    std::string h;
-    for (const char ch : markup_escape(t.header[c])) h += ch == '_' ? std::string("_<wbr>") : std::string(1, ch);
-    o += "<th>" + h + "</th>";
+    std::string heading;
+    for (const char ch : markup_escape(table.header[c]))
+      heading += ch == '_' ? std::string("_<wbr>") : std::string(1, ch);
+    html += "<th>" + heading + "</th>";
   }
-  o += "</tr></thead>\n<tbody>\n";
-  for (size_t i = 0; i < t.rows.size(); ++i) {
-    const std::string& cls = i < t.row_class.size() ? t.row_class[i] : std::string();
-    if (cls.empty()) o += "<tr>";
-    else o += "<tr class=\"" + cls + "\">";
-    for (size_t c = 0; c < t.rows[i].size(); ++c) {
+  html += "</tr></thead>\n<tbody>\n";
+  for (size_t i = 0; i < table.rows.size(); ++i) {
+    const std::string& cls = i < table.row_class.size() ? table.row_class[i] : std::string();
+    if (cls.empty()) html += "<tr>";
+    else html += "<tr class=\"" + cls + "\">";
+    for (size_t c = 0; c < table.rows[i].size(); ++c) {
       if (hidden(c)) continue;
-      const bool num = c < t.right.size() && t.right[c];
-      const std::string* extra = i < t.cell_class.size() && c < t.cell_class[i].size() && !t.cell_class[i][c].empty()
-                                     ? &t.cell_class[i][c]
-                                     : nullptr;
-      o += "<td";
-      if (num || extra) {
-        o += " class=\"";
-        if (num) o += "num";
-        if (num && extra) o += ' ';
-        if (extra) o += *extra;
-        o += '"';
+      const bool numeric = c < table.right.size() && table.right[c];
+      const std::string* extra =
+          i < table.cell_class.size() && c < table.cell_class[i].size() && !table.cell_class[i][c].empty()
+              ? &table.cell_class[i][c]
+              : nullptr;
+      html += "<td";
+      if (numeric || extra) {
+        html += " class=\"";
+        if (numeric) html += "num";
+        if (numeric && extra) html += ' ';
+        if (extra) html += *extra;
+        html += '"';
       }
-      if (i < t.cell_title.size() && c < t.cell_title[i].size() && !t.cell_title[i][c].empty())
-        o += " title=\"" + markup_escape(t.cell_title[i][c]) + "\"";
-      o += '>';
-      const std::string* href = c == 0 && i < t.row_href.size() && !t.row_href[i].empty() ? &t.row_href[i] : nullptr;
-      if (href) o += "<a href=\"" + url_path(*href) + "\">";
-      o += markup_escape(t.rows[i][c]);
-      if (href) o += "</a>";
-      o += "</td>";
+      if (i < table.cell_title.size() && c < table.cell_title[i].size() && !table.cell_title[i][c].empty())
+        html += " title=\"" + markup_escape(table.cell_title[i][c]) + "\"";
+      html += '>';
+      const std::string* href =
+          c == 0 && i < table.row_href.size() && !table.row_href[i].empty() ? &table.row_href[i] : nullptr;
+      if (href) html += "<a href=\"" + url_path(*href) + "\">";
+      html += markup_escape(table.rows[i][c]);
+      if (href) html += "</a>";
+      html += "</td>";
     }
-    o += "</tr>\n";
+    html += "</tr>\n";
   }
-  return o + "</tbody>\n</table>\n";
+  return html + "</tbody>\n</table>\n";
 }
 
 std::vector<int> fp32_references(const RunData& run) {
@@ -234,72 +239,75 @@ std::vector<int> fp32_references(const RunData& run) {
   return refs;
 }
 
-std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s) {
-  std::map<std::string, uint64_t> b;
-  for (const auto& r : s.disk) b[r.kind] += r.bytes;
-  return b;
+std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& scenario) {
+  std::map<std::string, uint64_t> bytes;
+  for (const auto& entry : scenario.disk) bytes[entry.kind] += entry.bytes;
+  return bytes;
 }
 
 std::vector<Combo> storage_combos(const RunData& run, const std::vector<int>& refs) {
-  std::vector<Combo> out;
+  std::vector<Combo> combos;
   std::map<std::string, size_t> by_label;
-  auto total = [](const std::map<std::string, uint64_t>& b) {
-    uint64_t t = 0;
-    for (const auto& [k, v] : b) t += v;
-    return t;
+  auto total = [](const std::map<std::string, uint64_t>& bytes) {
+    uint64_t sum = 0;
+    for (const auto& [kind, count] : bytes) sum += count;
+    return sum;
   };
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
-    const auto& s = run.scenarios[i];
-    if (!s.has_disk || s.disk.empty()) continue;
-    std::map<std::string, std::set<std::string>> dt;
-    for (const auto& r : s.disk)
-      if (r.kind != "metadata") dt[r.kind].insert(r.dtype);
-    Combo c;
-    c.policy = s.row.save_policy;
+    const auto& scenario = run.scenarios[i];
+    if (!scenario.has_disk || scenario.disk.empty()) continue;
+    std::map<std::string, std::set<std::string>> dtypes_by_kind;
+    for (const auto& entry : scenario.disk)
+      if (entry.kind != "metadata") dtypes_by_kind[entry.kind].insert(entry.dtype);
+    Combo combo;
+    combo.policy = scenario.row.save_policy;
     std::string parts;
-    for (const auto& k : disk_kinds()) {
-      if (!dt.count(k)) continue;
-      std::string d;
-      for (const auto& x : dt[k]) d += (d.empty() ? "" : "+") + x;
-      c.dtypes[k] = d;
-      parts += (parts.empty() ? "" : ", ") + k + " " + d;
+    for (const auto& kind : disk_kinds()) {
+      if (!dtypes_by_kind.count(kind)) continue;
+      std::string dtypes;
+      for (const auto& dtype : dtypes_by_kind[kind]) dtypes += (dtypes.empty() ? "" : "+") + dtype;
+      combo.dtypes[kind] = dtypes;
+      parts += (parts.empty() ? "" : ", ") + kind + " " + dtypes;
     }
     // A compressed checkpoint stores the same dtypes in fewer bytes: its own configuration, never
     // merged with (or standing in for) the uncompressed one.
-    c.compress = s.row.compress;
-    c.label = c.policy_label() + ": " + parts;
+    combo.compress = scenario.row.compress;
+    combo.label = combo.policy_label() + ": " + parts;
     const bool has_ref = refs[i] >= 0 && run.scenarios[static_cast<size_t>(refs[i])].has_disk;
-    auto it = by_label.find(c.label);
+    auto it = by_label.find(combo.label);
     if (it != by_label.end()) {
       // Keep the first measurement unless it lacks a reference and this one has one.
-      if (out[it->second].has_reduction || !has_ref) continue;
+      if (combos[it->second].has_reduction || !has_ref) continue;
     }
-    c.scenario = i;
-    c.bytes = bytes_by_kind(s);
-    c.total_bytes = total(c.bytes);
-    c.payload_bytes = c.total_bytes - (c.bytes.count("metadata") ? c.bytes["metadata"] : 0);
-    c.num_params = static_cast<uint64_t>(s.row.num_params.value);
-    c.payload_per_param = c.num_params ? static_cast<double>(c.payload_bytes) / static_cast<double>(c.num_params) : 0;
+    combo.scenario = i;
+    combo.bytes = bytes_by_kind(scenario);
+    combo.total_bytes = total(combo.bytes);
+    combo.payload_bytes = combo.total_bytes - (combo.bytes.count("metadata") ? combo.bytes["metadata"] : 0);
+    combo.num_params = static_cast<uint64_t>(scenario.row.num_params.value);
+    combo.payload_per_param =
+        combo.num_params ? static_cast<double>(combo.payload_bytes) / static_cast<double>(combo.num_params) : 0;
     if (has_ref) {
-      const auto& r = run.scenarios[static_cast<size_t>(refs[i])];
-      auto rb = bytes_by_kind(r);
-      const uint64_t rt = total(rb), rp = rt - (rb.count("metadata") ? rb["metadata"] : 0);
-      const double rn = r.row.num_params.value;
-      c.reference = refs[i];
-      c.has_reduction = rt > 0 && rp > 0 && rn > 0 && c.num_params > 0;
-      if (c.has_reduction) {
-        c.reduction_pct = 100.0 * (1.0 - static_cast<double>(c.total_bytes) / static_cast<double>(rt));
-        c.payload_reduction_pct = 100.0 * (1.0 - c.payload_per_param / (static_cast<double>(rp) / rn));
+      const auto& reference = run.scenarios[static_cast<size_t>(refs[i])];
+      auto ref_bytes = bytes_by_kind(reference);
+      const uint64_t ref_total = total(ref_bytes),
+                     ref_payload = ref_total - (ref_bytes.count("metadata") ? ref_bytes["metadata"] : 0);
+      const double ref_params = reference.row.num_params.value;
+      combo.reference = refs[i];
+      combo.has_reduction = ref_total > 0 && ref_payload > 0 && ref_params > 0 && combo.num_params > 0;
+      if (combo.has_reduction) {
+        combo.reduction_pct = 100.0 * (1.0 - static_cast<double>(combo.total_bytes) / static_cast<double>(ref_total));
+        combo.payload_reduction_pct =
+            100.0 * (1.0 - combo.payload_per_param / (static_cast<double>(ref_payload) / ref_params));
       }
     }
     if (it != by_label.end()) {
-      out[it->second] = c;
+      combos[it->second] = combo;
     } else {
-      by_label[c.label] = out.size();
-      out.push_back(c);
+      by_label[combo.label] = combos.size();
+      combos.push_back(combo);
     }
   }
-  return out;
+  return combos;
 }
 
 std::string human(const Num& n) {
@@ -319,80 +327,81 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
         kinds.push_back(k);
         break;
       }
-  Table t;
-  t.header = {"scenario", "expectation", "outcome", "verdict", "first divergence", "max |d loss| after resume"};
-  for (const auto& k : kinds) t.header.push_back("max ULP " + k);
+  Table table;
+  table.header = {"scenario", "expectation", "outcome", "verdict", "first divergence", "max |d loss| after resume"};
+  for (const auto& k : kinds) table.header.push_back("max ULP " + k);
   bool compressed = false;   // a column for bytes/param without compression, when any cell compresses
   for (const auto& s : run.scenarios) compressed = compressed || s.row.compress != "none";
-  for (const char* h : {"checkpoint bytes", "bytes/param"}) t.header.push_back(h);
-  if (compressed) t.header.push_back("bytes/param uncompressed");
-  t.header.push_back("reduction vs fp32 policy");
-  t.right.assign(t.header.size(), true);
-  for (size_t c = 0; c < 5; ++c) t.right[c] = false;
+  for (const char* h : {"checkpoint bytes", "bytes/param"}) table.header.push_back(h);
+  if (compressed) table.header.push_back("bytes/param uncompressed");
+  table.header.push_back("reduction vs fp32 policy");
+  table.right.assign(table.header.size(), true);
+  for (size_t c = 0; c < 5; ++c) table.right[c] = false;
   // In report.html the verdict is the outcome's hover text: sixteen columns do not fit 1280 px.
-  t.html_class = "matrix";
-  t.html_hidden_column = 3;
+  table.html_class = "matrix";
+  table.html_hidden_column = 3;
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
-    const auto& r = run.scenarios[i].row;
-    const bool compared =
-        r.outcome != Outcome::error && r.outcome != Outcome::load_refused && r.outcome != Outcome::nondeterministic;
-    std::vector<std::string> row = {r.scenario,
-                                    r.expectation,
-                                    to_string(r.outcome),
-                                    r.verdict,
-                                    r.first_divergence.empty() ? "none" : r.first_divergence,
-                                    compared ? human(r.max_abs_dloss) : kDash};
-    for (const auto& k : kinds) row.push_back(r.max_ulp.count(k) ? r.max_ulp.at(k).text : kDash);
-    row.push_back(r.checkpoint_bytes.text);
-    row.push_back(human(r.bytes_per_param));
+    const auto& summary = run.scenarios[i].row;
+    const bool compared = summary.outcome != Outcome::error && summary.outcome != Outcome::load_refused &&
+                          summary.outcome != Outcome::nondeterministic;
+    std::vector<std::string> row = {summary.scenario,
+                                    summary.expectation,
+                                    to_string(summary.outcome),
+                                    summary.verdict,
+                                    summary.first_divergence.empty() ? "none" : summary.first_divergence,
+                                    compared ? human(summary.max_abs_dloss) : kDash};
+    for (const auto& k : kinds) row.push_back(summary.max_ulp.count(k) ? summary.max_ulp.at(k).text : kDash);
+    row.push_back(summary.checkpoint_bytes.text);
+    row.push_back(human(summary.bytes_per_param));
     if (compressed)
-      row.push_back(r.compress != "none" ? human(r.raw_bytes_per_param) + " (" + r.compress + ")" : kDash);
+      row.push_back(summary.compress != "none" ? human(summary.raw_bytes_per_param) + " (" + summary.compress + ")"
+                                               : kDash);
     if (refs[i] == static_cast<int>(i)) {
       row.push_back("reference");
-    } else if (refs[i] >= 0 && r.checkpoint_bytes.value > 0) {
+    } else if (refs[i] >= 0 && summary.checkpoint_bytes.value > 0) {
       const double ref = run.scenarios[static_cast<size_t>(refs[i])].row.checkpoint_bytes.value;
-      row.push_back(reduction_text(100.0 * (1.0 - r.checkpoint_bytes.value / ref)));
+      row.push_back(reduction_text(100.0 * (1.0 - summary.checkpoint_bytes.value / ref)));
     } else {
       row.push_back(kDash);
     }
     std::vector<std::string> title(row.size());
-    title[2] = r.verdict;   // the outcome's hover text: the verdict column is hidden in HTML
-    t.cell_title.push_back(std::move(title));
-    t.rows.push_back(row);
-    t.row_class.push_back(r.passed ? "pass" : "fail");
+    title[2] = summary.verdict;   // the outcome's hover text: the verdict column is hidden in HTML
+    table.cell_title.push_back(std::move(title));
+    table.rows.push_back(row);
+    table.row_class.push_back(summary.passed ? "pass" : "fail");
     // A scenario that errored before writing anything has no directory to link.
     std::error_code ec;
-    t.row_href.push_back(
+    table.row_href.push_back(
         fs::is_directory(fs::path(run.dir) / run.scenarios[i].rel_dir, ec) ? run.scenarios[i].rel_dir + "/" : "");
   }
-  return t;
+  return table;
 }
 
 Table disk_table(const RunData& run, const std::vector<Combo>& combos) {
-  Table t;
-  t.header = {"storage (save policy: dtype per key)", "measured in"};
-  for (const auto& k : disk_kinds()) t.header.push_back(k + " bytes");
+  Table table;
+  table.header = {"storage (save policy: dtype per key)", "measured in"};
+  for (const auto& k : disk_kinds()) table.header.push_back(k + " bytes");
   for (const char* h : {"total bytes", "bytes/param (without metadata)", "reduction vs fp32 policy"})
-    t.header.push_back(h);
-  t.right.assign(t.header.size(), true);
-  t.right[0] = t.right[1] = false;
-  for (const auto& c : combos) {
-    std::vector<std::string> row = {c.label, run.scenarios[c.scenario].row.scenario};
-    for (const auto& k : disk_kinds()) row.push_back(c.bytes.count(k) ? std::to_string(c.bytes.at(k)) : kDash);
-    row.push_back(std::to_string(c.total_bytes));
-    row.push_back(c.num_params ? fmt("%.4f", c.payload_per_param) : kDash);
-    row.push_back(c.reference == static_cast<int>(c.scenario) ? "reference"
-                  : c.has_reduction                           ? reduction_text(c.reduction_pct)
-                                                              : kDash);
-    t.rows.push_back(row);
+    table.header.push_back(h);
+  table.right.assign(table.header.size(), true);
+  table.right[0] = table.right[1] = false;
+  for (const auto& combo : combos) {
+    std::vector<std::string> row = {combo.label, run.scenarios[combo.scenario].row.scenario};
+    for (const auto& k : disk_kinds()) row.push_back(combo.bytes.count(k) ? std::to_string(combo.bytes.at(k)) : kDash);
+    row.push_back(std::to_string(combo.total_bytes));
+    row.push_back(combo.num_params ? fmt("%.4f", combo.payload_per_param) : kDash);
+    row.push_back(combo.reference == static_cast<int>(combo.scenario) ? "reference"
+                  : combo.has_reduction                               ? reduction_text(combo.reduction_pct)
+                                                                      : kDash);
+    table.rows.push_back(row);
   }
-  return t;
+  return table;
 }
 
 Table environment_table(const RunData& run) {
-  Table t;
-  t.header = {"setting", "value"};
-  t.right = {false, false};
+  Table table;
+  table.header = {"setting", "value"};
+  table.right = {false, false};
   static const std::vector<std::pair<const char*, const char*>> keys = {{"harness_version", "harness version"},
                                                                         {"git_commit", "harness commit"},
                                                                         {"torch_version", "LibTorch"},
@@ -401,12 +410,13 @@ Table environment_table(const RunData& run) {
                                                                         {"device", "device"},
                                                                         {"threads_per_process", "threads per process"},
                                                                         {"jobs", "scenarios run at a time"}};
-  const auto& e = run.environment;
+  const auto& environment = run.environment;
   for (const auto& [k, label] : keys)
-    t.rows.push_back({label, e.is_object() && e.contains(k) ? json_text(e[k]) : std::string("unknown")});
-  if (!run.matrix_file.empty()) t.rows.push_back({"scenario file", run.matrix_file});
-  if (!run.total_seconds.empty()) t.rows.push_back({"wall time of the run (s)", run.total_seconds});
-  return t;
+    table.rows.push_back({label, environment.is_object() && environment.contains(k) ? json_text(environment[k])
+                                                                                    : std::string("unknown")});
+  if (!run.matrix_file.empty()) table.rows.push_back({"scenario file", run.matrix_file});
+  if (!run.total_seconds.empty()) table.rows.push_back({"wall time of the run (s)", run.total_seconds});
+  return table;
 }
 
 StatusCounts status_counts(const RunData& run) {

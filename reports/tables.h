@@ -31,8 +31,8 @@ struct Table {
 };
 
 // Tables print every cell escaped for their format: HTML by markup_escape, Markdown by md_cell.
-std::string to_markdown(const Table& t);
-std::string to_html(const Table& t);
+std::string to_markdown(const Table& table);
+std::string to_html(const Table& table);
 
 // Text for GitHub Markdown (report.md and `report --compare` are posted as PR comments): scenario
 // names and messages come from files and may hold markup. md_text keeps it one line of literal
@@ -55,7 +55,7 @@ std::string fmt(const char* format, double v);
 std::vector<int> fp32_references(const RunData& run);
 
 // Bytes per key kind of a scenario's disk.csv, every kind of disk_kinds() present (0 if none).
-std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& s);
+std::map<std::string, uint64_t> bytes_by_kind(const ScenarioData& scenario);
 
 // A storage combination: the save policy and the dtype each key kind was written in, measured
 // on the first scenario (in summary order) that wrote it and has an fp32 reference with a

@@ -29,13 +29,13 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     // Chunks of at most 1 GiB: Linux write() moves at most ~2 GiB per call anyway.
-    ssize_t w = ::write(fd, p, n < (1u << 30) ? n : (1u << 30));
-    if (w < 0) {
+    ssize_t written = ::write(fd, p, n < (1u << 30) ? n : (1u << 30));
+    if (written < 0) {
       if (errno == EINTR) continue;
       throw_errno("cannot write", path);
     }
-    p += w;
-    n -= static_cast<size_t>(w);
+    p += written;
+    n -= static_cast<size_t>(written);
   }
 }
 
@@ -81,12 +81,12 @@ void write_file_durable(const std::string& path, const std::string& content) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string temp_path = path + ".tmp." + std::to_string(::getpid());
   try {
-    write_file_durable(tmp, content);
-    rename_path(tmp, path);
+    write_file_durable(temp_path, content);
+    rename_path(temp_path, path);
   } catch (...) {   // e.g. ENOSPC: no empty temp file is left behind
-    ::unlink(tmp.c_str());
+    ::unlink(temp_path.c_str());
     throw;
   }
   fs::path parent = fs::path(path).parent_path();
@@ -99,16 +99,16 @@ std::string read_small_file(const std::string& path) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0) {
+    ssize_t bytes_read = ::read(fd, buf, sizeof buf);
+    if (bytes_read < 0) {
       if (errno == EINTR) continue;
       int err = errno;
       ::close(fd);
       errno = err;
       throw_errno("cannot read", path);
     }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
+    if (bytes_read == 0) break;
+    out.append(buf, static_cast<size_t>(bytes_read));
   }
   ::close(fd);
   return out;
@@ -144,16 +144,16 @@ bool is_plain_file_name(const std::string& name) {
 
 std::string hex_encode(const std::vector<uint8_t>& bytes) {
   static const char* digits = "0123456789abcdef";
-  std::string s(bytes.size() * 2, '0');
+  std::string hex(bytes.size() * 2, '0');
   for (size_t i = 0; i < bytes.size(); ++i) {
-    s[2 * i] = digits[bytes[i] >> 4];
-    s[2 * i + 1] = digits[bytes[i] & 15];
+    hex[2 * i] = digits[bytes[i] >> 4];
+    hex[2 * i + 1] = digits[bytes[i] & 15];
   }
-  return s;
+  return hex;
 }
 
 std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what) {
-  auto nib = [&](char c) -> int {
+  auto nibble = [&](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
@@ -161,7 +161,8 @@ std::vector<uint8_t> hex_decode(const std::string& hex, const std::string& what)
   };
   if (hex.size() % 2 != 0) throw InputError(what + ": hex string of odd length");
   std::vector<uint8_t> out(hex.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(nib(hex[2 * i]) << 4 | nib(hex[2 * i + 1]));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<uint8_t>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
   return out;
 }
 

@@ -151,82 +151,82 @@ std::string toml_nesting_position(const std::string& text) {
 }
 
 std::string quote_text(const std::string& s, size_t max) {
-  std::string q;
+  std::string quoted;
   size_t i = 0;
-  for (; i < s.size() && q.size() < max; ++i) {
-    const auto u = static_cast<unsigned char>(s[i]);
-    if (u < 0x20 || u == 0x7f) {
+  for (; i < s.size() && quoted.size() < max; ++i) {
+    const auto byte = static_cast<unsigned char>(s[i]);
+    if (byte < 0x20 || byte == 0x7f) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      q += buf;
+      std::snprintf(buf, sizeof buf, "\\x%02x", byte);
+      quoted += buf;
     } else {
-      q += s[i];
+      quoted += s[i];
     }
   }
-  if (i < s.size()) q += "... (" + std::to_string(s.size()) + " bytes)";
-  return q;
+  if (i < s.size()) quoted += "... (" + std::to_string(s.size()) + " bytes)";
+  return quoted;
 }
 
 namespace {
 // Length of the valid UTF-8 sequence at s[i] (1-4), or 0 (RFC 3629: no overlong forms, no
 // surrogates, nothing above U+10FFFF).
 size_t utf8_length(const std::string& s, size_t i) {
-  const auto b = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
-  const unsigned c = b(i);
-  auto cont = [&](size_t k) { return (b(k) & 0xC0) == 0x80; };
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return cont(i + 1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    const unsigned c1 = b(i + 1);
-    if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F)) return 0;
-    return cont(i + 1) && cont(i + 2) ? 3 : 0;
+  const auto byte_at = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned lead = byte_at(i);
+  auto is_continuation = [&](size_t k) { return (byte_at(k) & 0xC0) == 0x80; };
+  if (lead < 0x80) return 1;
+  if (lead >= 0xC2 && lead <= 0xDF) return is_continuation(i + 1) ? 2 : 0;
+  if (lead >= 0xE0 && lead <= 0xEF) {
+    const unsigned second = byte_at(i + 1);
+    if ((lead == 0xE0 && second < 0xA0) || (lead == 0xED && second > 0x9F)) return 0;
+    return is_continuation(i + 1) && is_continuation(i + 2) ? 3 : 0;
   }
-  if (c >= 0xF0 && c <= 0xF4) {
-    const unsigned c1 = b(i + 1);
-    if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F)) return 0;
-    return cont(i + 1) && cont(i + 2) && cont(i + 3) ? 4 : 0;
+  if (lead >= 0xF0 && lead <= 0xF4) {
+    const unsigned second = byte_at(i + 1);
+    if ((lead == 0xF0 && second < 0x90) || (lead == 0xF4 && second > 0x8F)) return 0;
+    return is_continuation(i + 1) && is_continuation(i + 2) && is_continuation(i + 3) ? 4 : 0;
   }
   return 0;
 }
 }   // namespace
 
 std::string printable_text(const std::string& s) {
-  std::string q;
-  q.reserve(s.size());
+  std::string printable;
+  printable.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    const auto u = static_cast<unsigned char>(s[i]);
-    const size_t n = utf8_length(s, i);
-    if (n == 0 || ((u < 0x20 && u != '\n' && u != '\t') || u == 0x7f)) {
+    const auto byte = static_cast<unsigned char>(s[i]);
+    const size_t seq_length = utf8_length(s, i);
+    if (seq_length == 0 || ((byte < 0x20 && byte != '\n' && byte != '\t') || byte == 0x7f)) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      q += buf;
+      std::snprintf(buf, sizeof buf, "\\x%02x", byte);
+      printable += buf;
       ++i;
     } else {
-      q.append(s, i, n);
-      i += n;
+      printable.append(s, i, seq_length);
+      i += seq_length;
     }
   }
-  return q;
+  return printable;
 }
 
 std::string dump_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string quote_json(const nlohmann::json& v, size_t max) {
+std::string quote_json(const nlohmann::json& value, size_t max) {
   // Only values from a depth-checked parse reach here, so dump() recursion is bounded.
-  return quote_text(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max);
+  return quote_text(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max);
 }
 
 namespace {
 
-const char* file_type(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISLNK(m)) return "a symbolic link";
+const char* file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
   return "not a regular file";
 }
 
@@ -256,8 +256,8 @@ int open_regular_file(const std::string& path, uint64_t* size, bool no_follow) {
     ::close(fd);
     throw InputError(path + ": is " + std::string(file_type(st.st_mode)) + ", expected a regular file");
   }
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
     const int err = errno;
     ::close(fd);
     errno = err;
@@ -278,16 +278,16 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, bool 
   std::string out;
   char buf[65536];
   for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof buf);
-    if (r < 0) {
+    const ssize_t bytes_read = ::read(fd, buf, sizeof buf);
+    if (bytes_read < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
       ::close(fd);
       errno = err;
       sys_fail("cannot read", path);
     }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
+    if (bytes_read == 0) break;
+    out.append(buf, static_cast<size_t>(bytes_read));
     if (out.size() > max_bytes) too_big("more bytes than its size said");
   }
   ::close(fd);

@@ -53,7 +53,7 @@ inline nlohmann::json parse_json_unique(const std::string& text, const std::stri
 
 // A value or a string for a message: compact, invalid UTF-8 replaced, control characters
 // escaped, cut to kMaxQuoted characters with the full length said.
-std::string quote_json(const nlohmann::json& v, size_t max = kMaxQuoted);
+std::string quote_json(const nlohmann::json& value, size_t max = kMaxQuoted);
 std::string quote_text(const std::string& s, size_t max = kMaxQuoted);
 
 // Text for a one-line message or a JSON string: every byte that is not part of valid UTF-8, and

@@ -19,20 +19,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
-  size_t best_d = static_cast<size_t>(-1);
-  for (const auto& c : candidates) {
-    if (c.size() > 4 * word.size() + 8 || word.size() > 4 * c.size() + 8) continue;   // far too long to be a typo
-    const size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
+  size_t best_distance = static_cast<size_t>(-1);
+  for (const auto& candidate : candidates) {
+    if (candidate.size() > 4 * word.size() + 8 || word.size() > 4 * candidate.size() + 8)
+      continue;   // far too long to be a typo
+    const size_t distance = edit_distance(word, candidate);
+    if (distance < best_distance) best_distance = distance, best = candidate;
   }
-  if (best.empty() || best_d == 0) return "";
+  if (best.empty() || best_distance == 0) return "";
   const size_t limit = std::min<size_t>(3, std::max(word.size(), best.size()) / 3);
-  return best_d <= std::max<size_t>(1, limit) ? best : "";
+  return best_distance <= std::max<size_t>(1, limit) ? best : "";
 }
 
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string m = closest_match(word, candidates);
-  return m.empty() ? "" : " (did you mean '" + m + "'?)";
+  const std::string match = closest_match(word, candidates);
+  return match.empty() ? "" : " (did you mean '" + match + "'?)";
 }
 
 }   // namespace rh

@@ -40,16 +40,16 @@ void write_text(const std::string& path, const std::string& text) {
   const char* p = text.data();
   size_t left = text.size();
   while (left > 0) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
+    const ssize_t written = ::write(fd, p, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
       const int err = errno;
       ::close(fd);
       throw_if_disk_errno("cannot write", path, err);
       throw WriteError("cannot write " + path + ": " + std::strerror(err));
     }
-    p += w;
-    left -= static_cast<size_t>(w);
+    p += written;
+    left -= static_cast<size_t>(written);
   }
   if (::close(fd) != 0) {
     throw_if_disk_errno("cannot write", path, errno);
@@ -67,20 +67,20 @@ void copy_text_file(const std::string& from, const std::string& to) {
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return o + "\"";
+  std::string quoted = "\"";
+  for (char c : s) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
 }
 
 std::vector<CsvRecord> csv_parse(const std::string& text) {
-  std::vector<CsvRecord> out;
+  std::vector<CsvRecord> records;
   unsigned line = 1;
   size_t i = 0;
   const size_t n = text.size();
-  auto trim = [](std::string f) {
-    f.erase(0, f.find_first_not_of(' '));
-    f.erase(f.find_last_not_of(' ') + 1);
-    return f;
+  auto trim = [](std::string field) {
+    field.erase(0, field.find_first_not_of(' '));
+    field.erase(field.find_last_not_of(' ') + 1);
+    return field;
   };
   while (i < n) {
     if (text[i] == '\n' || (text[i] == '\r' && i + 1 < n && text[i + 1] == '\n')) {   // an empty line
@@ -90,7 +90,7 @@ std::vector<CsvRecord> csv_parse(const std::string& text) {
     }
     CsvRecord rec{line, {}};
     for (;;) {   // one field per pass
-      std::string f;
+      std::string field;
       size_t j = i;
       while (j < n && text[j] == ' ') ++j;
       if (j < n && text[j] == '"') {
@@ -99,7 +99,7 @@ std::vector<CsvRecord> csv_parse(const std::string& text) {
           if (i >= n) throw std::invalid_argument(std::to_string(opened) + ": a quoted field is not closed");
           if (text[i] == '"') {
             if (i + 1 < n && text[i + 1] == '"') {
-              f += '"';
+              field += '"';
               ++i;
               continue;
             }
@@ -107,19 +107,19 @@ std::vector<CsvRecord> csv_parse(const std::string& text) {
             break;
           }
           if (text[i] == '\n') ++line;
-          f += text[i];
+          field += text[i];
         }
         while (i < n && text[i] == ' ') ++i;
         if (i < n && text[i] != ',' && text[i] != '\n' && !(text[i] == '\r' && i + 1 < n && text[i + 1] == '\n'))
           throw std::invalid_argument(std::to_string(line) + ": text after a closing quote");
       } else {
         const size_t end = text.find_first_of(",\n", i);
-        f = text.substr(i, (end == std::string::npos ? n : end) - i);
+        field = text.substr(i, (end == std::string::npos ? n : end) - i);
         i = end == std::string::npos ? n : end;
-        if (!f.empty() && f.back() == '\r' && (i == n || text[i] == '\n')) f.pop_back();
-        f = trim(f);
+        if (!field.empty() && field.back() == '\r' && (i == n || text[i] == '\n')) field.pop_back();
+        field = trim(field);
       }
-      rec.fields.push_back(std::move(f));
+      rec.fields.push_back(std::move(field));
       if (i < n && text[i] == ',') {
         ++i;
         continue;
@@ -131,27 +131,27 @@ std::vector<CsvRecord> csv_parse(const std::string& text) {
       }
       break;
     }
-    out.push_back(std::move(rec));
+    records.push_back(std::move(rec));
   }
-  return out;
+  return records;
 }
 
 std::string markup_escape(const std::string& s) {
-  std::string o;
-  o.reserve(s.size());
+  std::string escaped;
+  escaped.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
+      case '&': escaped += "&amp;"; break;
+      case '<': escaped += "&lt;"; break;
+      case '>': escaped += "&gt;"; break;
+      case '"': escaped += "&quot;"; break;
+      case '\'': escaped += "&#39;"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') o += ' ';
-        else o += c;
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') escaped += ' ';
+        else escaped += c;
     }
   }
-  return o;
+  return escaped;
 }
 
 }   // namespace rh

@@ -95,7 +95,7 @@ struct BlockRef {
   std::vector<uint64_t> plane_bytes;
   uint64_t xxh3_stored = 0, xxh3_raw = 0;
 };
-void decode_block(const BlockRef& b, uint8_t* raw, uint64_t raw_len, int itemsize, const std::string& what);
+void decode_block(const BlockRef& block, uint8_t* raw, uint64_t raw_len, int itemsize, const std::string& what);
 
 // Shannon entropy (bits per byte, order 0) of n bytes.
 double byte_entropy(const uint8_t* p, uint64_t n);

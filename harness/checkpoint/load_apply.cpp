@@ -34,13 +34,13 @@ class Undo {
   // counts), only when the plan converts some state.
   void snapshot(const LoadPlan& plan) {
     bool need_snapshot = false;
-    for (const Action& a : plan.actions) need_snapshot |= !a.use_stored;
+    for (const Action& action : plan.actions) need_snapshot |= !action.use_stored;
     if (!need_snapshot) return;
-    for (const Action& a : plan.actions)
-      if (!a.use_stored) {
-        optim::StoredState s = opt_.stored(a.param, a.key);
-        s.data = s.data.clone();
-        converted_.emplace_back(&a, std::move(s));
+    for (const Action& action : plan.actions)
+      if (!action.use_stored) {
+        optim::StoredState before = opt_.stored(action.param, action.key);
+        before.data = before.data.clone();
+        converted_.emplace_back(&action, std::move(before));
       }
     for (size_t g = 0; g < opt_.num_groups(); ++g) steps_.push_back(opt_.step_count(g));
   }
@@ -67,28 +67,28 @@ class Undo {
 
 // Apply, first: the stored states become the verified staging tensors.
 void adopt_states(const LoadPlan& plan, optim::PrecisionAdam& opt, Undo& undo) {
-  for (const Action& a : plan.actions)
-    if (a.use_stored) {
-      optim::StoredState before = opt.stored(a.param, a.key);   // a handle: nothing is copied
-      opt.adopt_stored(a.param, a.key, a.stored);
-      undo.adopted(a, std::move(before));
+  for (const Action& action : plan.actions)
+    if (action.use_stored) {
+      optim::StoredState before = opt.stored(action.param, action.key);   // a handle: nothing is copied
+      opt.adopt_stored(action.param, action.key, action.stored);
+      undo.adopted(action, std::move(before));
     }
 }
 
 // Apply, second: converted states through set_scaled_state, as upstream re-stores them. A value
 // that does not come back bit for bit refuses the load, or with allow_lossy is noted.
-void restore_converted(const VerifiedLoad& vl, const LoadPlan& plan, optim::PrecisionAdam& opt, const LoadOptions& opts,
-                       std::vector<std::string>& notes) {
+void restore_converted(const VerifiedLoad& checkpoint, const LoadPlan& plan, optim::PrecisionAdam& opt,
+                       const LoadOptions& opts, std::vector<std::string>& notes) {
   std::vector<std::string> inexact;
-  for (const Action& a : plan.actions) {
-    if (a.use_stored) continue;
-    opt.set_scaled_state(a.param, a.key, a.value);
-    torch::Tensor got = unscaled(opt, a.param, a.key);
-    if (!bits_equal(got, a.value_owned)) {
-      const int64_t n = count_bits_differ(got, a.value_owned);
-      inexact.push_back(where(vl.v, a.file, a.tkey) + ": " + std::to_string(n) + " of " + std::to_string(got.numel()) +
-                        " values change when the optimizer re-applies " +
-                        optim::to_string(opt.stored(a.param, a.key).dtype) + " storage");
+  for (const Action& action : plan.actions) {
+    if (action.use_stored) continue;
+    opt.set_scaled_state(action.param, action.key, action.value);
+    torch::Tensor got = unscaled(opt, action.param, action.key);
+    if (!bits_equal(got, action.value_owned)) {
+      const int64_t num_changed = count_bits_differ(got, action.value_owned);
+      inexact.push_back(where(checkpoint.v, action.file, action.tkey) + ": " + std::to_string(num_changed) + " of " +
+                        std::to_string(got.numel()) + " values change when the optimizer re-applies " +
+                        optim::to_string(opt.stored(action.param, action.key).dtype) + " storage");
     }
   }
   if (inexact.empty()) return;
@@ -102,23 +102,23 @@ void restore_converted(const VerifiedLoad& vl, const LoadPlan& plan, optim::Prec
 
 // Apply, third: the model's weights become the model file's tensors, except where a remainder
 // optimizer split a saved master: there the weight that belongs to its remainder.
-void restore_weights(const SafetensorsFile& mf, const LoadPlan& plan, const Params& params, Undo& undo) {
+void restore_weights(const SafetensorsFile& model_file, const LoadPlan& plan, const Params& params, Undo& undo) {
   std::map<std::string, torch::Tensor> split_weight;
-  for (const Action& a : plan.actions)
-    if (a.weight.defined()) split_weight[a.param] = a.weight;
-  for (const auto& p : params) {
-    auto it = split_weight.find(p.key());
-    torch::Tensor w = it != split_weight.end() ? it->second : mf.tensor(p.key());
-    undo.replaced_param(p.value().detach());   // shares the old storage; set_data leaves it be
-    p.value().set_data(w.is_contiguous() ? w : w.contiguous());
+  for (const Action& action : plan.actions)
+    if (action.weight.defined()) split_weight[action.param] = action.weight;
+  for (const auto& param : params) {
+    auto it = split_weight.find(param.key());
+    torch::Tensor weight = it != split_weight.end() ? it->second : model_file.tensor(param.key());
+    undo.replaced_param(param.value().detach());   // shares the old storage; set_data leaves it be
+    param.value().set_data(weight.is_contiguous() ? weight : weight.contiguous());
   }
 }
 
 }   // namespace
 
-void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module& model, optim::PrecisionAdam& opt,
-                const LoadOptions& opts, std::vector<std::string>& notes) {
-  const SafetensorsFile& mf = vl.v.files.at(kModelFile);
+void apply_load(const VerifiedLoad& checkpoint, const LoadPlan& plan, torch::nn::Module& model,
+                optim::PrecisionAdam& opt, const LoadOptions& opts, std::vector<std::string>& notes) {
+  const SafetensorsFile& model_file = checkpoint.v.files.at(kModelFile);
   const Params params = model.named_parameters(true);
   Undo undo(opt, params);
   undo.snapshot(plan);
@@ -127,19 +127,19 @@ void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module&
     // Optimizer states first: the last refusal (an inexact conversion) comes before the buffers,
     // the only tensors written in place that no undo covers.
     adopt_states(plan, opt, undo);
-    restore_converted(vl, plan, opt, opts, notes);
-    if (!opts.skip_keys.count("model")) restore_weights(mf, plan, params, undo);
+    restore_converted(checkpoint, plan, opt, opts, notes);
+    if (!opts.skip_keys.count("model")) restore_weights(model_file, plan, params, undo);
     // Persistent buffers, exactly as saved (a router's fp32 expert_bias); after the last refusal.
     if (!opts.skip_keys.count("buffers"))
-      for (const auto& b : model.named_buffers(true)) b.value().detach().copy_(mf.tensor(b.key()));
+      for (const auto& b : model.named_buffers(true)) b.value().detach().copy_(model_file.tensor(b.key()));
     if (!opts.skip_keys.count("step")) {
-      const auto& groups = vl.v.manifest["optimizer"]["groups"];
+      const auto& groups = checkpoint.v.manifest["optimizer"]["groups"];
       for (size_t g = 0; g < opt.num_groups(); ++g) opt.set_step_count(g, groups[g]["step"].get<int64_t>());
     }
   } catch (const std::exception& e) {
     undo.run();
     if (dynamic_cast<const CheckpointError*>(&e)) throw;
-    throw CheckpointError("checkpoint " + vl.v.dir + ": restoring state failed: " + e.what());
+    throw CheckpointError("checkpoint " + checkpoint.v.dir + ": restoring state failed: " + e.what());
   }
 }
 

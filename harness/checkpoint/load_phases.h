@@ -57,11 +57,11 @@ uint64_t decode_budget(const torch::nn::Module& model);
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config);
 // Phase 2; reads the optimizer, changes nothing. Throws CheckpointError.
-LoadPlan plan_load(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts);
+LoadPlan plan_load(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts);
 // Phase 3; appends to notes what it converted lossily (allow_lossy). On a refusal or any failure
 // puts back what it changed and throws CheckpointError.
-void apply_load(const VerifiedLoad& vl, const LoadPlan& plan, torch::nn::Module& model, optim::PrecisionAdam& opt,
-                const LoadOptions& opts, std::vector<std::string>& notes);
+void apply_load(const VerifiedLoad& checkpoint, const LoadPlan& plan, torch::nn::Module& model,
+                optim::PrecisionAdam& opt, const LoadOptions& opts, std::vector<std::string>& notes);
 
 // "checkpoint file <dir>/<file> tensor '<key>'": how every phase names a tensor in a message.
 std::string where(const Verified& v, const std::string& file, const std::string& key);

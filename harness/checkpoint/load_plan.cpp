@@ -47,17 +47,17 @@ constexpr StateKey kKeys[] = {StateKey::master_param, StateKey::exp_avg, StateKe
 
 // Plan, first: this rank's generators. train_state holds rank 0's, rank_states every rank's. A
 // rank the checkpoint had no counterpart for (resharding to more ranks) gets rank 0's.
-void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
+void choose_generators(const VerifiedLoad& checkpoint, int my_rank, LoadPlan& plan) {
   if (my_rank == 0) return;
-  const nlohmann::json& m = vl.v.manifest;
+  const nlohmann::json& manifest = checkpoint.v.manifest;
   const RankGenerators* mine = nullptr;
-  for (const auto& rs : vl.v.saved.rank_states)
+  for (const auto& rs : checkpoint.v.saved.rank_states)
     if (rs.dp_rank == my_rank) mine = &rs;
   if (mine) {
     plan.train_state.rng_states = mine->rng_states;
   } else {   // the trainer's ranks share one generator stream: rank 0's is theirs too
     plan.notes.push_back("rank " + std::to_string(my_rank) + ": the checkpoint (dp_size " +
-                         m.value("dp_size", nlohmann::json(1)).dump() +
+                         manifest.value("dp_size", nlohmann::json(1)).dump() +
                          ") has no generator state for it; rank 0's is used");
   }
 }
@@ -66,48 +66,50 @@ void choose_generators(const VerifiedLoad& vl, int my_rank, LoadPlan& plan) {
 // over shards is listed once per shard: those entries must agree. A state written lossily is
 // refused without allow_lossy, and noted with it.
 using Entries = std::map<std::string, const nlohmann::json*>;
-Entries index_entries(const VerifiedLoad& vl, const LoadOptions& opts, std::vector<std::string>& notes) {
+Entries index_entries(const VerifiedLoad& checkpoint, const LoadOptions& opts, std::vector<std::string>& notes) {
   Entries entries;
-  for (const auto& t : vl.v.manifest["tensors"]) {
-    const std::string key = t["key"].get<std::string>();
+  for (const auto& entry : checkpoint.v.manifest["tensors"]) {
+    const std::string key = entry["key"].get<std::string>();
     if (entries.count(key)) {   // the same state in several shards: one description
-      const nlohmann::json& o = *entries[key];
-      for (const char* f : {"kind", "dtype", "policy", "conversion", "exact"})
-        if (o[f] != t[f])
-          throw CheckpointError(vl.mpath + ": shards disagree on '" + key + "': " + f + " " + o[f].dump() + " in " +
-                                o["file"].get<std::string>() + ", " + t[f].dump() + " in " +
-                                t["file"].get<std::string>());
+      const nlohmann::json& first = *entries[key];
+      for (const char* field : {"kind", "dtype", "policy", "conversion", "exact"})
+        if (first[field] != entry[field])
+          throw CheckpointError(checkpoint.mpath + ": shards disagree on '" + key + "': " + field + " " +
+                                first[field].dump() + " in " + first["file"].get<std::string>() + ", " +
+                                entry[field].dump() + " in " + entry["file"].get<std::string>());
       continue;
     }
-    entries[key] = &t;
-    if (!t["exact"].get<bool>()) {
-      const std::string w = where(vl.v, t["file"], t["key"]);
+    entries[key] = &entry;
+    if (!entry["exact"].get<bool>()) {
+      const std::string w = where(checkpoint.v, entry["file"], entry["key"]);
       if (!opts.allow_lossy)
-        throw CheckpointError(w + " was written lossily (policy " + t["policy"].get<std::string>() + ", conversion " +
-                              t["conversion"].get<std::string>() + "); refusing to load without allow_lossy");
-      notes.push_back(t["key"].get<std::string>() + ": lossy on save (" + t["conversion"].get<std::string>() + ")");
+        throw CheckpointError(w + " was written lossily (policy " + entry["policy"].get<std::string>() +
+                              ", conversion " + entry["conversion"].get<std::string>() +
+                              "); refusing to load without allow_lossy");
+      notes.push_back(entry["key"].get<std::string>() + ": lossy on save (" + entry["conversion"].get<std::string>() +
+                      ")");
     }
   }
   return entries;
 }
 
 // Int16 values out of a per_key fp32 container; every value must be an exact int16.
-torch::Tensor container_to_int16(const torch::Tensor& f, const std::string& w) {
-  torch::Tensor ok = f.eq(f.trunc()).logical_and(f.ge(-32768)).logical_and(f.le(32767));
+torch::Tensor container_to_int16(const torch::Tensor& container, const std::string& w) {
+  torch::Tensor ok = container.eq(container.trunc()).logical_and(container.ge(-32768)).logical_and(container.le(32767));
   if (!ok.all().item<bool>()) throw CheckpointError(w + ": fp32 container does not hold int16 remainder values");
-  return f.to(torch::kShort);
+  return container.to(torch::kShort);
 }
 
 // One F32 scalar of a stored state's scaling ("<key>.scale" / ".scale_inv") in shard `file`, if
 // present.
 std::optional<float> read_scalar(const Verified& v, const ShardIndex&, const std::string&, const std::string& key,
                                  const std::string& file) {
-  const SafetensorsFile& f = v.files.at(file);
-  if (!f.find(key)) return std::nullopt;
-  torch::Tensor st = f.tensor(key);
-  if (st.scalar_type() != torch::kFloat || st.numel() != 1)
+  const SafetensorsFile& shard_file = v.files.at(file);
+  if (!shard_file.find(key)) return std::nullopt;
+  torch::Tensor scalar = shard_file.tensor(key);
+  if (scalar.scalar_type() != torch::kFloat || scalar.numel() != 1)
     throw CheckpointError(where(v, file, key) + ": expected a single F32 value");
-  return st.reshape({}).item<float>();
+  return scalar.reshape({}).item<float>();
 }
 
 // One state as the checkpoint holds it, located for this rank.
@@ -129,9 +131,14 @@ struct Source {
 // Plan, third: one Action per state, by the rules at the top of this file.
 class StatePlanner {
  public:
-  StatePlanner(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts, const Entries& entries,
-               std::vector<std::string>& notes)
-      : vl_(vl), opt_(opt), opts_(opts), entries_(entries), notes_(notes), mf_(vl.v.files.at(kModelFile)) {
+  StatePlanner(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts,
+               const Entries& entries, std::vector<std::string>& notes)
+      : vl_(checkpoint),
+        opt_(opt),
+        opts_(opts),
+        entries_(entries),
+        notes_(notes),
+        mf_(checkpoint.v.files.at(kModelFile)) {
     bf16_params_ = !opt.param_names().empty() && opt.param(opt.param_names()[0]).scalar_type() == torch::kBFloat16;
     const bool pao = opt.config().use_precision_aware_optimizer;
     pr_int16_ = pao && opt.config().store_param_remainders && bf16_params_;   // the PR's condition
@@ -139,45 +146,47 @@ class StatePlanner {
   }
 
   // Nothing when the state is skipped (LoadOptions::skip_keys) or another rank holds it.
-  std::optional<Action> plan(const std::string& p, StateKey k) {
-    std::optional<Source> s = locate(p, k);
-    if (!s) return std::nullopt;
-    Action a;
-    a.param = p;
-    a.file = s->file;
-    a.tkey = s->skey;
-    a.key = k;
-    if (k == StateKey::master_param && (plan_pr_misfire(*s, a) || plan_saved_remainder(*s, a))) return a;
-    plan_conversion(*s, a);
-    return a;
+  std::optional<Action> plan(const std::string& param, StateKey key) {
+    std::optional<Source> source = locate(param, key);
+    if (!source) return std::nullopt;
+    Action action;
+    action.param = param;
+    action.file = source->file;
+    action.tkey = source->skey;
+    action.key = key;
+    if (key == StateKey::master_param && (plan_pr_misfire(*source, action) || plan_saved_remainder(*source, action)))
+      return action;
+    plan_conversion(*source, action);
+    return action;
   }
 
  private:
-  std::optional<Source> locate(const std::string& p, StateKey k);
-  void read_scales(Source& s) const;
-  bool plan_pr_misfire(const Source& s, Action& a);
-  bool plan_saved_remainder(const Source& s, Action& a);
-  void plan_conversion(const Source& s, Action& a);
+  std::optional<Source> locate(const std::string& param, StateKey key);
+  void read_scales(Source& source) const;
+  bool plan_pr_misfire(const Source& source, Action& action);
+  bool plan_saved_remainder(const Source& source, Action& action);
+  void plan_conversion(const Source& source, Action& action);
 
   // The whole param's state as stored (set_scaled_state takes the whole value and keeps this
   // rank's part), and this rank's part of such a tensor.
-  torch::Tensor full(const Source& s) const {
-    return gather_state(vl_.v, vl_.ix, s.param, s.skey, 0, opt_.param(s.param).numel())
-        .reshape(opt_.param(s.param).sizes());
+  torch::Tensor full(const Source& source) const {
+    return gather_state(vl_.v, vl_.ix, source.param, source.skey, 0, opt_.param(source.param).numel())
+        .reshape(opt_.param(source.param).sizes());
   }
   // The whole param's fp32 value: a stored fp16/fp8 state decoded piece by piece with each
   // shard's own scale, anything else by its conversion.
-  torch::Tensor full_value(const Source& s) const;
-  std::string master_conversion_refusal(const Source& s, const std::string& what, const std::string& option_does) const;
-  torch::Tensor owned(const Source& s, const torch::Tensor& t) const {
-    return t.reshape({-1}).narrow(0, s.ob, s.oe - s.ob).reshape(s.owned_shape);
+  torch::Tensor full_value(const Source& source) const;
+  std::string master_conversion_refusal(const Source& source, const std::string& what,
+                                        const std::string& option_does) const;
+  torch::Tensor owned(const Source& source, const torch::Tensor& t) const {
+    return t.reshape({-1}).narrow(0, source.ob, source.oe - source.ob).reshape(source.owned_shape);
   }
   // The state goes through set_scaled_state with this whole-param value.
-  void set_value(const Source& s, Action& a, torch::Tensor val, const std::string& note) {
-    a.use_stored = false;
-    a.value_owned = owned(s, val);
-    a.value = std::move(val);
-    if (!note.empty()) notes_.push_back(s.skey + ": " + note);
+  void set_value(const Source& source, Action& action, torch::Tensor value, const std::string& note) {
+    action.use_stored = false;
+    action.value_owned = owned(source, value);
+    action.value = std::move(value);
+    if (!note.empty()) notes_.push_back(source.skey + ": " + note);
   }
 
   const VerifiedLoad& vl_;
@@ -191,91 +200,91 @@ class StatePlanner {
 
 // The tensor a state is restored from, checked against the param's shape, and this rank's part of
 // it (stored bit for bit).
-std::optional<Source> StatePlanner::locate(const std::string& p, StateKey k) {
-  const std::string kname = optim::key_name(k), tfield = field_name(opt_, k);
+std::optional<Source> StatePlanner::locate(const std::string& param, StateKey key) {
+  const std::string kname = optim::key_name(key), tfield = field_name(opt_, key);
   if (opts_.skip_keys.count(kname) || opts_.skip_keys.count(tfield)) return std::nullopt;
-  Source s;
-  s.param = p;
-  s.key = k;
-  s.skey = p + "/" + kname;
-  if (k == StateKey::master_param && !entries_.count(s.skey)) s.skey = p + "/remainder";
-  if (!entries_.count(s.skey))
-    throw CheckpointError("checkpoint " + vl_.v.dir + ": no saved state for '" + p + "/" + kname + "'");
-  const nlohmann::json& e = *entries_.at(s.skey);
-  s.file = e["file"].get<std::string>();
-  s.conv = e["conversion"].get<std::string>();
-  s.kind = e["kind"].get<std::string>();
-  s.policy = e["policy"].get<std::string>();
-  s.dt = vl_.v.files.at(s.file).info(s.skey).dtype;
-  s.w = where(vl_.v, s.file, s.skey);
-  if (vl_.ix.shape.at(p) != opt_.param(p).sizes().vec())
-    throw CheckpointError(s.w + ": the parameter was saved with shape " +
-                          c10::str(c10::IntArrayRef(vl_.ix.shape.at(p))) + ", the parameter has " +
-                          c10::str(opt_.param(p).sizes()));
-  const auto range = opt_.shard_range(p);
-  s.ob = range.first;
-  s.oe = range.second;
-  if (s.ob == s.oe) return std::nullopt;   // another rank holds this param's state
-  s.owned_shape = opt_.stored(p, k).data.sizes().vec();
-  s.data = gather_state(vl_.v, vl_.ix, p, s.skey, s.ob, s.oe).reshape(s.owned_shape);
-  read_scales(s);
-  return s;
+  Source source;
+  source.param = param;
+  source.key = key;
+  source.skey = param + "/" + kname;
+  if (key == StateKey::master_param && !entries_.count(source.skey)) source.skey = param + "/remainder";
+  if (!entries_.count(source.skey))
+    throw CheckpointError("checkpoint " + vl_.v.dir + ": no saved state for '" + param + "/" + kname + "'");
+  const nlohmann::json& entry = *entries_.at(source.skey);
+  source.file = entry["file"].get<std::string>();
+  source.conv = entry["conversion"].get<std::string>();
+  source.kind = entry["kind"].get<std::string>();
+  source.policy = entry["policy"].get<std::string>();
+  source.dt = vl_.v.files.at(source.file).info(source.skey).dtype;
+  source.w = where(vl_.v, source.file, source.skey);
+  if (vl_.ix.shape.at(param) != opt_.param(param).sizes().vec())
+    throw CheckpointError(source.w + ": the parameter was saved with shape " +
+                          c10::str(c10::IntArrayRef(vl_.ix.shape.at(param))) + ", the parameter has " +
+                          c10::str(opt_.param(param).sizes()));
+  const auto range = opt_.shard_range(param);
+  source.ob = range.first;
+  source.oe = range.second;
+  if (source.ob == source.oe) return std::nullopt;   // another rank holds this param's state
+  source.owned_shape = opt_.stored(param, key).data.sizes().vec();
+  source.data = gather_state(vl_.v, vl_.ix, param, source.skey, source.ob, source.oe).reshape(source.owned_shape);
+  read_scales(source);
+  return source;
 }
 
 // A stored fp16/fp8 state's scaling: fp16 decodes with `scale`, fp8 with `scale_inv`. Scales are
 // per shard (TE holds one per rank's piece), so only a piece that is exactly this rank's range
 // is restored with its scale; otherwise the state is repieced (full_value).
-void StatePlanner::read_scales(Source& s) const {
-  if (s.conv != "stored" || (s.dt != StDtype::F16 && s.dt != StDtype::F8_E4M3)) return;
+void StatePlanner::read_scales(Source& source) const {
+  if (source.conv != "stored" || (source.dt != StDtype::F16 && source.dt != StDtype::F8_E4M3)) return;
   const Piece* mine = nullptr;
   int covering = 0;
-  for (const Piece& pc : vl_.ix.pieces.at(s.param))
-    if (pc.begin < s.oe && pc.end > s.ob) {
+  for (const Piece& piece : vl_.ix.pieces.at(source.param))
+    if (piece.begin < source.oe && piece.end > source.ob) {
       ++covering;
-      if (pc.begin == s.ob && pc.end == s.oe) mine = &pc;
+      if (piece.begin == source.ob && piece.end == source.oe) mine = &piece;
     }
   if (covering != 1 || !mine) {
-    s.repieced = true;
+    source.repieced = true;
     return;
   }
-  s.file = mine->file;
-  s.scale = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale", s.file);
-  if (!s.scale)
-    throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale") + ": missing (a stored " + st_name(s.dt) +
-                          " state needs its scale)");
-  if (s.dt == StDtype::F8_E4M3) {
-    s.scale_inv = read_scalar(vl_.v, vl_.ix, s.param, s.skey + ".scale_inv", s.file);
-    if (!s.scale_inv)
-      throw CheckpointError(where(vl_.v, s.file, s.skey + ".scale_inv") +
+  source.file = mine->file;
+  source.scale = read_scalar(vl_.v, vl_.ix, source.param, source.skey + ".scale", source.file);
+  if (!source.scale)
+    throw CheckpointError(where(vl_.v, source.file, source.skey + ".scale") + ": missing (a stored " +
+                          st_name(source.dt) + " state needs its scale)");
+  if (source.dt == StDtype::F8_E4M3) {
+    source.scale_inv = read_scalar(vl_.v, vl_.ix, source.param, source.skey + ".scale_inv", source.file);
+    if (!source.scale_inv)
+      throw CheckpointError(where(vl_.v, source.file, source.skey + ".scale_inv") +
                             ": missing (an fp8 state decodes with its scale_inv)");
   }
-  s.decode_mult = s.dt == StDtype::F8_E4M3 ? s.scale_inv : s.scale;
+  source.decode_mult = source.dt == StDtype::F8_E4M3 ? source.scale_inv : source.scale;
 }
 
-torch::Tensor StatePlanner::full_value(const Source& s) const {
-  if (!(s.conv == "stored" && (s.dt == StDtype::F16 || s.dt == StDtype::F8_E4M3)))
-    return decode_value(full(s), s.dt, s.conv, s.decode_mult);
-  const bool fp8 = s.dt == StDtype::F8_E4M3;
+torch::Tensor StatePlanner::full_value(const Source& source) const {
+  if (!(source.conv == "stored" && (source.dt == StDtype::F16 || source.dt == StDtype::F8_E4M3)))
+    return decode_value(full(source), source.dt, source.conv, source.decode_mult);
+  const bool fp8 = source.dt == StDtype::F8_E4M3;
   std::vector<torch::Tensor> parts;
-  for (const Piece& pc : vl_.ix.pieces.at(s.param)) {
-    const std::string key = s.skey + (fp8 ? ".scale_inv" : ".scale");
-    const std::optional<float> mult = read_scalar(vl_.v, vl_.ix, s.param, key, pc.file);
+  for (const Piece& piece : vl_.ix.pieces.at(source.param)) {
+    const std::string key = source.skey + (fp8 ? ".scale_inv" : ".scale");
+    const std::optional<float> mult = read_scalar(vl_.v, vl_.ix, source.param, key, piece.file);
     if (!mult)
-      throw CheckpointError(where(vl_.v, pc.file, key) + ": missing (a stored " + st_name(s.dt) +
+      throw CheckpointError(where(vl_.v, piece.file, key) + ": missing (a stored " + st_name(source.dt) +
                             " state decodes with it)");
     if (std::signbit(*mult) && !std::isnan(*mult))
-      throw CheckpointError(where(vl_.v, pc.file, key) + ": " + std::to_string(*mult) +
+      throw CheckpointError(where(vl_.v, piece.file, key) + ": " + std::to_string(*mult) +
                             " is negative (a scale is amax / range)");
-    torch::Tensor data = gather_state(vl_.v, vl_.ix, s.param, s.skey, pc.begin, pc.end);
-    parts.push_back(decode_value(data.contiguous(), s.dt, s.conv, *mult).reshape({-1}));
+    torch::Tensor data = gather_state(vl_.v, vl_.ix, source.param, source.skey, piece.begin, piece.end);
+    parts.push_back(decode_value(data.contiguous(), source.dt, source.conv, *mult).reshape({-1}));
   }
-  return torch::cat(parts).reshape(opt_.param(s.param).sizes());
+  return torch::cat(parts).reshape(opt_.param(source.param).sizes());
 }
 
 // The refusal for a master_param upstream's set_scaled_state asserts on.
-std::string StatePlanner::master_conversion_refusal(const Source& s, const std::string& what,
+std::string StatePlanner::master_conversion_refusal(const Source& source, const std::string& what,
                                                     const std::string& option_does) const {
-  return s.w + ": " + what +
+  return source.w + ": " + what +
          "; upstream Megatron hands it to TransformerEngine's FusedAdam.set_scaled_state as master_param, which "
          "asserts "
          "unscaled_state.dtype == " +
@@ -288,111 +297,114 @@ std::string StatePlanner::master_conversion_refusal(const Source& s, const std::
 // master_param under per_key, where the PR's int16 decision (pr_int16_) disagrees with the
 // checkpoint, or meets an fp16 master: refused, or the misfire reproduced (allow_lossy). False when
 // the PR's rule does not apply.
-bool StatePlanner::plan_pr_misfire(const Source& s, Action& a) {
-  const bool saved_rem = s.kind == "remainder";
-  if (s.policy == "per_key" && pr_int16_ && opt_.master_mode() == optim::MasterMode::fp16)
-    throw CheckpointError(s.w +
+bool StatePlanner::plan_pr_misfire(const Source& source, Action& action) {
+  const bool saved_rem = source.kind == "remainder";
+  if (source.policy == "per_key" && pr_int16_ && opt_.master_mode() == optim::MasterMode::fp16)
+    throw CheckpointError(source.w +
                           ": per_key load converts 'param' to int16 (store_param_remainders=true, bf16 params) "
                           "and hands it to set_scaled_state as master_param, but with an fp16 master TransformerEngine "
                           "has remainders off and upstream fails an assertion here (FusedAdam.set_scaled_state: "
                           "assert unscaled_state.dtype == torch.float32); refusing (PR 2790 misfire)");
-  if (s.policy != "per_key" || pr_int16_ == saved_rem) return false;
-  const std::string why = s.w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
+  if (source.policy != "per_key" || pr_int16_ == saved_rem) return false;
+  const std::string why = source.w + ": per_key load converts 'param' to int16 when store_param_remainders=" +
                           std::string(opt_.config().store_param_remainders ? "true" : "false") + " and params are " +
                           (bf16_params_ ? "bf16" : "not bf16") + ", but the checkpoint holds " +
                           (saved_rem ? "an int16 remainder" : "an fp32 master") + " (PR 2790 misfire)";
   if (!opts_.allow_lossy) throw CheckpointError(why + "; refusing without allow_lossy");
-  notes_.push_back(s.skey + ": reproducing the PR misfire (" + why + ")");
+  notes_.push_back(source.skey + ": reproducing the PR misfire (" + why + ")");
   // What upstream does: convert by the flag, then hand the result over as master_param.
-  torch::Tensor f = full(s).to(torch::kFloat);
-  torch::Tensor r = pr_int16_ ? f.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
-  if (pr_int16_ && tgt_rem_) a.stored = {owned(s, r).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
-  else set_value(s, a, pr_int16_ ? r.to(torch::kFloat) : f, "");
+  torch::Tensor master = full(source).to(torch::kFloat);
+  torch::Tensor remainder = pr_int16_ ? master.clamp(-32768, 32767).trunc().to(torch::kShort) : torch::Tensor();
+  if (pr_int16_ && tgt_rem_)
+    action.stored = {owned(source, remainder).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
+  else set_value(source, action, pr_int16_ ? remainder.to(torch::kFloat) : master, "");
   return true;
 }
 
 // A saved int16 remainder: stored into a remainder optimizer, or joined with the model file's bf16
 // weight into an fp32/fp16 master. False when the checkpoint holds a master instead.
-bool StatePlanner::plan_saved_remainder(const Source& s, Action& a) {
-  if (s.kind != "remainder") return false;
+bool StatePlanner::plan_saved_remainder(const Source& source, Action& action) {
+  if (source.kind != "remainder") return false;
   auto as_int16 = [&](const torch::Tensor& t) {
-    torch::Tensor rem = s.conv == "remainder_widened_f32" ? container_to_int16(t, s.w) : t;
+    torch::Tensor rem = source.conv == "remainder_widened_f32" ? container_to_int16(t, source.w) : t;
     if (rem.scalar_type() != torch::kShort)
-      throw CheckpointError(s.w + ": remainder is " + st_name(s.dt) + ", expected I16");
+      throw CheckpointError(source.w + ": remainder is " + st_name(source.dt) + ", expected I16");
     return rem;
   };
-  const bool upstream_refuses = s.policy != "per_key" && !opts_.exact_master_conversion;
+  const bool upstream_refuses = source.policy != "per_key" && !opts_.exact_master_conversion;
   if (tgt_rem_) {
-    if (s.conv == "remainder_widened_f32" && upstream_refuses)
+    if (source.conv == "remainder_widened_f32" && upstream_refuses)
       throw CheckpointError(
-          master_conversion_refusal(s, "the int16 remainder was saved widened to fp32 (policy " + s.policy + ")",
+          master_conversion_refusal(source,
+                                    "the int16 remainder was saved widened to fp32 (policy " + source.policy + ")",
                                     "narrows it back to int16 exactly"));
-    a.stored = {as_int16(s.data), optim::Dtype::int16, std::nullopt, std::nullopt};
+    action.stored = {as_int16(source.data), optim::Dtype::int16, std::nullopt, std::nullopt};
     return true;
   }
   if (upstream_refuses)
     throw CheckpointError(
-        master_conversion_refusal(s,
+        master_conversion_refusal(source,
                                   std::string("the checkpoint holds an int16 remainder") +
-                                      (s.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
+                                      (source.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
                                       ", this optimizer an " + optim::to_string(opt_.master_mode()) + " master",
                                   "joins it with the bf16 weight exactly"));
-  const torch::Tensor rem = as_int16(full(s));
-  const TensorInfo& wi = mf_.info(s.param);
-  if (wi.dtype != StDtype::BF16)
-    throw CheckpointError(s.w + ": a remainder needs the bf16 weight, but " + mf_.path() + " holds '" + s.param +
-                          "' as " + st_name(wi.dtype));
-  set_value(s, a, optim::codec::remainder_join(mf_.tensor(s.param), rem.contiguous()),
+  const torch::Tensor rem = as_int16(full(source));
+  const TensorInfo& weight_info = mf_.info(source.param);
+  if (weight_info.dtype != StDtype::BF16)
+    throw CheckpointError(source.w + ": a remainder needs the bf16 weight, but " + mf_.path() + " holds '" +
+                          source.param + "' as " + st_name(weight_info.dtype));
+  set_value(source, action, optim::codec::remainder_join(mf_.tensor(source.param), rem.contiguous()),
             "bf16 weight + int16 remainder -> " + optim::to_string(opt_.master_mode()) + " master");
   return true;
 }
 
 // Every other state: stored bit for bit where the optimizer holds the saved dtype, a master split
 // for a remainder optimizer, or the decoded fp32 value for set_scaled_state.
-void StatePlanner::plan_conversion(const Source& s, Action& a) {
-  const optim::StoredState& cur = opt_.stored(s.param, s.key);
-  const bool split = s.key == StateKey::master_param && tgt_rem_;
+void StatePlanner::plan_conversion(const Source& source, Action& action) {
+  const optim::StoredState& held = opt_.stored(source.param, source.key);
+  const bool split = source.key == StateKey::master_param && tgt_rem_;
   if (split && !opts_.exact_master_conversion)
-    throw CheckpointError(master_conversion_refusal(s,
-                                                    "the checkpoint holds an " + st_name(s.dt) +
+    throw CheckpointError(master_conversion_refusal(source,
+                                                    "the checkpoint holds an " + st_name(source.dt) +
                                                         " master, this optimizer keeps bf16 weight + int16 remainder",
                                                     "splits it into weight and remainder exactly"));
-  if (s.conv == "stored" && s.dt == st_of(cur.dtype) && !split && !s.repieced) {
-    a.stored = {s.data, cur.dtype, s.scale, s.scale_inv};
+  if (source.conv == "stored" && source.dt == st_of(held.dtype) && !split && !source.repieced) {
+    action.stored = {source.data, held.dtype, source.scale, source.scale_inv};
     try {
-      opt_.check_stored(s.param, s.key, a.stored);
+      opt_.check_stored(source.param, source.key, action.stored);
     } catch (const std::invalid_argument& e) {
-      throw CheckpointError(s.w + ": " + e.what());
+      throw CheckpointError(source.w + ": " + e.what());
     }
   } else if (split) {
     // An fp32/fp16 master into a remainder optimizer: upstream's set_scaled_state takes only
     // the int16 remainder there, so the split (exact for every bit pattern) happens here and
     // the bf16 weight that belongs to the remainder replaces the saved model weight.
-    torch::Tensor w16, rem;
-    optim::codec::remainder_split(full_value(s).contiguous(), w16, rem);
-    a.stored = {owned(s, rem).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
-    a.weight = w16;
-    notes_.push_back(s.skey + ": " + st_name(s.dt) + " master -> bf16 weight + int16 remainder");
+    torch::Tensor bf16_weight, rem;
+    optim::codec::remainder_split(full_value(source).contiguous(), bf16_weight, rem);
+    action.stored = {owned(source, rem).contiguous(), optim::Dtype::int16, std::nullopt, std::nullopt};
+    action.weight = bf16_weight;
+    notes_.push_back(source.skey + ": " + st_name(source.dt) + " master -> bf16 weight + int16 remainder");
   } else {
     std::string note;
-    if (s.dt != st_of(cur.dtype))
-      note = st_name(s.dt) + " (" + s.conv + ") -> " + optim::to_string(cur.dtype) + " storage";
-    else if (s.repieced) note = "saved per-shard " + st_name(s.dt) + " scales re-applied to this rank's range";
-    set_value(s, a, full_value(s), note);
+    if (source.dt != st_of(held.dtype))
+      note = st_name(source.dt) + " (" + source.conv + ") -> " + optim::to_string(held.dtype) + " storage";
+    else if (source.repieced)
+      note = "saved per-shard " + st_name(source.dt) + " scales re-applied to this rank's range";
+    set_value(source, action, full_value(source), note);
   }
 }
 
 }   // namespace
 
-LoadPlan plan_load(const VerifiedLoad& vl, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
+LoadPlan plan_load(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
   LoadPlan plan;
-  plan.train_state = vl.train_state;
-  choose_generators(vl, opt.layout().rank, plan);
-  const Entries entries = index_entries(vl, opts, plan.notes);
-  StatePlanner planner(vl, opt, opts, entries, plan.notes);
-  for (const std::string& p : opt.param_names())
-    for (StateKey k : kKeys)
-      if (std::optional<Action> a = planner.plan(p, k)) plan.actions.push_back(std::move(*a));
+  plan.train_state = checkpoint.train_state;
+  choose_generators(checkpoint, opt.layout().rank, plan);
+  const Entries entries = index_entries(checkpoint, opts, plan.notes);
+  StatePlanner planner(checkpoint, opt, opts, entries, plan.notes);
+  for (const std::string& param : opt.param_names())
+    for (StateKey key : kKeys)
+      if (std::optional<Action> action = planner.plan(param, key)) plan.actions.push_back(std::move(*action));
   return plan;
 }
 

@@ -58,9 +58,9 @@ struct CommandState {
   ReportCommand report;
 };
 
-void register_train(CLI::App& app, CommandState& st) {
-  auto* train = st.train_cmd = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
-  TrainJob& job = st.job;
+void register_train(CLI::App& app, CommandState& state) {
+  auto* train = state.train_cmd = app.add_subcommand("train", "train a run, optionally stopping, saving or resuming");
+  TrainJob& job = state.job;
   train
       ->add_option("--out", job.out_dir,
                    "output directory for metrics.csv, timing.csv, "
@@ -68,7 +68,8 @@ void register_train(CLI::App& app, CommandState& st) {
       ->default_val("runs/train");
   train
       ->add_option_function<std::string>(
-          "--config", [&st](const std::string& file) { st.job.cfg = load_run_config_file(file, &st.config_keys); },
+          "--config",
+          [&state](const std::string& file) { state.job.cfg = load_run_config_file(file, &state.config_keys); },
           "run config JSON (as written to config.json / manifests); later flags override it")
       ->trigger_on_parse();
   train->add_option("--save-at", job.save_at, "save a checkpoint after this iteration and go on");
@@ -77,7 +78,7 @@ void register_train(CLI::App& app, CommandState& st) {
                     "resume from this checkpoint root or iter_ directory "
                     "(writes load_result.json into --out); model, optimizer and "
                     "training settings not given as flags are the checkpoint's");
-  train->add_option("--fault", st.fault, "deliberate fault on load (for the resume check; needs --load)")
+  train->add_option("--fault", state.fault, "deliberate fault on load (for the resume check; needs --load)")
       ->check(CLI::IsMember(fault_names()))
       ->default_str("none");
   train->add_flag("--allow-lossy", job.allow_lossy, "accept lossy conversions on load");
@@ -93,7 +94,7 @@ void register_train(CLI::App& app, CommandState& st) {
                  "seconds per phase at the end")
       ->excludes(tq);
   train
-      ->add_option("--nproc", st.nproc,
+      ->add_option("--nproc", state.nproc,
                    "data parallel: start N local worker processes (ranks) of this command; under "
                    "torchrun or srun leave it out, the ranks come from the environment")
       ->check(CLI::Range(1, 256));
@@ -101,63 +102,66 @@ void register_train(CLI::App& app, CommandState& st) {
       ->add_option("--dist-timeout", job.dist_timeout_s,
                    "seconds a data-parallel rendezvous or collective waits before failing")
       ->check(CLI::PositiveNumber);
-  train->add_option("--save-compress", st.compress, "none | zstd: byte planes + zstd blocks, lossless")
+  train->add_option("--save-compress", state.compress, "none | zstd: byte planes + zstd blocks, lossless")
       ->check(CLI::IsMember({"none", "zstd"}));
-  train->add_option("--save", st.save_root, "checkpoint root to save into when stopping");
-  train->add_option("--save-policy", st.policy, ckpt::save_policy_help())
+  train->add_option("--save", state.save_root, "checkpoint root to save into when stopping");
+  train->add_option("--save-policy", state.policy, ckpt::save_policy_help())
       ->check(CLI::IsMember(ckpt::save_policy_names()));
-  train->add_option("--save-override", st.overrides,
+  train->add_option("--save-override", state.overrides,
                     "KEY=DTYPE: write optimizer key (master_param, exp_avg, exp_avg_sq) in DTYPE");
-  train->add_option("--save-plan", st.save_plan,
+  train->add_option("--save-plan", state.save_plan,
                     "JSON file of several checkpoints to write of the same state (root, policy, "
                     "overrides, compress each; docs/running.md, 'Shared baselines')");
   add_run_options(*train, job.cfg);
 }
 
-void add_matrix_options(CLI::App& c, MatrixOptions& o, const std::string& default_run_dir, bool& list) {
-  o.jobs = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 64u));
-  c.add_option("-j,--jobs", o.jobs, "scenarios run at a time (default: this machine's cores)")
+void add_matrix_options(CLI::App& command, MatrixOptions& options, const std::string& default_run_dir, bool& list) {
+  options.jobs = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 64u));
+  command.add_option("-j,--jobs", options.jobs, "scenarios run at a time (default: this machine's cores)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  c.add_flag("--list", list, "print the scenarios this selects (filter and --shard applied), run nothing");
-  auto* quiet = c.add_flag_callback(
-      "-q,--quiet", [&o] { o.verbosity = 0; }, "print only the scenarios that failed and the closing line");
-  c.add_flag_callback(
-       "-v,--verbose", [&o] { o.verbosity = 2; }, "also print each scenario's directory")
+  command.add_flag("--list", list, "print the scenarios this selects (filter and --shard applied), run nothing");
+  auto* quiet = command.add_flag_callback(
+      "-q,--quiet", [&options] { options.verbosity = 0; }, "print only the scenarios that failed and the closing line");
+  command
+      .add_flag_callback(
+          "-v,--verbose", [&options] { options.verbosity = 2; }, "also print each scenario's directory")
       ->excludes(quiet);
-  c.add_option("--junit", o.junit_path, "also write junit.xml to PATH (CI test reports)");
-  c.add_option("--run-dir", o.run_dir, "run directory")->default_str(default_run_dir);
-  c.add_flag("--keep-checkpoints", o.keep_checkpoints, "keep each scenario's checkpoint in the run directory");
-  c.add_option("--golden", o.golden_dir, "compare each baseline's metrics bitwise with golden CSVs in DIR");
-  c.add_flag("--update-golden", o.update_golden, "rewrite the golden CSVs instead of comparing");
+  command.add_option("--junit", options.junit_path, "also write junit.xml to PATH (CI test reports)");
+  command.add_option("--run-dir", options.run_dir, "run directory")->default_str(default_run_dir);
+  command.add_flag("--keep-checkpoints", options.keep_checkpoints,
+                   "keep each scenario's checkpoint in the run directory");
+  command.add_option("--golden", options.golden_dir, "compare each baseline's metrics bitwise with golden CSVs in DIR");
+  command.add_flag("--update-golden", options.update_golden, "rewrite the golden CSVs instead of comparing");
 }
 
-void register_check_and_matrix(CLI::App& app, CommandState& st) {
+void register_check_and_matrix(CLI::App& app, CommandState& state) {
   // Both take the scenario file as -f/--file; matrix also as its first argument (matrix FILE).
-  st.check.file = kDefaultScenarioFile;
-  st.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
-  st.check_cmd
-      ->add_option("SCENARIO", st.check.filter, "canonical scenario name, a substring of names, or a glob with *")
+  state.check.file = kDefaultScenarioFile;
+  state.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
+  state.check_cmd
+      ->add_option("SCENARIO", state.check.filter, "canonical scenario name, a substring of names, or a glob with *")
       ->required();
-  st.check_cmd->add_option("-f,--file", st.check.file, "scenario file")->capture_default_str();
-  add_matrix_options(*st.check_cmd, st.check, "runs/check", st.list);
-  st.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
-  auto* pos = st.matrix_cmd->add_option("FILE", st.matrix.file, "scenario file, e.g. scenarios/default.toml");
-  st.matrix_cmd->add_option("-f,--file", st.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
-  st.matrix_cmd->add_option("--filter", st.matrix.filter, "only scenarios matching this name/substring/glob");
-  st.matrix_cmd->add_flag("--no-report", st.no_report, "do not write report.md / report.html at the end");
-  st.matrix_cmd->add_option("--shard", st.shard,
-                            "I/N: run only the I-th of N parts (cells sharing a baseline stay together; every runner "
-                            "computes the same split); merge the parts with `report --merge`. Writes no report");
-  add_matrix_options(*st.matrix_cmd, st.matrix, "runs/<file stem>", st.list);
+  state.check_cmd->add_option("-f,--file", state.check.file, "scenario file")->capture_default_str();
+  add_matrix_options(*state.check_cmd, state.check, "runs/check", state.list);
+  state.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
+  auto* pos = state.matrix_cmd->add_option("FILE", state.matrix.file, "scenario file, e.g. scenarios/default.toml");
+  state.matrix_cmd->add_option("-f,--file", state.matrix.file, "scenario file (the same as FILE)")->excludes(pos);
+  state.matrix_cmd->add_option("--filter", state.matrix.filter, "only scenarios matching this name/substring/glob");
+  state.matrix_cmd->add_flag("--no-report", state.no_report, "do not write report.md / report.html at the end");
+  state.matrix_cmd
+      ->add_option("--shard", state.shard,
+                   "I/N: run only the I-th of N parts (cells sharing a baseline stay together; every runner "
+                   "computes the same split); merge the parts with `report --merge`. Writes no report");
+  add_matrix_options(*state.matrix_cmd, state.matrix, "runs/<file stem>", state.list);
 }
 
 // train --load: every run-config flag not given (nor set by --config) takes the checkpoint's
 // saved value, as Megatron's --use-checkpoint-args; a given model flag that contradicts the saved
 // model is refused naming both values. Other given differences (a new schedule, other state
 // dtypes, a master-mode conversion) are the loader's to accept or refuse, and are listed.
-void adopt_checkpoint_config(CommandState& st) {
-  TrainJob& job = st.job;
+void adopt_checkpoint_config(CommandState& state) {
+  TrainJob& job = state.job;
   std::string mpath;
   nlohmann::json manifest;
   try {
@@ -168,12 +172,12 @@ void adopt_checkpoint_config(CommandState& st) {
     return;   // the load itself reports what is missing or damaged, with its exit code
   }
   if (!manifest.is_object() || !manifest.contains("run_config")) return;
-  auto given = [&st](const std::string& section, const std::string& key, const std::string& flag) {
+  auto given = [&state](const std::string& section, const std::string& key, const std::string& flag) {
     auto count = [&](const std::string& f) {
-      const CLI::Option* o = st.train_cmd->get_option_no_throw(f);
+      const CLI::Option* o = state.train_cmd->get_option_no_throw(f);
       return o != nullptr && o->count() > 0;
     };
-    return st.config_keys.count(section + "." + key) > 0 || count(flag) || count("--no-" + flag.substr(2));
+    return state.config_keys.count(section + "." + key) > 0 || count(flag) || count("--no-" + flag.substr(2));
   };
   const auto changes = adopt_saved_config(job.cfg, manifest["run_config"], given, mpath + ": run_config");
   std::string listed;
@@ -185,25 +189,25 @@ void adopt_checkpoint_config(CommandState& st) {
     listed += " " + c.flag + "=" + c.now + " (saved " + c.saved + ")";
   }
   const char* rank = std::getenv("RANK");   // one line per run: rank 0's, not the launcher's
-  if (!listed.empty() && !job.quiet && st.nproc <= 1 && (rank == nullptr || std::string(rank) == "0"))
+  if (!listed.empty() && !job.quiet && state.nproc <= 1 && (rank == nullptr || std::string(rank) == "0"))
     std::cout << "train: resuming with settings that differ from the checkpoint's:" << listed << "\n";
 }
 
-int run_train_command(CommandState& st, int argc, char** argv) {
-  TrainJob& job = st.job;
-  if (!job.load.empty()) adopt_checkpoint_config(st);
-  job.fault = parse_fault(st.fault);
-  job.remainders_flag_given = st.train_cmd->get_option("--store-param-remainders")->count() > 0;
-  if (!st.save_root.empty()) {
-    SaveTarget t{st.save_root, ckpt::parse_save_policy_args(st.policy, st.overrides)};
-    t.policy.compress = ckpt::parse_compression(st.compress);
+int run_train_command(CommandState& state, int argc, char** argv) {
+  TrainJob& job = state.job;
+  if (!job.load.empty()) adopt_checkpoint_config(state);
+  job.fault = parse_fault(state.fault);
+  job.remainders_flag_given = state.train_cmd->get_option("--store-param-remainders")->count() > 0;
+  if (!state.save_root.empty()) {
+    SaveTarget t{state.save_root, ckpt::parse_save_policy_args(state.policy, state.overrides)};
+    t.policy.compress = ckpt::parse_compression(state.compress);
     job.saves.push_back(t);
   }
-  if (!st.save_plan.empty())
-    for (const auto& t : read_save_plan(st.save_plan)) job.saves.push_back(t);
-  if (st.nproc > 1) {
+  if (!state.save_plan.empty())
+    for (const auto& t : read_save_plan(state.save_plan)) job.saves.push_back(t);
+  if (state.nproc > 1) {
     if (dist::launched_by_environment())
-      throw std::invalid_argument("--nproc " + std::to_string(st.nproc) +
+      throw std::invalid_argument("--nproc " + std::to_string(state.nproc) +
                                   ": WORLD_SIZE (or SLURM_NTASKS) is set, so a launcher already started the ranks");
     std::vector<std::string> args;   // the same command for every rank, without --nproc
     for (int i = 1; i < argc; ++i) {
@@ -215,7 +219,7 @@ int run_train_command(CommandState& st, int argc, char** argv) {
       if (a.rfind("--nproc=", 0) == 0) continue;
       args.push_back(a);
     }
-    return dist::launch_local(st.nproc, args, std::min(30.0, job.dist_timeout_s));
+    return dist::launch_local(state.nproc, args, std::min(30.0, job.dist_timeout_s));
   }
   return run_train(job);
 }
@@ -231,40 +235,41 @@ std::string installed_or_given(const std::string& given) {
   return given;   // refused later, naming what was given
 }
 
-int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
-  if (o.file.empty())
+int run_matrix_command(CommandState& state, CLI::App* cmd, MatrixOptions& options) {
+  if (options.file.empty())
     throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
   // ./scenarios/default.toml or ./FILE, else the copy beside the tool (an install).
-  o.file = installed_or_given(o.file);
-  if (!o.update_golden) o.golden_dir = installed_or_given(o.golden_dir);
-  o.tool = self_executable();
-  o.progress_tty = isatty(STDOUT_FILENO) != 0;
+  options.file = installed_or_given(options.file);
+  if (!options.update_golden) options.golden_dir = installed_or_given(options.golden_dir);
+  options.tool = self_executable();
+  options.progress_tty = isatty(STDOUT_FILENO) != 0;
   // Resumed runs start from a worker forked now, before any scenario is read or trained
   // (process/prestart.h); RH_NO_PRESTART=1 starts each by exec instead.
   const char* no_prestart = std::getenv("RH_NO_PRESTART");
   if (!(no_prestart && std::string(no_prestart) == "1")) start_prestarted_worker(&tool_main);
-  if (cmd == st.check_cmd && o.run_dir.empty()) o.run_dir = "runs/check";
-  if (cmd == st.matrix_cmd && !st.shard.empty()) o.shard = parse_shard(st.shard);
-  if (st.list) {
-    for (const auto& n : list_matrix(o)) std::cout << n << "\n";   // refuses a filter that selects nothing
+  if (cmd == state.check_cmd && options.run_dir.empty()) options.run_dir = "runs/check";
+  if (cmd == state.matrix_cmd && !state.shard.empty()) options.shard = parse_shard(state.shard);
+  if (state.list) {
+    for (const auto& n : list_matrix(options)) std::cout << n << "\n";   // refuses a filter that selects nothing
     return 0;
   }
-  auto res = run_matrix(o, std::cout);
-  if (cmd == st.check_cmd)
-    for (const auto& r : res.results) {
-      if (o.verbosity == 0 && r.passed) continue;
-      std::cout << r.name << ": " << r.verdict << "\n";
-      if (!r.explanation.empty()) std::cout << "  diagnosis: " << r.diagnosis << ": " << r.explanation << "\n";
-      for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
+  auto matrix = run_matrix(options, std::cout);
+  if (cmd == state.check_cmd)
+    for (const auto& result : matrix.results) {
+      if (options.verbosity == 0 && result.passed) continue;
+      std::cout << result.name << ": " << result.verdict << "\n";
+      if (!result.explanation.empty())
+        std::cout << "  diagnosis: " << result.diagnosis << ": " << result.explanation << "\n";
+      for (const auto& n : result.notes) std::cout << "  note: " << n << "\n";
     }
-  if (cmd == st.matrix_cmd && !st.no_report && !o.shard.active()) {
-    const std::string dir = o.run_dir.empty() ? default_run_dir(o.file) : o.run_dir;
+  if (cmd == state.matrix_cmd && !state.no_report && !options.shard.active()) {
+    const std::string dir = options.run_dir.empty() ? default_run_dir(options.file) : options.run_dir;
     std::ostream nowhere(nullptr);
-    if (write_report(dir, "", o.verbosity == 0 ? nowhere : std::cout, /*md_image_links=*/false,
-                     /*verbose=*/o.verbosity == 2) == 2)
+    if (write_report(dir, "", options.verbosity == 0 ? nowhere : std::cout, /*md_image_links=*/false,
+                     /*verbose=*/options.verbosity == 2) == 2)
       return 2;
   }
-  return res.exit_code;
+  return matrix.exit_code;
 }
 
 
@@ -272,9 +277,9 @@ int run_matrix_command(CommandState& st, CLI::App* cmd, MatrixOptions& o) {
 int run_merge_command(const ReportCommand& rc) {
   const std::filesystem::path out = rc.merge.front();
   std::vector<std::filesystem::path> shards(rc.merge.begin() + 1, rc.merge.end());
-  const MergeResult m = merge_shards(out, shards, std::cout);   // MergeError: exit 2 (bad input)
+  const MergeResult merged = merge_shards(out, shards, std::cout);   // MergeError: exit 2 (bad input)
   if (write_report(out.string(), rc.models_file, std::cout, rc.md_image_links, rc.verbose) == 2) return 2;
-  return m.failed ? 1 : 0;
+  return merged.failed ? 1 : 0;
 }
 
 // "resume-harness frobnicate": CLI11 would say only that an argument was not expected.
@@ -291,35 +296,35 @@ std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
          names + " (resume-harness --help)";
 }
 
-void register_commands(CLI::App& app, CommandState& st) {
-  register_train(app, st);
-  st.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
-  st.inspect_cmd->add_option("CKPT_DIR", st.inspect_dir, "checkpoint root or iter_ directory")->required();
+void register_commands(CLI::App& app, CommandState& state) {
+  register_train(app, state);
+  state.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
+  state.inspect_cmd->add_option("CKPT_DIR", state.inspect_dir, "checkpoint root or iter_ directory")->required();
   auto* iq =
-      st.inspect_cmd->add_flag("-q,--quiet", st.inspect_quiet, "print nothing but errors: the exit code says it");
-  st.inspect_cmd
-      ->add_flag("--json", st.inspect_json,
+      state.inspect_cmd->add_flag("-q,--quiet", state.inspect_quiet, "print nothing but errors: the exit code says it");
+  state.inspect_cmd
+      ->add_flag("--json", state.inspect_json,
                  "print what inspect finds as one JSON object on stdout (keys in docs/running.md, "
                  "\"inspect --json\"); the exit code is the same")
       ->excludes(iq);
-  st.inspect_cmd
-      ->add_flag("-v,--verbose", st.inspect_verbose,
+  state.inspect_cmd
+      ->add_flag("-v,--verbose", state.inspect_verbose,
                  "also list each file (bytes, XXH3-64, checksummed blocks) and the saved training state "
                  "(iteration, samples, scheduler, generators, data-parallel shards)")
       ->excludes(iq)
       ->excludes("--json");
-  register_check_and_matrix(app, st);
-  register_report_command(app, st.report);
-  auto* rq = st.report.cmd->add_flag("-q,--quiet", st.report_quiet, "print nothing but errors");
-  st.report.cmd->add_flag("-v,--verbose", st.report.verbose, "also name what was read and every file written")
+  register_check_and_matrix(app, state);
+  register_report_command(app, state.report);
+  auto* rq = state.report.cmd->add_flag("-q,--quiet", state.report_quiet, "print nothing but errors");
+  state.report.cmd->add_flag("-v,--verbose", state.report.verbose, "also name what was read and every file written")
       ->excludes(rq);
 }
 
 // inspect; with -q only a damaged or bad-input verdict is printed (the exit code says the rest).
-int run_inspect_command(CommandState& st) {
-  if (st.inspect_json) {   // the object on stdout; a refusal's one line on stderr too, as without --json
+int run_inspect_command(CommandState& state) {
+  if (state.inspect_json) {   // the object on stdout; a refusal's one line on stderr too, as without --json
     std::ostringstream doc;
-    const int rc = ckpt::inspect_checkpoint(st.inspect_dir, doc, /*json=*/true);
+    const int rc = ckpt::inspect_checkpoint(state.inspect_dir, doc, /*json=*/true);
     std::cout << doc.str();
     if (rc != 0) {
       const nlohmann::json j = nlohmann::json::parse(doc.str());
@@ -327,24 +332,24 @@ int run_inspect_command(CommandState& st) {
     }
     return rc;
   }
-  if (!st.inspect_quiet)
-    return ckpt::inspect_checkpoint(st.inspect_dir, std::cout, /*json=*/false, /*verbose=*/st.inspect_verbose);
+  if (!state.inspect_quiet)
+    return ckpt::inspect_checkpoint(state.inspect_dir, std::cout, /*json=*/false, /*verbose=*/state.inspect_verbose);
   std::ostringstream listing;
-  const int rc = ckpt::inspect_checkpoint(st.inspect_dir, listing);
+  const int rc = ckpt::inspect_checkpoint(state.inspect_dir, listing);
   std::istringstream lines(listing.str());
   for (std::string line; std::getline(lines, line);)
     if (rc != 0 && (line.rfind("DAMAGED", 0) == 0 || line.rfind(kErrorPrefix, 0) == 0)) std::cout << line << "\n";
   return rc;
 }
 
-int run_command(CommandState& st, int argc, char** argv) {
-  if (*st.train_cmd) return run_train_command(st, argc, argv);
+int run_command(CommandState& state, int argc, char** argv) {
+  if (*state.train_cmd) return run_train_command(state, argc, argv);
   std::ostream nowhere(nullptr);   // -q: a stream that drops what is written to it
-  if (*st.inspect_cmd) return run_inspect_command(st);
-  if (*st.check_cmd) return run_matrix_command(st, st.check_cmd, st.check);
-  if (*st.matrix_cmd) return run_matrix_command(st, st.matrix_cmd, st.matrix);
-  if (st.report.active() && !st.report.merge.empty()) return run_merge_command(st.report);
-  if (st.report.active()) return run_report_command(st.report, st.report_quiet ? nowhere : std::cout);
+  if (*state.inspect_cmd) return run_inspect_command(state);
+  if (*state.check_cmd) return run_matrix_command(state, state.check_cmd, state.check);
+  if (*state.matrix_cmd) return run_matrix_command(state, state.matrix_cmd, state.matrix);
+  if (state.report.active() && !state.report.merge.empty()) return run_merge_command(state.report);
+  if (state.report.active()) return run_report_command(state.report, state.report_quiet ? nowhere : std::cout);
   return 2;
 }
 
@@ -375,8 +380,8 @@ int tool_main(int argc, char** argv) {
     }
     return std::string(kErrorPrefix) + where + e.what() + hint + " (run with --help for the options)\n";
   });
-  CommandState st;
-  register_commands(app, st);
+  CommandState state;
+  register_commands(app, state);
   if (const std::string bad = unknown_subcommand(app, argc, argv); !bad.empty()) {
     std::cerr << kErrorPrefix << bad << "\n";
     return 2;
@@ -390,7 +395,7 @@ int tool_main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run_command(st, argc, argv);
+    return run_command(state, argc, argv);
   } catch (const dist::DistError& e) {   // a peer failed: not this rank's input
     std::cerr << kErrorPrefix << ckpt::printable_text(e.what()) << "\n";
     return is_disk_error_message(e.what()) ? kExitDisk : 3;

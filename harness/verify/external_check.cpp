@@ -62,39 +62,39 @@ std::vector<std::pair<std::string, std::string>> pairs_of(const nlohmann::json& 
 }
 
 std::vector<ProbeRecord> read_probe(const fs::path& file) {
-  std::vector<ProbeRecord> out;
+  std::vector<ProbeRecord> records;
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(file, ec))) return out;
+  if (!fs::exists(fs::symlink_status(file, ec))) return records;
   const std::string text = ckpt::read_regular_file(file.string(), kMaxProbeBytes, /*no_follow=*/true);
-  size_t b = 0, line = 0;
-  while (b < text.size()) {
-    size_t e = text.find('\n', b);
-    if (e == std::string::npos) e = text.size();
+  size_t line_begin = 0, line = 0;
+  while (line_begin < text.size()) {
+    size_t line_end = text.find('\n', line_begin);
+    if (line_end == std::string::npos) line_end = text.size();
     ++line;
     const std::string where = file.string() + ":" + std::to_string(line);
-    if (e > b) {
-      const auto j = ckpt::parse_json_bounded(text.data() + b, e - b, where);
-      if (!j.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
-      ProbeRecord r;
-      auto ev = j.find("event"), it = j.find("iteration");
-      if (ev == j.end() || !ev->is_string() || (*ev != "after_load" && *ev != "step"))
+    if (line_end > line_begin) {
+      const auto fields = ckpt::parse_json_bounded(text.data() + line_begin, line_end - line_begin, where);
+      if (!fields.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
+      ProbeRecord record;
+      auto event = fields.find("event"), it = fields.find("iteration");
+      if (event == fields.end() || !event->is_string() || (*event != "after_load" && *event != "step"))
         throw std::invalid_argument(where + ": \"event\" must be \"after_load\" or \"step\"");
-      if (it == j.end() || !it->is_number_integer())
+      if (it == fields.end() || !it->is_number_integer())
         throw std::invalid_argument(where + ": \"iteration\" must be an integer");
-      r.event = ev->get<std::string>();
-      r.iteration = it->get<int64_t>();
-      if (auto m = j.find("metrics"); m != j.end()) r.metrics = pairs_of(*m, where, "metrics");
-      if (auto st = j.find("state"); st != j.end()) r.state = pairs_of(*st, where, "state");
-      out.push_back(std::move(r));
+      record.event = event->get<std::string>();
+      record.iteration = it->get<int64_t>();
+      if (auto m = fields.find("metrics"); m != fields.end()) record.metrics = pairs_of(*m, where, "metrics");
+      if (auto st = fields.find("state"); st != fields.end()) record.state = pairs_of(*st, where, "state");
+      records.push_back(std::move(record));
     }
-    b = e + 1;
+    line_begin = line_end + 1;
   }
-  return out;
+  return records;
 }
 
-const ProbeRecord* probe_step(const std::vector<ProbeRecord>& v, int64_t it) {
-  for (const auto& r : v)
-    if (r.event == "step" && r.iteration == it) return &r;
+const ProbeRecord* probe_step(const std::vector<ProbeRecord>& records, int64_t iteration) {
+  for (const auto& record : records)
+    if (record.event == "step" && record.iteration == iteration) return &record;
   return nullptr;
 }
 
@@ -103,16 +103,16 @@ const ProbeRecord* probe_step(const std::vector<ProbeRecord>& v, int64_t it) {
 std::string first_differing(const std::vector<std::pair<std::string, std::string>>& ref,
                             const std::vector<std::pair<std::string, std::string>>& got,
                             const std::string& skip_prefix = "") {
-  std::map<std::string, std::string> r(ref.begin(), ref.end()), g(got.begin(), got.end());
-  auto skipped = [&](const std::string& k) { return !skip_prefix.empty() && k.rfind(skip_prefix, 0) == 0; };
-  for (const auto& [k, v] : got) {
-    if (skipped(k)) continue;
-    auto it = r.find(k);
-    if (it == r.end()) return k + " (only in this run)";
-    if (it->second != v) return k;
+  std::map<std::string, std::string> ref_values(ref.begin(), ref.end()), got_values(got.begin(), got.end());
+  auto skipped = [&](const std::string& key) { return !skip_prefix.empty() && key.rfind(skip_prefix, 0) == 0; };
+  for (const auto& [key, value] : got) {
+    if (skipped(key)) continue;
+    auto it = ref_values.find(key);
+    if (it == ref_values.end()) return key + " (only in this run)";
+    if (it->second != value) return key;
   }
-  for (const auto& [k, v] : ref)
-    if (!skipped(k) && !g.count(k)) return k + " (missing in this run)";
+  for (const auto& [key, value] : ref)
+    if (!skipped(key) && !got_values.count(key)) return key + " (missing in this run)";
   return "";
 }
 
@@ -127,9 +127,9 @@ struct RunOut {
 };
 
 std::string join_argv(const std::vector<std::string>& argv) {
-  std::string s;
-  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
-  return s.size() > 300 ? s.substr(0, 300) + "..." : s;
+  std::string joined;
+  for (const auto& arg : argv) joined += (joined.empty() ? "" : " ") + arg;
+  return joined.size() > 300 ? joined.substr(0, 300) + "..." : joined;
 }
 
 class Runner {
@@ -242,62 +242,64 @@ struct Difference {
 // differences go to diffs (when given).
 Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
                         std::vector<MetricDiff>* diffs) {
-  Difference d;
+  Difference diff;
   for (const auto& row : got.rows) {
     if (row.iteration < lo || row.iteration > hi) continue;
-    const MetricRow* r = ref.find(row.iteration);
-    if (!r) {
-      d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the uninterrupted run");
+    const MetricRow* ref_row = ref.find(row.iteration);
+    if (!ref_row) {
+      diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the uninterrupted run");
       continue;
     }
-    std::map<std::string, std::string> rv(r->values.begin(), r->values.end());
+    std::map<std::string, std::string> ref_values(ref_row->values.begin(), ref_row->values.end());
     for (const auto& [name, text] : row.values) {
-      auto it = rv.find(name);
-      if (it == rv.end()) {
-        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " +
-                                   got_name + " run");
+      auto it = ref_values.find(name);
+      if (it == ref_values.end()) {
+        diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " +
+                                      got_name + " run");
         continue;
       }
-      MetricDiff m;
-      m.iteration = row.iteration;
-      m.metric = name;
-      m.baseline = metric_number(it->second);
-      m.resumed = metric_number(text);
-      m.bit_equal = it->second == text;
-      m.abs_diff = m.bit_equal ? 0 : std::fabs(m.baseline - m.resumed);
-      if (std::isnan(m.abs_diff)) m.abs_diff = std::numeric_limits<double>::infinity();
-      m.rel_diff = m.baseline != 0 ? m.abs_diff / std::fabs(m.baseline) : (m.abs_diff == 0 ? 0 : INFINITY);
-      m.ulp = m.bit_equal ? 0 : ulp_distance(m.baseline, m.resumed);
-      if (!m.bit_equal)
-        d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " (" + it->second +
-                                   " vs " + text + ")");
-      if (diffs) diffs->push_back(m);
+      MetricDiff metric_diff;
+      metric_diff.iteration = row.iteration;
+      metric_diff.metric = name;
+      metric_diff.baseline = metric_number(it->second);
+      metric_diff.resumed = metric_number(text);
+      metric_diff.bit_equal = it->second == text;
+      metric_diff.abs_diff = metric_diff.bit_equal ? 0 : std::fabs(metric_diff.baseline - metric_diff.resumed);
+      if (std::isnan(metric_diff.abs_diff)) metric_diff.abs_diff = std::numeric_limits<double>::infinity();
+      metric_diff.rel_diff = metric_diff.baseline != 0 ? metric_diff.abs_diff / std::fabs(metric_diff.baseline)
+                                                       : (metric_diff.abs_diff == 0 ? 0 : INFINITY);
+      metric_diff.ulp = metric_diff.bit_equal ? 0 : ulp_distance(metric_diff.baseline, metric_diff.resumed);
+      if (!metric_diff.bit_equal)
+        diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " (" +
+                                      it->second + " vs " + text + ")");
+      if (diffs) diffs->push_back(metric_diff);
     }
   }
-  return d;
+  return diff;
 }
 
 // The rows of `ref` in [lo, hi] that `got` does not log, folded into d (the earliest wins).
 void offer_missing(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
-                   Difference& d) {
+                   Difference& diff) {
   for (const auto& row : ref.rows)
     if (row.iteration >= lo && row.iteration <= hi && !got.find(row.iteration))
-      d.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the " + got_name + " run");
+      diff.offer(row.iteration,
+                 "iteration " + std::to_string(row.iteration) + ": not logged by the " + got_name + " run");
 }
 
 // The probe's step records of `got` in [lo, hi] against `ref`'s.
 Difference compare_probe_steps(const std::vector<ProbeRecord>& ref, const std::vector<ProbeRecord>& got, int64_t lo,
                                int64_t hi) {
-  Difference d;
-  for (const auto& r : got) {
-    if (r.event != "step" || r.iteration < lo || r.iteration > hi) continue;
-    const ProbeRecord* q = probe_step(ref, r.iteration);
-    if (!q) continue;   // rows missing are the metrics' business
-    std::string k = first_differing(q->metrics, r.metrics);
-    if (k.empty()) k = first_differing(q->state, r.state);
-    if (!k.empty()) d.offer(r.iteration, "iteration " + std::to_string(r.iteration) + ": " + k);
+  Difference diff;
+  for (const auto& record : got) {
+    if (record.event != "step" || record.iteration < lo || record.iteration > hi) continue;
+    const ProbeRecord* ref_record = probe_step(ref, record.iteration);
+    if (!ref_record) continue;   // rows missing are the metrics' business
+    std::string key = first_differing(ref_record->metrics, record.metrics);
+    if (key.empty()) key = first_differing(ref_record->state, record.state);
+    if (!key.empty()) diff.offer(record.iteration, "iteration " + std::to_string(record.iteration) + ": " + key);
   }
-  return d;
+  return diff;
 }
 
 // ---- checkpoints ----
@@ -603,44 +605,44 @@ void resolution_notes(const MetricLog& log, bool bitwise_elsewhere, std::vector<
                                          : "; nothing else is compared bitwise (add trainer.checkpoint or the probe)"));
 }
 
-void diagnose(CheckResult& r, const std::string& code, const std::string& where, const std::string& words) {
-  if (!r.diagnosis.empty() && r.diagnosis != "none") return;   // the first in order stays
-  r.diagnosis = code;
-  r.first_divergence = where;
-  r.explanation = words;
+void diagnose(CheckResult& result, const std::string& code, const std::string& where, const std::string& words) {
+  if (!result.diagnosis.empty() && result.diagnosis != "none") return;   // the first in order stays
+  result.diagnosis = code;
+  result.first_divergence = where;
+  result.explanation = words;
 }
 
-void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& run) {
-  const ExternalTrainer& t = *s.trainer;
-  const int64_t K = s.save_at, N = s.cfg.train.iterations;
-  const bool ckpts = !t.checkpoint.path.empty();
-  const bool per_iteration = t.checkpoint.path.find("{iteration") != std::string::npos;
-  CheckpointReader reader(t, fs::path(o.work_dir) / "flat");
+void run_cell(const Scenario& scenario, const CheckOptions& opts, CheckResult& result, Runner& run) {
+  const ExternalTrainer& trainer = *scenario.trainer;
+  const int64_t K = scenario.save_at, N = scenario.cfg.train.iterations;
+  const bool ckpts = !trainer.checkpoint.path.empty();
+  const bool per_iteration = trainer.checkpoint.path.find("{iteration") != std::string::npos;
+  CheckpointReader reader(trainer, fs::path(opts.work_dir) / "flat");
 
   // 1. Determinism: the uninterrupted run, determinism_runs times.
-  std::vector<RunOut> un;
-  for (int d = 1; d <= t.determinism_runs; ++d)
-    un.push_back(run.run("uninterrupted_" + std::to_string(d), false, N, {}, std::nullopt));
-  const RunOut& u = un.front();
-  if (u.metrics.rows.empty())
+  std::vector<RunOut> uninterrupted_runs;
+  for (int d = 1; d <= trainer.determinism_runs; ++d)
+    uninterrupted_runs.push_back(run.run("uninterrupted_" + std::to_string(d), false, N, {}, std::nullopt));
+  const RunOut& uninterrupted = uninterrupted_runs.front();
+  if (uninterrupted.metrics.rows.empty())
     throw std::runtime_error("the uninterrupted run logged no metric rows (trainer.metrics matched nothing in " +
-                             (u.dir / "stdout.log").string() + ")");
-  for (size_t d = 1; d < un.size(); ++d) {
-    const std::string name = un[d].label;
+                             (uninterrupted.dir / "stdout.log").string() + ")");
+  for (size_t d = 1; d < uninterrupted_runs.size(); ++d) {
+    const std::string name = uninterrupted_runs[d].label;
     constexpr int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
-    Difference diff = compare_rows(u.metrics, un[d].metrics, lo, hi, name, nullptr);
-    offer_missing(u.metrics, un[d].metrics, lo, hi, name, diff);
-    Difference pd = compare_probe_steps(u.probe, un[d].probe, 0, N);
-    if (pd.found() && pd.iteration <= diff.iteration) diff = pd;
+    Difference diff = compare_rows(uninterrupted.metrics, uninterrupted_runs[d].metrics, lo, hi, name, nullptr);
+    offer_missing(uninterrupted.metrics, uninterrupted_runs[d].metrics, lo, hi, name, diff);
+    Difference probe_diff = compare_probe_steps(uninterrupted.probe, uninterrupted_runs[d].probe, 0, N);
+    if (probe_diff.found() && probe_diff.iteration <= diff.iteration) diff = probe_diff;
     std::string key;
-    const fs::path fa = ckpts ? run.checkpoint(u, N, N, {}) : fs::path(),
-                   fb = ckpts ? run.checkpoint(un[d], N, N, {}) : fs::path();
-    if (!diff.found() && ckpts && present(fa) && present(fb))
-      key = compare_checkpoints(reader, fa, fb, "determinism", nullptr);
+    const fs::path ckpt_first = ckpts ? run.checkpoint(uninterrupted, N, N, {}) : fs::path(),
+                   ckpt_other = ckpts ? run.checkpoint(uninterrupted_runs[d], N, N, {}) : fs::path();
+    if (!diff.found() && ckpts && present(ckpt_first) && present(ckpt_other))
+      key = compare_checkpoints(reader, ckpt_first, ckpt_other, "determinism", nullptr);
     if (diff.found() || !key.empty()) {
-      r.outcome = Outcome::nondeterministic;
+      result.outcome = Outcome::nondeterministic;
       const std::string where = diff.found() ? diff.what : "final checkpoint: " + key;
-      diagnose(r, "nondeterministic", "uninterrupted runs differ: " + where,
+      diagnose(result, "nondeterministic", "uninterrupted runs differ: " + where,
                "two uninterrupted runs of the same command differ (" + where +
                    "): the trainer is not reproducible, so resume is not judged. Seed every RNG, use deterministic "
                    "algorithms, and pin threads (e.g. --deterministic-mode, CUBLAS_WORKSPACE_CONFIG, one data-loader "
@@ -650,22 +652,25 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
   }
   // Controls: the comparison can fail (the metrics change over iterations), and the resumed run
   // is compared on at least one iteration after K (checked below).
-  for (const auto& row : u.metrics.rows)
-    if (row.values != u.metrics.rows.front().values) r.control_k_differs = true;
+  for (const auto& row : uninterrupted.metrics.rows)
+    if (row.values != uninterrupted.metrics.rows.front().values) result.control_k_differs = true;
 
   // 2. The interrupted run: every row up to K must equal the uninterrupted run's.
-  RunOut in = run.run("interrupted", false, K, {}, std::nullopt);
+  RunOut interrupted = run.run("interrupted", false, K, {}, std::nullopt);
   {
-    Difference d = compare_rows(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, "interrupted", nullptr);
-    offer_missing(u.metrics, in.metrics, std::numeric_limits<int64_t>::min(), K, "interrupted", d);
-    Difference pd = compare_probe_steps(u.probe, in.probe, std::numeric_limits<int64_t>::min(), K);
-    if (pd.found() && pd.iteration <= d.iteration) d = pd;
-    if (d.found())
-      diagnose(r, "before-save", "interrupted run: " + d.what,
+    Difference diff = compare_rows(uninterrupted.metrics, interrupted.metrics, std::numeric_limits<int64_t>::min(), K,
+                                   "interrupted", nullptr);
+    offer_missing(uninterrupted.metrics, interrupted.metrics, std::numeric_limits<int64_t>::min(), K, "interrupted",
+                  diff);
+    Difference probe_diff =
+        compare_probe_steps(uninterrupted.probe, interrupted.probe, std::numeric_limits<int64_t>::min(), K);
+    if (probe_diff.found() && probe_diff.iteration <= diff.iteration) diff = probe_diff;
+    if (diff.found())
+      diagnose(result, "before-save", "interrupted run: " + diff.what,
                "the interrupted run ({iterations} = " + std::to_string(K) +
                    ") differs from the uninterrupted run before "
                    "any save (" +
-                   d.what +
+                   diff.what +
                    "): its computation depends on the number of iterations it is given (e.g. an LR "
                    "schedule over --iters; give the schedule its own length and stop with an exit interval) or on the "
                    "save itself");
@@ -673,18 +678,18 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
 
   // 3. The saved state at K against the uninterrupted run's.
   bool saved_state_known_equal = false;
-  const fs::path ck_in = ckpts ? run.checkpoint(in, K, K, {}) : fs::path();
-  if (ckpts && !present(ck_in))
-    throw std::runtime_error("checkpoint " + ck_in.string() +
+  const fs::path saved_at_k = ckpts ? run.checkpoint(interrupted, K, K, {}) : fs::path();
+  if (ckpts && !present(saved_at_k))
+    throw std::runtime_error("checkpoint " + saved_at_k.string() +
                              " was not written by the interrupted run (trainer.checkpoint.path)");
-  if (ckpts && per_iteration && !present(run.checkpoint(u, N, K, {})))
-    r.notes.push_back("the saved state at K was not compared: the uninterrupted run left no " +
-                      run.checkpoint(u, N, K, {}).string());
+  if (ckpts && per_iteration && !present(run.checkpoint(uninterrupted, N, K, {})))
+    result.notes.push_back("the saved state at K was not compared: the uninterrupted run left no " +
+                           run.checkpoint(uninterrupted, N, K, {}).string());
   else if (ckpts && per_iteration) {
-    const std::string key =
-        compare_checkpoints(reader, run.checkpoint(u, N, K, {}), ck_in, "saved_at_k", &r.after_load);
+    const std::string key = compare_checkpoints(reader, run.checkpoint(uninterrupted, N, K, {}), saved_at_k,
+                                                "saved_at_k", &result.after_load);
     if (!key.empty())
-      diagnose(r, "saved-state", "saved state at " + std::to_string(K) + ": " + key,
+      diagnose(result, "saved-state", "saved state at " + std::to_string(K) + ": " + key,
                "the checkpoint the interrupted run saved at " + std::to_string(K) +
                    " differs from the one the uninterrupted "
                    "run saved at " +
@@ -693,23 +698,24 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
   }
 
   // 4. The round trip: load K, train nothing, save.
-  if (t.round_trip) {
-    RunOut rt = run.run("round_trip", true, K, in.save_dir, in.save_dir);
+  if (trainer.round_trip) {
+    RunOut round_trip = run.run("round_trip", true, K, interrupted.save_dir, interrupted.save_dir);
     const std::string key =
-        compare_checkpoints(reader, ck_in, run.checkpoint(rt, K, K, in.save_dir), "round_trip", nullptr);
+        compare_checkpoints(reader, saved_at_k, run.checkpoint(round_trip, K, K, interrupted.save_dir), "round_trip",
+                            nullptr);
     if (!key.empty())
-      diagnose(r, "round-trip", "round trip: " + key,
+      diagnose(result, "round-trip", "round trip: " + key,
                "loading the checkpoint at " + std::to_string(K) + " and saving it again without training changes " +
                    key + ": the load (or the save) does not restore that state exactly");
   }
 
   // 5. The resumed run; its state right after load (probe).
-  RunOut rs = run.run("resumed", true, N, in.save_dir, in.save_dir);
-  if (t.probe) {
+  RunOut resumed = run.run("resumed", true, N, interrupted.save_dir, interrupted.save_dir);
+  if (trainer.probe) {
     const ProbeRecord* loaded = nullptr;
-    for (const auto& p : rs.probe)
-      if (p.event == "after_load") loaded = &p;
-    const ProbeRecord* at_k = probe_step(u.probe, K);
+    for (const auto& record : resumed.probe)
+      if (record.event == "after_load") loaded = &record;
+    const ProbeRecord* at_k = probe_step(uninterrupted.probe, K);
     if (!loaded || !at_k)
       throw std::runtime_error(std::string("trainer.probe = true but ") +
                                (!loaded
@@ -719,31 +725,31 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
     std::string key = loaded->iteration != K ? "iteration (restored " + std::to_string(loaded->iteration) + ")" : "";
     if (key.empty()) key = first_differing(at_k->state, loaded->state, "data/");
     if (!key.empty())
-      diagnose(r, "after-load", "after load: " + key,
+      diagnose(result, "after-load", "after load: " + key,
                "the state right after loading differs from the uninterrupted run's state at " + std::to_string(K) +
                    " (first " + key +
                    "): it is not saved, or not restored, or restored and then changed (e.g. a re-seed)");
     else saved_state_known_equal = true;
   }
-  Difference d =
-      compare_rows(u.metrics, rs.metrics, std::numeric_limits<int64_t>::min(), N, "resumed", &r.metric_diffs);
-  offer_missing(u.metrics, rs.metrics, K + 1, N, "resumed", d);
-  for (const auto& row : rs.metrics.rows)
-    r.control_fresh_differs = r.control_fresh_differs || (row.iteration > K && row.iteration <= N);
-  Difference pd = compare_probe_steps(u.probe, rs.probe, K + 1, N);
-  std::string where = d.found() ? d.what : "";
-  if (pd.found() && pd.iteration <= d.iteration) where = pd.what;
-  for (const auto& m : r.metric_diffs)
-    if (m.metric == "loss" || m.metric == "lm_loss" || m.metric == "lm loss")
-      r.max_abs_dloss = std::max(r.max_abs_dloss, m.abs_diff);
+  Difference diff = compare_rows(uninterrupted.metrics, resumed.metrics, std::numeric_limits<int64_t>::min(), N,
+                                 "resumed", &result.metric_diffs);
+  offer_missing(uninterrupted.metrics, resumed.metrics, K + 1, N, "resumed", diff);
+  for (const auto& row : resumed.metrics.rows)
+    result.control_fresh_differs = result.control_fresh_differs || (row.iteration > K && row.iteration <= N);
+  Difference probe_diff = compare_probe_steps(uninterrupted.probe, resumed.probe, K + 1, N);
+  std::string where = diff.found() ? diff.what : "";
+  if (probe_diff.found() && probe_diff.iteration <= diff.iteration) where = probe_diff.what;
+  for (const auto& metric_diff : result.metric_diffs)
+    if (metric_diff.metric == "loss" || metric_diff.metric == "lm_loss" || metric_diff.metric == "lm loss")
+      result.max_abs_dloss = std::max(result.max_abs_dloss, metric_diff.abs_diff);
   if (!where.empty()) {
     if (saved_state_known_equal)
-      diagnose(r, "not-in-checkpoint", where,
+      diagnose(result, "not-in-checkpoint", where,
                where +
                    " while the saved state is identical: what differs is not in the checkpoint: data order, RNG "
                    "streams, or a schedule derived from the process start");
     else
-      diagnose(r, "resumed-metrics", where,
+      diagnose(result, "resumed-metrics", where,
                where + " after resume" +
                    (ckpts
                         ? ""
@@ -751,26 +757,29 @@ void run_cell(const Scenario& s, const CheckOptions& o, CheckResult& r, Runner& 
   }
 
   // 6. The final state.
-  const fs::path final_u = ckpts ? run.checkpoint(u, N, N, {}) : fs::path();
-  if (ckpts && !present(final_u))
-    r.notes.push_back("the final state was not compared: the uninterrupted run left no " + final_u.string());
+  const fs::path final_uninterrupted = ckpts ? run.checkpoint(uninterrupted, N, N, {}) : fs::path();
+  if (ckpts && !present(final_uninterrupted))
+    result.notes.push_back("the final state was not compared: the uninterrupted run left no " +
+                           final_uninterrupted.string());
   else if (ckpts) {
     const std::string key =
-        compare_checkpoints(reader, final_u, run.checkpoint(rs, N, N, in.save_dir), "final", &r.final_state);
+        compare_checkpoints(reader, final_uninterrupted, run.checkpoint(resumed, N, N, interrupted.save_dir), "final",
+                            &result.final_state);
     if (!key.empty())
-      diagnose(r, "final-state", "final state: " + key,
+      diagnose(result, "final-state", "final state: " + key,
                "every compared metric is equal but the final checkpoint differs at " + key +
                    ": a state that does not "
                    "(yet) reach the logged metrics was not resumed exactly");
   }
-  resolution_notes(u.metrics, ckpts || t.probe, r.notes);
-  if (r.diagnosis.empty()) {
-    r.diagnosis = "none";
-    r.explanation = "every logged metric" + std::string(ckpts ? ", every checkpoint key" : "") +
-                    (t.probe ? " and every probed state" : "") + " of the resumed run equals the uninterrupted run's";
+  resolution_notes(uninterrupted.metrics, ckpts || trainer.probe, result.notes);
+  if (result.diagnosis.empty()) {
+    result.diagnosis = "none";
+    result.explanation = "every logged metric" + std::string(ckpts ? ", every checkpoint key" : "") +
+                         (trainer.probe ? " and every probed state" : "") +
+                         " of the resumed run equals the uninterrupted run's";
   }
-  if (r.outcome != Outcome::nondeterministic)
-    r.outcome = r.diagnosis == "none" ? Outcome::identical : Outcome::diverged;
+  if (result.outcome != Outcome::nondeterministic)
+    result.outcome = result.diagnosis == "none" ? Outcome::identical : Outcome::diverged;
 }
 
 }   // namespace
@@ -789,45 +798,45 @@ std::string python_interpreter() {
   return fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
 }
 
-CheckResult check_external_cell(const Scenario& s, const CheckOptions& o) {
-  CheckResult r;
-  r.name = s.name;
-  r.expectation = to_string(s.expect.kind);
+CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& opts) {
+  CheckResult result;
+  result.name = scenario.name;
+  result.expectation = to_string(scenario.expect.kind);
   const auto t0 = std::chrono::steady_clock::now();
-  Runner run(s, o);
+  Runner run(scenario, opts);
   try {
-    run_cell(s, o, r, run);
+    run_cell(scenario, opts, result, run);
   } catch (const ckpt::CheckpointError& e) {   // a checkpoint the trainer wrote is unreadable or hostile
-    r.outcome = Outcome::error;
-    r.diagnosis = "";
-    r.first_divergence = e.what();
-    r.bad_input = true;
+    result.outcome = Outcome::error;
+    result.diagnosis = "";
+    result.first_divergence = e.what();
+    result.bad_input = true;
   } catch (const std::invalid_argument& e) {   // its log, metrics file or probe records are malformed
-    r.outcome = Outcome::error;
-    r.diagnosis = "";
-    r.first_divergence = e.what();
-    r.bad_input = true;
+    result.outcome = Outcome::error;
+    result.diagnosis = "";
+    result.first_divergence = e.what();
+    result.bad_input = true;
   } catch (const std::exception& e) {
-    r.outcome = Outcome::error;
-    r.diagnosis = "";
-    r.first_divergence = e.what();
+    result.outcome = Outcome::error;
+    result.diagnosis = "";
+    result.first_divergence = e.what();
   }
-  r.trainer_seconds = run.trainer_seconds();
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  judge(s, r);
-  if (!o.keep_checkpoints) {
+  result.trainer_seconds = run.trainer_seconds();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  judge(scenario, result);
+  if (!opts.keep_checkpoints) {
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(o.work_dir, ec))
-      if (e.is_directory() && !fs::is_symlink(e.symlink_status())) fs::remove_all(e.path() / "save", ec);
-    fs::remove_all(fs::path(o.work_dir) / "flat", ec);
+    for (const auto& entry : fs::directory_iterator(opts.work_dir, ec))
+      if (entry.is_directory() && !fs::is_symlink(entry.symlink_status())) fs::remove_all(entry.path() / "save", ec);
+    fs::remove_all(fs::path(opts.work_dir) / "flat", ec);
   }
   try {
-    write_cell_outputs(o.work_dir, s, r);
+    write_cell_outputs(opts.work_dir, scenario, result);
   } catch (const std::exception& e) {
-    r.passed = false;
-    r.verdict = std::string("FAIL: cannot write results: ") + e.what();
+    result.passed = false;
+    result.verdict = std::string("FAIL: cannot write results: ") + e.what();
   }
-  return r;
+  return result;
 }
 
 }   // namespace rh

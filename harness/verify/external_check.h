@@ -22,7 +22,7 @@ namespace rh {
 
 // Runs and compares one external cell in opts.work_dir (which must exist and be empty); never
 // throws for a trainer's failure (an "error" outcome naming the run and its stderr's tail).
-CheckResult check_external_cell(const Scenario& s, const CheckOptions& opts);
+CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& opts);
 
 // Where python/rhckpt lives: $RH_PYTHON_DIR, else python/ in the tool's data directory
 // (harness/base/data_files.h: build/share/resume-harness in a build tree, <prefix>/share/resume-harness
