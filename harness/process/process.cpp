@@ -44,26 +44,27 @@ bool single_threaded() {
 // async-signal-safe functions. A fork_entry child of a single-threaded process runs the tool's
 // entry instead of exec: its environment set, then _exit once the streams are flushed (as a
 // pre-started child, prestart.cpp, for the same reason).
-pid_t start_child(const ChildSpec& c) {
-  if (c.argv.empty()) throw std::runtime_error("run_children: empty argv");
-  if (c.prestarted && c.env.empty() && !c.die_with_parent && !c.log_path.empty() && prestarted_worker_running()) {
-    const pid_t pid = spawn_prestarted(c.argv, c.log_path, nullptr);
+pid_t start_child(const ChildSpec& spec) {
+  if (spec.argv.empty()) throw std::runtime_error("run_children: empty argv");
+  if (spec.prestarted && spec.env.empty() && !spec.die_with_parent && !spec.log_path.empty() &&
+      prestarted_worker_running()) {
+    const pid_t pid = spawn_prestarted(spec.argv, spec.log_path, nullptr);
     if (pid > 0) return pid;   // else: exec, as without a worker
   }
   std::vector<char*> args;
-  for (const auto& a : c.argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  std::vector<std::string> env_strings = child_environment(c.env);
+  std::vector<std::string> env_strings = child_environment(spec.env);
   std::vector<char*> envp;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
   int fd = -1;
-  if (!c.log_path.empty()) {
-    fd = ::open(c.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) throw std::runtime_error("cannot open log " + c.log_path + ": " + std::strerror(errno));
+  if (!spec.log_path.empty()) {
+    fd = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error("cannot open log " + spec.log_path + ": " + std::strerror(errno));
   }
   const pid_t parent = ::getpid();
-  const bool by_entry = c.fork_entry && g_tool_entry != nullptr && single_threaded();
+  const bool by_entry = spec.fork_entry && g_tool_entry != nullptr && single_threaded();
   if (by_entry) {   // the forked entry must not write this process's buffered output again
     std::cout.flush();
     std::cerr.flush();
@@ -75,7 +76,7 @@ pid_t start_child(const ChildSpec& c) {
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    if (c.die_with_parent) {
+    if (spec.die_with_parent) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(137);   // the parent died before prctl
     }
@@ -85,8 +86,8 @@ pid_t start_child(const ChildSpec& c) {
     }
     if (by_entry) {
       if (fd >= 0) ::close(fd);
-      for (const auto& [k, v] : c.env) ::setenv(k.c_str(), v.c_str(), 1);
-      run_entry_and_exit(g_tool_entry, c.argv);
+      for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
+      run_entry_and_exit(g_tool_entry, spec.argv);
     }
     execve(args[0], args.data(), envp.data());
     const char msg[] = "exec failed\n";
@@ -98,15 +99,15 @@ pid_t start_child(const ChildSpec& c) {
 }
 
 ChildExit exit_of(int status, Clock::time_point t0) {
-  ChildExit e;
-  e.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ChildExit child_exit;
+  child_exit.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (WIFEXITED(status)) {
-    e.exit_code = WEXITSTATUS(status);
+    child_exit.exit_code = WEXITSTATUS(status);
   } else if (WIFSIGNALED(status)) {
-    e.signal = WTERMSIG(status);
-    e.exit_code = 128 + e.signal;
+    child_exit.signal = WTERMSIG(status);
+    child_exit.exit_code = 128 + child_exit.signal;
   }
-  return e;
+  return child_exit;
 }
 
 }   // namespace
@@ -114,9 +115,9 @@ ChildExit exit_of(int status, Clock::time_point t0) {
 void set_tool_entry(int (*entry)(int, char**)) { g_tool_entry = entry; }
 
 std::string ChildExit::describe() const {
-  std::string s = signal ? "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")"
-                         : "exited with code " + std::to_string(exit_code);
-  return timed_out ? s + " after its time ran out" : s;
+  std::string text = signal ? "was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")"
+                            : "exited with code " + std::to_string(exit_code);
+  return timed_out ? text + " after its time ran out" : text;
 }
 
 std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, double timeout_s,
@@ -209,9 +210,9 @@ void kill_group(pid_t pgid) {
 
 }   // namespace
 
-CapturedExit run_captured(const CapturedSpec& c) {
-  if (c.argv.empty()) throw std::runtime_error("run_captured: empty argv");
-  std::vector<std::string> env_strings = child_environment(c.env);
+CapturedExit run_captured(const CapturedSpec& spec) {
+  if (spec.argv.empty()) throw std::runtime_error("run_captured: empty argv");
+  std::vector<std::string> env_strings = child_environment(spec.env);
   std::string path_var = "/usr/local/bin:/usr/bin:/bin";   // the child's PATH decides where argv[0] is
   for (const auto& kv : env_strings)
     if (kv.rfind("PATH=", 0) == 0) path_var = kv.substr(5);
@@ -219,11 +220,11 @@ CapturedExit run_captured(const CapturedSpec& c) {
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
   // A relative executable is found from the command's own directory, as a shell in cwd would.
-  std::string exe = resolve_executable(c.argv[0], path_var);
-  if (exe.find('/') != std::string::npos && exe[0] != '/' && !c.cwd.empty()) exe = c.cwd + "/" + exe;
+  std::string exe = resolve_executable(spec.argv[0], path_var);
+  if (exe.find('/') != std::string::npos && exe[0] != '/' && !spec.cwd.empty()) exe = spec.cwd + "/" + exe;
   std::vector<char*> args;
   args.push_back(exe.data());
-  for (size_t i = 1; i < c.argv.size(); ++i) args.push_back(const_cast<char*>(c.argv[i].c_str()));
+  for (size_t i = 1; i < spec.argv.size(); ++i) args.push_back(const_cast<char*>(spec.argv[i].c_str()));
   args.push_back(nullptr);
 
   auto open_out = [](const std::string& p) {
@@ -231,7 +232,7 @@ CapturedExit run_captured(const CapturedSpec& c) {
     if (fd < 0) throw std::runtime_error("cannot open " + p + ": " + std::strerror(errno));
     return fd;
   };
-  int out_fd[2] = {open_out(c.stdout_path), open_out(c.stderr_path)};
+  int out_fd[2] = {open_out(spec.stdout_path), open_out(spec.stderr_path)};
   int pipes[2][2] = {{-1, -1}, {-1, -1}};
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   auto close_all = [&] {
@@ -246,7 +247,7 @@ CapturedExit run_captured(const CapturedSpec& c) {
     close_all();
     throw std::runtime_error(std::string("run_captured: pipe: ") + std::strerror(errno));
   }
-  const char* cwd = c.cwd.empty() ? nullptr : c.cwd.c_str();
+  const char* cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
   const auto t0 = Clock::now();
   const pid_t pid = fork();
   if (pid < 0) {
@@ -272,11 +273,11 @@ CapturedExit run_captured(const CapturedSpec& c) {
   ::close(pipes[0][1]), pipes[0][1] = -1;
   ::close(pipes[1][1]), pipes[1][1] = -1;
 
-  CapturedExit r;
+  CapturedExit captured;
   bool exited = false, timed_out = false;
   int status = 0;
   const auto deadline =
-      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(c.timeout_s, 1e9)));
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(spec.timeout_s, 1e9)));
   auto exited_at = Clock::time_point::max();
   char buf[65536];
   while (pipes[0][0] >= 0 || pipes[1][0] >= 0 || !exited) {
@@ -320,26 +321,26 @@ CapturedExit run_captured(const CapturedSpec& c) {
         continue;
       }
       uint64_t keep = static_cast<uint64_t>(got);
-      if (r.output_bytes + keep > c.output_cap_bytes) {
-        keep = c.output_cap_bytes - r.output_bytes;
-        if (!r.output_capped) kill_group(pid);
-        r.output_capped = true;
+      if (captured.output_bytes + keep > spec.output_cap_bytes) {
+        keep = spec.output_cap_bytes - captured.output_bytes;
+        if (!captured.output_capped) kill_group(pid);
+        captured.output_capped = true;
       }
       if (keep > 0 && ::write(out_fd[i], buf, keep) != static_cast<ssize_t>(keep)) {
         kill_group(pid);
         close_all();
         if (!exited) waitpid(pid, &status, 0);
-        throw std::runtime_error("cannot write the captured output of " + c.argv[0] + ": " + std::strerror(errno));
+        throw std::runtime_error("cannot write the captured output of " + spec.argv[0] + ": " + std::strerror(errno));
       }
-      r.output_bytes += keep;
+      captured.output_bytes += keep;
     }
   }
   if (!exited) waitpid(pid, &status, 0);
   close_all();
-  static_cast<ChildExit&>(r) = exit_of(status, t0);
-  r.timed_out = timed_out;
-  r.killed = timed_out || r.output_capped;
-  return r;
+  static_cast<ChildExit&>(captured) = exit_of(status, t0);
+  captured.timed_out = timed_out;
+  captured.killed = timed_out || captured.output_capped;
+  return captured;
 }
 
 std::vector<std::string> child_environment(const std::vector<std::pair<std::string, std::string>>& env) {

@@ -42,31 +42,31 @@ int env_int(const char* name, int lo, int hi) {
 bool launched_by_environment() { return getenv_s("WORLD_SIZE") || getenv_s("SLURM_NTASKS"); }
 
 Placement placement_from_environment() {
-  Placement p;
+  Placement place;
   if (getenv_s("WORLD_SIZE")) {
-    p.source = "torchrun environment";
-    p.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
+    place.source = "torchrun environment";
+    place.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
     if (!getenv_s("RANK")) throw std::invalid_argument("environment variable WORLD_SIZE is set but RANK is not");
-    p.rank = env_int("RANK", 0, p.world_size - 1);
-    p.local_rank = getenv_s("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, 1 << 20) : p.rank;
+    place.rank = env_int("RANK", 0, place.world_size - 1);
+    place.local_rank = getenv_s("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, 1 << 20) : place.rank;
   } else if (getenv_s("SLURM_NTASKS")) {
-    p.source = "SLURM environment";
-    p.world_size = env_int("SLURM_NTASKS", 1, 1 << 20);
+    place.source = "SLURM environment";
+    place.world_size = env_int("SLURM_NTASKS", 1, 1 << 20);
     if (!getenv_s("SLURM_PROCID"))
       throw std::invalid_argument("environment variable SLURM_NTASKS is set but SLURM_PROCID is not");
-    p.rank = env_int("SLURM_PROCID", 0, p.world_size - 1);
-    p.local_rank = getenv_s("SLURM_LOCALID") ? env_int("SLURM_LOCALID", 0, 1 << 20) : 0;
+    place.rank = env_int("SLURM_PROCID", 0, place.world_size - 1);
+    place.local_rank = getenv_s("SLURM_LOCALID") ? env_int("SLURM_LOCALID", 0, 1 << 20) : 0;
   } else {
-    return p;
+    return place;
   }
-  if (p.world_size > 1) {
+  if (place.world_size > 1) {
     if (!getenv_s("MASTER_ADDR") || !getenv_s("MASTER_PORT"))
-      throw std::invalid_argument(p.source + " with " + std::to_string(p.world_size) +
+      throw std::invalid_argument(place.source + " with " + std::to_string(place.world_size) +
                                   " ranks needs MASTER_ADDR and MASTER_PORT (rank 0's address and a free port)");
-    p.master_addr = getenv_s("MASTER_ADDR");
-    p.master_port = env_int("MASTER_PORT", 1, 65535);
+    place.master_addr = getenv_s("MASTER_ADDR");
+    place.master_port = env_int("MASTER_PORT", 1, 65535);
   }
-  return p;
+  return place;
 }
 
 struct Group::Impl {
@@ -85,27 +85,27 @@ struct Group::Impl {
   }
 };
 
-Group::Group(const Placement& p, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
-  impl_->place = p;
+Group::Group(const Placement& place, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  impl_->place = place;
   try {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<uint16_t>(p.master_port);
-    o.isServer = p.rank == 0;
-    o.numWorkers = p.world_size;
-    o.waitWorkers = true;
-    o.timeout = timeout;
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(p.master_addr, o);
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(place.master_port);
+    store_options.isServer = place.rank == 0;
+    store_options.numWorkers = place.world_size;
+    store_options.waitWorkers = true;
+    store_options.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(place.master_addr, store_options);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
     // Bind where the peers can reach us: loopback for a local launch, else the host's name.
-    const bool local = p.master_addr == "127.0.0.1" || p.master_addr == "localhost";
-    opts->devices.push_back(local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-    opts->threads = 1;
-    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, p.rank, p.world_size, opts);
+    const bool local = place.master_addr == "127.0.0.1" || place.master_addr == "localhost";
+    gloo_options->devices.push_back(local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                          : c10d::ProcessGroupGloo::createDefaultDevice());
+    gloo_options->threads = 1;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, place.rank, place.world_size, gloo_options);
   } catch (const std::exception& e) {
-    throw DistError("rank " + std::to_string(p.rank) + " of " + std::to_string(p.world_size) + ": rendezvous at " +
-                    p.master_addr + ":" + std::to_string(p.master_port) + " failed within " +
-                    std::to_string(timeout.count() / 1000) + " s: " + first_line(e));
+    throw DistError("rank " + std::to_string(place.rank) + " of " + std::to_string(place.world_size) +
+                    ": rendezvous at " + place.master_addr + ":" + std::to_string(place.master_port) +
+                    " failed within " + std::to_string(timeout.count() / 1000) + " s: " + first_line(e));
   }
 }
 
@@ -154,10 +154,11 @@ std::vector<std::string> Group::all_gather_strings(const std::string& mine) {
   std::memcpy(in.data_ptr(), mine.data(), mine.size());
   auto out = torch::empty({max_len * size()}, torch::kByte);
   all_gather_bytes(in, out);
-  std::vector<std::string> res;
-  const char* p = static_cast<const char*>(out.data_ptr());
-  for (int r = 0; r < size(); ++r) res.emplace_back(p + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
-  return res;
+  std::vector<std::string> strings;
+  const char* bytes = static_cast<const char*>(out.data_ptr());
+  for (int r = 0; r < size(); ++r)
+    strings.emplace_back(bytes + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
+  return strings;
 }
 
 }   // namespace rh::dist

@@ -37,7 +37,7 @@ class Group final : public optim::Collectives {
  public:
   // Rendezvous through a c10d TCPStore served by rank 0 at master_addr:master_port, then a
   // ProcessGroupGloo. `timeout` bounds the rendezvous and every collective.
-  Group(const Placement& p, std::chrono::milliseconds timeout);
+  Group(const Placement& place, std::chrono::milliseconds timeout);
   ~Group() override;
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;

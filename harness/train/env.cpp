@@ -25,29 +25,29 @@ void configure_determinism(int threads) {
 }
 
 RuntimeInfo runtime_info() {
-  RuntimeInfo r;
-  r.harness_version = RH_VERSION;
-  r.git_commit = rh::git_commit();
-  r.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                    std::to_string(TORCH_VERSION_PATCH);
+  RuntimeInfo info;
+  info.harness_version = RH_VERSION;
+  info.git_commit = rh::git_commit();
+  info.torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                       std::to_string(TORCH_VERSION_PATCH);
   using GetConfig = char* (*)();
   if (auto fn = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-    r.blas = fn();   // "OpenBLAS 0.3.21 ..."
-    r.blas_is_openblas = true;
+    info.blas = fn();   // "OpenBLAS 0.3.21 ..."
+    info.blas_is_openblas = true;
     if (auto core = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
-      r.blas += std::string(" core ") + core();
+      info.blas += std::string(" core ") + core();
   }
   {
     const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
-    r.blas += std::string(", ATen CPU capability: ") + (cap && *cap ? cap : "auto");
+    info.blas += std::string(", ATen CPU capability: ") + (cap && *cap ? cap : "auto");
   }
-  if (!r.blas_is_openblas) r.blas = "reference BLAS (slow: install libopenblas0-pthread)" + r.blas;
+  if (!info.blas_is_openblas) info.blas = "reference BLAS (slow: install libopenblas0-pthread)" + info.blas;
 #ifdef RH_WITH_CUDA
-  r.cuda_compiled = true;
+  info.cuda_compiled = true;
 #endif
-  r.cuda_available = torch::cuda::is_available();
-  r.threads = torch::get_num_threads();
-  return r;
+  info.cuda_available = torch::cuda::is_available();
+  info.threads = torch::get_num_threads();
+  return info;
 }
 
 void pin_cross_machine_numerics(char** argv) {
@@ -66,10 +66,10 @@ void pin_cross_machine_numerics(char** argv) {
   if (changed) execv("/proc/self/exe", argv);   // on failure: go on unpinned
 }
 
-std::string describe(const RuntimeInfo& r) {
-  return "resume-harness " + r.harness_version + " (" + r.git_commit + "), LibTorch " + r.torch_version +
-         ", BLAS: " + r.blas + ", threads: " + std::to_string(r.threads) +
-         ", CUDA: " + (r.cuda_compiled ? (r.cuda_available ? "available" : "compiled, no device") : "not compiled");
+std::string describe(const RuntimeInfo& info) {
+  return "resume-harness " + info.harness_version + " (" + info.git_commit + "), LibTorch " + info.torch_version +
+         ", BLAS: " + info.blas + ", threads: " + std::to_string(info.threads) + ", CUDA: " +
+         (info.cuda_compiled ? (info.cuda_available ? "available" : "compiled, no device") : "not compiled");
 }
 
 }   // namespace rh

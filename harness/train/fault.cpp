@@ -58,22 +58,22 @@ const std::vector<std::string>& fault_names() {
   return names;
 }
 
-Fault parse_fault(const std::string& s) {
+Fault parse_fault(const std::string& name) {
   for (const auto& f : fault_specs())
-    if (s == f.name) return f.fault;
+    if (name == f.name) return f.fault;
   std::string all;
   for (const auto& n : fault_names()) all += (all.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown fault '" + s + "' (expected one of: " + all + ")");
+  throw std::invalid_argument("unknown fault '" + name + "' (expected one of: " + all + ")");
 }
 
 std::set<std::string> fault_skip_keys(Fault f) {
-  const FaultSpec& s = spec_of(f);
-  if (!s.skip_key) return {};
-  return {s.skip_key};
+  const FaultSpec& spec = spec_of(f);
+  if (!spec.skip_key) return {};
+  return {spec.skip_key};
 }
 
-void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainState& st) {
-  if (const auto fn = spec_of(f).on_state) fn(cfg, tr, st);
+void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& trainer, ckpt::TrainState& train_state) {
+  if (const auto fn = spec_of(f).on_state) fn(cfg, trainer, train_state);
 }
 
 }   // namespace rh

@@ -40,12 +40,12 @@ struct FaultSpec {
 const std::vector<FaultSpec>& fault_specs();
 const FaultSpec& spec_of(Fault f);
 std::string to_string(Fault f);
-Fault parse_fault(const std::string& s);   // throws std::invalid_argument listing the names
+Fault parse_fault(const std::string& name);   // throws std::invalid_argument listing the names
 const std::vector<std::string>& fault_names();
 
 // The state keys a load with fault f skips (LoadOptions::skip_keys).
 std::set<std::string> fault_skip_keys(Fault f);
 // f's change to the restored state (the faults that act after the load).
-void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& tr, ckpt::TrainState& st);
+void inject_state_fault(Fault f, const RunConfig& cfg, Trainer& trainer, ckpt::TrainState& train_state);
 
 }   // namespace rh

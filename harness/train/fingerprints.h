@@ -14,10 +14,10 @@ class Group;
 }
 
 // The rows "iteration,key,xxh3" of one iteration's fingerprints.
-std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std::string, uint64_t>>& fp);
+std::string fingerprint_rows(int64_t iteration, const std::vector<std::pair<std::string, uint64_t>>& fingerprints);
 
 // This rank's fingerprints; data parallel, rank 0 returns every rank's: the keys that differ by
 // rank (optimizer parts, generators) of rank r > 0 get the suffix "@rank<r>".
-std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& tr, dist::Group* group);
+std::vector<std::pair<std::string, uint64_t>> all_fingerprints(const Trainer& trainer, dist::Group* group);
 
 }   // namespace rh

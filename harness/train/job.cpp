@@ -29,22 +29,22 @@ namespace rh {
 namespace {
 
 // Saves the trainer's state under `root` with `policy`.
-ckpt::SaveResult save_state(const Trainer& tr, const std::string& root, const ckpt::SavePolicy& policy,
+ckpt::SaveResult save_state(const Trainer& trainer, const std::string& root, const ckpt::SavePolicy& policy,
                             dist::Group* group) {
-  ckpt::SaveInput in;
-  in.group = group;
-  in.model = &tr.model();
-  in.optimizer = &tr.optimizer();
-  auto st = tr.state();
-  in.state = &st;
-  in.run_config = to_json(tr.config());
-  in.policy = policy;
-  return ckpt::save_checkpoint(root, in);
+  ckpt::SaveInput save_input;
+  save_input.group = group;
+  save_input.model = &trainer.model();
+  save_input.optimizer = &trainer.optimizer();
+  auto train_state = trainer.state();
+  save_input.state = &train_state;
+  save_input.run_config = to_json(trainer.config());
+  save_input.policy = policy;
+  return ckpt::save_checkpoint(root, save_input);
 }
 
 // A lossless dump of the in-memory state (native policy), for the state comparisons.
-void dump_state(const Trainer& tr, const fs::path& root, dist::Group* group) {
-  save_state(tr, root.string(), {ckpt::SavePolicyKind::native, {}}, group);
+void dump_state(const Trainer& trainer, const fs::path& root, dist::Group* group) {
+  save_state(trainer, root.string(), {ckpt::SavePolicyKind::native, {}}, group);
 }
 
 // Every flag is checked before anything is built or written (config.json, the model).
@@ -85,12 +85,12 @@ struct Run {
   PhaseTimes phases;   // phases.json (base/phases.h)
 
   void fingerprint(int64_t iteration) {
-    PhaseTimes::Scope t(phases, "fingerprint");
+    PhaseTimes::Scope timed(phases, "fingerprint");
     const auto fp = all_fingerprints(*tr, group.get());
     if (lead) fingerprints += fingerprint_rows(iteration, fp);
   }
   void dump(const char* name) {
-    PhaseTimes::Scope t(phases, "dump");
+    PhaseTimes::Scope timed(phases, "dump");
     if (job.dump_states && !job.out_dir.empty()) dump_state(*tr, out / name, group.get());
   }
 };
@@ -127,7 +127,7 @@ void start(Run& run) {
 
 // Loads the checkpoint into the trainer's model and optimizer; every rank refuses if one does,
 // with the first refusal's reason.
-ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
+ckpt::LoadReport load_into(Run& run, ckpt::TrainState& train_state) {
   const TrainJob& job = run.job;
   ckpt::LoadOptions opts;
   opts.allow_lossy = job.allow_lossy;
@@ -136,28 +136,28 @@ ckpt::LoadReport load_into(Run& run, ckpt::TrainState& st) {
   ckpt::LoadReport report;
   optim::RankOutcome mine;   // a failure's flag: the checkpoint is damaged
   try {
-    report = ckpt::load_checkpoint(job.load, run.tr->model(), run.tr->optimizer(), st, to_json(job.cfg), opts);
+    report = ckpt::load_checkpoint(job.load, run.tr->model(), run.tr->optimizer(), train_state, to_json(job.cfg), opts);
   } catch (const std::exception& e) {
     if (!run.group) throw;
-    const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e);
+    const auto* checkpoint_error = dynamic_cast<const ckpt::CheckpointError*>(&e);
     mine.ok = false;
     mine.error = e.what();
-    mine.flag = ce && ce->damaged;
+    mine.flag = checkpoint_error && checkpoint_error->damaged;
   }
   if (run.group) {
-    const optim::Agreement a = optim::agree(run.group.get(), mine);
-    if (!a.ok()) {
-      ckpt::CheckpointError e(a.failure());
-      e.damaged = a.flag;
-      throw e;
+    const optim::Agreement agreement = optim::agree(run.group.get(), mine);
+    if (!agreement.ok()) {
+      ckpt::CheckpointError refusal(agreement.failure());
+      refusal.damaged = agreement.flag;
+      throw refusal;
     }
     run.tr->optimizer().sync_params();   // a conversion may have written only the owned parts
   }
   return report;
 }
 
-void write_load_result(const Run& run, const nlohmann::json& j) {
-  if (run.write_out) rh::write_load_result(run.out.string(), run.job.load, j);
+void write_load_result(const Run& run, const nlohmann::json& result) {
+  if (run.write_out) rh::write_load_result(run.out.string(), run.job.load, result);
 }
 
 const char* error_kind(const std::exception& e) {
@@ -171,12 +171,12 @@ const char* error_kind(const std::exception& e) {
 // iterations it trained, its fsync seconds (inside save and dump) and its total from run_train's
 // start.
 void write_phases(Run& run, size_t iterations, std::chrono::steady_clock::duration total, double fsync_s) {
-  nlohmann::json j = {{"ranks", run.group ? run.group->size() : 1},
-                      {"iterations", iterations},
-                      {"seconds", run.phases.seconds()},
-                      {"fsync", fsync_s},
-                      {"total", std::chrono::duration<double>(total).count()}};
-  write_text((run.out / "phases.json").string(), ckpt::dump_text(j, 2) + "\n");
+  nlohmann::json phases_json = {{"ranks", run.group ? run.group->size() : 1},
+                                {"iterations", iterations},
+                                {"seconds", run.phases.seconds()},
+                                {"fsync", fsync_s},
+                                {"total", std::chrono::duration<double>(total).count()}};
+  write_text((run.out / "phases.json").string(), ckpt::dump_text(phases_json, 2) + "\n");
 }
 
 // The load itself, timed as phase "load": the checkpoint into the model and optimizer, the
@@ -184,27 +184,28 @@ void write_phases(Run& run, size_t iterations, std::chrono::steady_clock::durati
 void load_and_restore(Run& run) {
   PhaseTimes::Scope timed(run.phases, "load");
   const TrainJob& job = run.job;
-  ckpt::TrainState st = run.tr->state();
+  ckpt::TrainState train_state = run.tr->state();
   ckpt::LoadReport report;
   try {
-    report = load_into(run, st);
+    report = load_into(run, train_state);
     // Megatron's load_checkpoint hands state_dict['opt_param_scheduler'] to the scheduler this
     // run built (checkpointing.py load_checkpoint -> OptimizerParamScheduler.load_state_dict):
     // every saved value is checked against this run's, or taken from one side by the flags.
-    st.opt_param_scheduler = load_scheduler_state(scheduler_from_config(job.cfg), st.opt_param_scheduler,
-                                                  scheduler_args_from_config(job.cfg), "checkpoint " + report.dir);
+    train_state.opt_param_scheduler =
+        load_scheduler_state(scheduler_from_config(job.cfg), train_state.opt_param_scheduler,
+                             scheduler_args_from_config(job.cfg), "checkpoint " + report.dir);
   } catch (const std::exception& e) {
     nlohmann::json refused = {{"status", "refused"}, {"error_kind", error_kind(e)}, {"message", e.what()}};
-    if (const auto* ce = dynamic_cast<const ckpt::CheckpointError*>(&e)) {
-      refused["damaged"] = ce->damaged;   // what inspect refuses too (exit 1), not this run's refusal (2)
-      if (!ce->file.empty()) refused["file"] = ce->file;
-      if (!ce->tensor.empty()) refused["tensor"] = ce->tensor;
+    if (const auto* checkpoint_error = dynamic_cast<const ckpt::CheckpointError*>(&e)) {
+      refused["damaged"] = checkpoint_error->damaged;   // what inspect refuses too (exit 1), not this run's refusal (2)
+      if (!checkpoint_error->file.empty()) refused["file"] = checkpoint_error->file;
+      if (!checkpoint_error->tensor.empty()) refused["tensor"] = checkpoint_error->tensor;
     }
     write_load_result(run, refused);
     throw;
   }
-  inject_state_fault(job.fault, job.cfg, *run.tr, st);
-  run.tr->set_state(st, /*restore_rng=*/!spec_of(job.fault).fresh_rng);
+  inject_state_fault(job.fault, job.cfg, *run.tr, train_state);
+  run.tr->set_state(train_state, /*restore_rng=*/!spec_of(job.fault).fresh_rng);
   write_load_result(run, {{"status", "loaded"}, {"iteration", report.iteration}, {"conversions", report.conversions}});
   if (!run.quiet) {
     char took[96];
@@ -230,13 +231,13 @@ void resume(Run& run) {
 void save_all(Run& run) {
   run.dump("state_at_save");
   PhaseTimes::Scope timed(run.phases, "save");
-  for (const auto& t : run.job.saves) {
-    const auto res = save_state(*run.tr, t.root, t.policy, run.group.get());
+  for (const auto& target : run.job.saves) {
+    const auto saved = save_state(*run.tr, target.root, target.policy, run.group.get());
     if (!run.quiet)
-      std::printf("saved %s: %llu bytes, %.3f bytes/param\n", res.dir.c_str(),
-                  static_cast<unsigned long long>(res.total_bytes), res.bytes_per_param);
+      std::printf("saved %s: %llu bytes, %.3f bytes/param\n", saved.dir.c_str(),
+                  static_cast<unsigned long long>(saved.total_bytes), saved.bytes_per_param);
     if (!run.quiet && run.job.verbose)
-      for (const auto& [key, bytes] : res.bytes_per_key)
+      for (const auto& [key, bytes] : saved.bytes_per_key)
         std::printf("  %-16s %14llu bytes\n", key.c_str(), static_cast<unsigned long long>(bytes));
   }
 }
@@ -245,19 +246,20 @@ std::vector<IterMetrics> train_until(Run& run, int64_t stop) {
   std::vector<IterMetrics> rows;
   while (run.tr->iteration() < stop) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto m = run.tr->train_iteration();
+    auto metrics = run.tr->train_iteration();
     run.phases.add("train", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    rows.push_back(m);
-    run.fingerprint(m.iteration);
+    rows.push_back(metrics);
+    run.fingerprint(metrics.iteration);
     if (!run.quiet) {
       std::printf(
           "iter %4lld | lm loss %.6f | aux loss %.6f | grad norm %.4f | lr %.3e | "
           "num zeros %lld | %.0f tokens/s\n",
-          static_cast<long long>(m.iteration), static_cast<double>(m.lm_loss), static_cast<double>(m.aux_loss),
-          m.grad_norm, m.lr, static_cast<long long>(m.num_zeros), m.tokens_per_s);
+          static_cast<long long>(metrics.iteration), static_cast<double>(metrics.lm_loss),
+          static_cast<double>(metrics.aux_loss), metrics.grad_norm, metrics.lr,
+          static_cast<long long>(metrics.num_zeros), metrics.tokens_per_s);
       std::fflush(stdout);
     }
-    if (m.iteration == run.job.save_at) save_all(run);
+    if (metrics.iteration == run.job.save_at) save_all(run);
   }
   return rows;
 }
@@ -273,7 +275,7 @@ int run_train(const TrainJob& job) {
   const double fsync0 = ckpt::fsync_seconds();
   Run run(job);
   {
-    PhaseTimes::Scope t(run.phases, "setup");
+    PhaseTimes::Scope timed(run.phases, "setup");
     start(run);
   }
   if (!job.load.empty()) {
@@ -285,7 +287,7 @@ int run_train(const TrainJob& job) {
   if (!job.saves.empty() && job.save_at < 0) save_all(run);
   run.dump("state_final");
   if (run.write_out) {
-    PhaseTimes::Scope t(run.phases, "outputs");
+    PhaseTimes::Scope timed(run.phases, "outputs");
     write_metrics_csv((run.out / "metrics.csv").string(), rows);
     write_timing_csv((run.out / "timing.csv").string(), rows);
     write_text((run.out / "fingerprints.csv").string(), run.fingerprints);
@@ -294,7 +296,7 @@ int run_train(const TrainJob& job) {
     write_phases(run, rows.size(), std::chrono::steady_clock::now() - t0, ckpt::fsync_seconds() - fsync0);
   if (!run.quiet && job.verbose) {   // the same seconds as phases.json
     std::printf("seconds per phase (this process):");
-    for (const auto& [phase, sec] : run.phases.seconds()) std::printf(" %s %.3f", phase.c_str(), sec);
+    for (const auto& [phase, seconds] : run.phases.seconds()) std::printf(" %s %.3f", phase.c_str(), seconds);
     std::printf("; fsync %.3f; total %.3f\n", ckpt::fsync_seconds() - fsync0,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }

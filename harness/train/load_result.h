@@ -24,6 +24,6 @@ struct LoadResult {
 LoadResult read_load_result(const std::string& path);
 // Writes it into out_dir: {"schema_version", "checkpoint": <checkpoint>} with j's fields, every
 // path and message as printable UTF-8.
-void write_load_result(const std::string& out_dir, const std::string& checkpoint, const nlohmann::json& j);
+void write_load_result(const std::string& out_dir, const std::string& checkpoint, const nlohmann::json& result);
 
 }   // namespace rh

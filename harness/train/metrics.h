@@ -25,7 +25,7 @@ struct IterMetrics {
 // Names of the deterministic metrics, in CSV column order (each with a _hex twin for floats).
 const std::vector<std::string>& metric_names();
 // The value of metric `name` as a double (exact for every field).
-double metric_value(const IterMetrics& m, const std::string& name);
+double metric_value(const IterMetrics& metrics, const std::string& name);
 
 void write_metrics_csv(const std::string& path, const std::vector<IterMetrics>& rows);
 void write_timing_csv(const std::string& path, const std::vector<IterMetrics>& rows);

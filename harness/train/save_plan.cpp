@@ -12,10 +12,10 @@ namespace rh {
 
 void write_save_plan(const std::string& path, const std::vector<SaveTarget>& saves) {
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& t : saves) {
-    nlohmann::json e = ckpt::to_json(t.policy, "policy");
-    e["root"] = t.root;
-    list.push_back(e);
+  for (const auto& target : saves) {
+    nlohmann::json entry = ckpt::to_json(target.policy, "policy");
+    entry["root"] = target.root;
+    list.push_back(entry);
   }
   write_text(path, ckpt::dump_text(nlohmann::json{{"schema_version", kSavePlanSchema}, {"saves", list}}, 2) + "\n");
 }
@@ -24,24 +24,24 @@ void write_save_plan(const std::string& path, const std::vector<SaveTarget>& sav
 // was expected ("schema_version": "1" once gave a bare nlohmann type_error).
 std::vector<SaveTarget> read_save_plan(const std::string& path) try {
   const std::string what = "save plan " + path;
-  const nlohmann::json j = ckpt::parse_json_unique(ckpt::read_regular_file(path, 1u << 20), what);
-  const ckpt::JsonField plan(j, what);
-  if (!j.is_object())
+  const nlohmann::json document = ckpt::parse_json_unique(ckpt::read_regular_file(path, 1u << 20), what);
+  const ckpt::JsonField plan(document, what);
+  if (!document.is_object())
     plan.fail("expected {\"schema_version\": " + std::to_string(kSavePlanSchema) + ", \"saves\": [...]}");
   const int64_t schema = plan["schema_version"].i64();
   if (schema != kSavePlanSchema)
     plan["schema_version"].fail("expected " + std::to_string(kSavePlanSchema) + ", got " + std::to_string(schema));
   std::vector<SaveTarget> out;
-  plan["saves"].each([&](const ckpt::JsonField& e) {
-    SaveTarget t;
-    t.root = e["root"].str();
-    if (t.root.empty()) e["root"].fail("expected a non-empty checkpoint root");
+  plan["saves"].each([&](const ckpt::JsonField& entry) {
+    SaveTarget target;
+    target.root = entry["root"].str();
+    if (target.root.empty()) entry["root"].fail("expected a non-empty checkpoint root");
     // A path is a C string to the kernel: "a\u0000b" would save into "a".
-    if (const size_t z = t.root.find('\0'); z != std::string::npos)
-      e["root"].fail("NUL byte at character " + std::to_string(z) + " of '" + ckpt::quote_text(t.root) +
-                     "' (a path cannot hold one)");
-    t.policy = ckpt::parse_save_policy_json(e, "policy");
-    out.push_back(t);
+    if (const size_t z = target.root.find('\0'); z != std::string::npos)
+      entry["root"].fail("NUL byte at character " + std::to_string(z) + " of '" + ckpt::quote_text(target.root) +
+                         "' (a path cannot hold one)");
+    target.policy = ckpt::parse_save_policy_json(entry, "policy");
+    out.push_back(target);
   });
   return out;
 } catch (const ckpt::CheckpointError& e) {   // bad input to the train command, as before

@@ -37,15 +37,15 @@ SchedulerArgs scheduler_args_from_config(const RunConfig& cfg);
 
 // The learning rate and weight decay the scheduler sets at its current num_steps
 // (OptimizerParamScheduler.get_lr / get_wd with a param group carrying no overrides).
-double scheduler_lr(const ckpt::OptParamSchedulerState& s, const SchedulerArgs& a);
-double scheduler_wd(const ckpt::OptParamSchedulerState& s);
+double scheduler_lr(const ckpt::OptParamSchedulerState& scheduler, const SchedulerArgs& args);
+double scheduler_wd(const ckpt::OptParamSchedulerState& scheduler);
 
 // OptimizerParamScheduler.load_state_dict on a scheduler built from `cls` (num_steps 0): each
 // value through _check_and_set (override: the class value; use-checkpoint: the checkpoint's;
 // neither: they must be equal, else std::invalid_argument with upstream's message naming the
 // key), then step(num_steps). `where` names the checkpoint in the message.
 ckpt::OptParamSchedulerState load_scheduler_state(const ckpt::OptParamSchedulerState& cls,
-                                                  const ckpt::OptParamSchedulerState& sd, const SchedulerArgs& a,
+                                                  const ckpt::OptParamSchedulerState& sd, const SchedulerArgs& args,
                                                   const std::string& where);
 
 }   // namespace rh

@@ -30,8 +30,8 @@ torch::Generator make_generator(const torch::Device& device, uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
-torch::Device parse_device(const std::string& d) {
-  if (d == "cuda") {
+torch::Device parse_device(const std::string& device) {
+  if (device == "cuda") {
 #ifndef RH_WITH_CUDA
     throw std::invalid_argument("--device cuda: this build has no CUDA (LibTorch without CUDA)");
 #else
@@ -87,11 +87,11 @@ Trainer::Trainer(const RunConfig& cfg, optim::Collectives* group)
 
 IterMetrics Trainer::train_iteration() {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t mb = cfg_.train.micro_batch, T = cfg_.model.seq_len;
-  const int64_t n_micro = cfg_.train.global_batch / mb;
+  const int64_t micro_batch = cfg_.train.micro_batch, T = cfg_.model.seq_len;
+  const int64_t n_micro = cfg_.train.global_batch / micro_batch;
   optimizer_->zero_grads();
   auto lm_sum = torch::zeros({}, torch::kFloat), aux_sum = torch::zeros({}, torch::kFloat);
-  std::vector<int64_t> tokens(static_cast<size_t>(mb * T)), targets(tokens.size());
+  std::vector<int64_t> tokens(static_cast<size_t>(micro_batch * T)), targets(tokens.size());
   const int64_t first = rank_ * n_micro / dp_size_, last = (rank_ + 1) * n_micro / dp_size_;
   // Dropout: one draw from the run's generator per iteration (every rank holds the same one),
   // then a stream per micro-batch seeded from that draw and the micro-batch's index. A sample
@@ -102,9 +102,9 @@ IterMetrics Trainer::train_iteration() {
                                                   .item<int64_t>());
   for (int64_t micro = first; micro < last; ++micro) {
     torch::Generator micro_gen = make_generator(device_, mix64(draw ^ static_cast<uint64_t>(micro)));
-    corpus_.fill(state_.consumed_samples + micro * mb, mb, tokens.data(), targets.data());
-    auto x = torch::from_blob(tokens.data(), {mb, T}, torch::kLong).to(device_);
-    auto y = torch::from_blob(targets.data(), {mb, T}, torch::kLong).to(device_);
+    corpus_.fill(state_.consumed_samples + micro * micro_batch, micro_batch, tokens.data(), targets.data());
+    auto x = torch::from_blob(tokens.data(), {micro_batch, T}, torch::kLong).to(device_);
+    auto y = torch::from_blob(targets.data(), {micro_batch, T}, torch::kLong).to(device_);
     auto out = model_->loss(x, y, &micro_gen);
     auto loss = (out.lm_loss + out.aux_loss) / static_cast<float>(n_micro);
     loss.backward();
@@ -122,33 +122,33 @@ IterMetrics Trainer::train_iteration() {
     lm_sum = sums[0];
     aux_sum = sums[1];
   }
-  IterMetrics m;
-  m.lm_loss = (lm_sum / static_cast<float>(n_micro)).item<float>();
-  m.aux_loss = (aux_sum / static_cast<float>(n_micro)).item<float>();
-  m.total_loss = m.lm_loss + m.aux_loss;
-  m.grad_norm = optimizer_->grad_norm();
+  IterMetrics metrics;
+  metrics.lm_loss = (lm_sum / static_cast<float>(n_micro)).item<float>();
+  metrics.aux_loss = (aux_sum / static_cast<float>(n_micro)).item<float>();
+  metrics.total_loss = metrics.lm_loss + metrics.aux_loss;
+  metrics.grad_norm = optimizer_->grad_norm();
   if (cfg_.train.clip_grad > 0) {   // harness/optim/clip.h: Megatron's fp32 coefficient
-    const float coeff = optim::clip_coefficient(static_cast<float>(m.grad_norm), cfg_.train.clip_grad);
+    const float coeff = optim::clip_coefficient(static_cast<float>(metrics.grad_norm), cfg_.train.clip_grad);
     if (!(coeff == 1.0f)) optimizer_->scale_grads(coeff);
   }
-  m.num_zeros = optimizer_->count_zeros();
+  metrics.num_zeros = optimizer_->count_zeros();
   // The scheduler's values at its current num_steps are the ones this step uses (Megatron's
   // train_step: optimizer.step(), then opt_param_scheduler.step(increment = global batch), which
   // sets lr and weight_decay for the next step; its constructor's step(0) set the first ones).
   // Groups other than "decay" have wd_mult 0 (Megatron's no-weight-decay groups).
-  m.lr = scheduler_lr(state_.opt_param_scheduler, sched_args_);
+  metrics.lr = scheduler_lr(state_.opt_param_scheduler, sched_args_);
   const double wd = scheduler_wd(state_.opt_param_scheduler);
   for (size_t g = 0; g < optimizer_->num_groups(); ++g)
     if (optimizer_->group_name(g) == "decay") optimizer_->set_weight_decay(g, wd * 1.0);
-  optimizer_->step(m.lr);
+  optimizer_->step(metrics.lr);
   state_.opt_param_scheduler.num_steps += cfg_.train.global_batch;
   state_.consumed_samples += cfg_.train.global_batch;
   state_.iteration += 1;
-  m.iteration = state_.iteration;
-  m.consumed_samples = state_.consumed_samples;
-  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.tokens_per_s = static_cast<double>(cfg_.train.global_batch * T) / m.seconds;
-  return m;
+  metrics.iteration = state_.iteration;
+  metrics.consumed_samples = state_.consumed_samples;
+  metrics.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  metrics.tokens_per_s = static_cast<double>(cfg_.train.global_batch * T) / metrics.seconds;
+  return metrics;
 }
 
 torch::Tensor updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
@@ -185,25 +185,25 @@ void Trainer::update_expert_bias() {
 }
 
 ckpt::TrainState Trainer::state() const {
-  ckpt::TrainState s = state_;
+  ckpt::TrainState train_state = state_;
   auto bytes = dropout_gen_.get_state().contiguous();
   const auto* p = bytes.data_ptr<uint8_t>();
-  s.rng_states["dropout"] = std::vector<uint8_t>(p, p + bytes.numel());
-  return s;
+  train_state.rng_states["dropout"] = std::vector<uint8_t>(p, p + bytes.numel());
+  return train_state;
 }
 
-void Trainer::set_state(const ckpt::TrainState& s, bool restore_rng) {
+void Trainer::set_state(const ckpt::TrainState& train_state, bool restore_rng) {
   if (restore_rng) {
-    auto it = s.rng_states.find("dropout");
-    if (it == s.rng_states.end())
+    auto it = train_state.rng_states.find("dropout");
+    if (it == train_state.rng_states.end())
       throw std::invalid_argument("training state has no RNG state for generator 'dropout'");
-    auto t = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kByte);
-    std::memcpy(t.data_ptr<uint8_t>(), it->second.data(), it->second.size());
-    dropout_gen_.set_state(t);
+    auto dropout_state = torch::empty({static_cast<int64_t>(it->second.size())}, torch::kByte);
+    std::memcpy(dropout_state.data_ptr<uint8_t>(), it->second.data(), it->second.size());
+    dropout_gen_.set_state(dropout_state);
   }
-  auto rng = state_.rng_states;
-  state_ = s;
-  state_.rng_states = rng;
+  auto current_rng_states = state_.rng_states;
+  state_ = train_state;
+  state_.rng_states = current_rng_states;
 }
 
 uint64_t tensor_xxh3(const torch::Tensor& t) {
@@ -214,22 +214,22 @@ uint64_t tensor_xxh3(const torch::Tensor& t) {
 std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
   std::vector<std::pair<std::string, uint64_t>> out;
   // The non-tensor state first, so a first divergence names it when only it differs.
-  const auto st = state();
+  const auto train_state = state();
   auto bytes_hash = [](const void* p, size_t n) { return XXH3_64bits(p, n); };
-  out.emplace_back("state/rng.dropout",
-                   bytes_hash(st.rng_states.at("dropout").data(), st.rng_states.at("dropout").size()));
-  out.emplace_back("state/consumed_samples", bytes_hash(&st.consumed_samples, sizeof(int64_t)));
+  out.emplace_back("state/rng.dropout", bytes_hash(train_state.rng_states.at("dropout").data(),
+                                                   train_state.rng_states.at("dropout").size()));
+  out.emplace_back("state/consumed_samples", bytes_hash(&train_state.consumed_samples, sizeof(int64_t)));
   // The scheduler's state_dict, key by key, in upstream's order (a fault that breaks one is named).
-  for (const auto& f : ckpt::scheduler_fields())
+  for (const auto& field : ckpt::scheduler_fields())
     std::visit(
-        [&](auto m) {
-          const auto& v = st.opt_param_scheduler.*m;
-          std::string key = std::string("state/opt_param_scheduler.") + f.key;
-          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
-            out.emplace_back(std::move(key), bytes_hash(v.data(), v.size()));
-          else out.emplace_back(std::move(key), bytes_hash(&v, sizeof v));
+        [&](auto member) {
+          const auto& value = train_state.opt_param_scheduler.*member;
+          std::string key = std::string("state/opt_param_scheduler.") + field.key;
+          if constexpr (std::is_same_v<std::decay_t<decltype(value)>, std::string>)
+            out.emplace_back(std::move(key), bytes_hash(value.data(), value.size()));
+          else out.emplace_back(std::move(key), bytes_hash(&value, sizeof value));
         },
-        f.member);
+        field.member);
   for (size_t g = 0; g < optimizer_->num_groups(); ++g) {
     const int64_t step = optimizer_->step_count(g);
     out.emplace_back("state/step." + optimizer_->group_name(g), bytes_hash(&step, sizeof step));
@@ -238,19 +238,20 @@ std::vector<std::pair<std::string, uint64_t>> Trainer::fingerprints() const {
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
   for (const auto& item : model_->named_buffers(true))   // persistent model state (expert_bias)
     out.emplace_back("model/" + item.key(), tensor_xxh3(item.value()));
-  const optim::StateKey keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg, optim::StateKey::exp_avg_sq};
+  const optim::StateKey state_keys[] = {optim::StateKey::master_param, optim::StateKey::exp_avg,
+                                        optim::StateKey::exp_avg_sq};
   for (const auto& name : optimizer_->param_names()) {
     const auto range = optimizer_->shard_range(name);
     if (range.first == range.second) continue;   // another rank's part of the state
-    for (auto k : keys) {
-      const auto& st = optimizer_->stored(name, k);
-      std::string key =
-          name + "/" +
-          (k == optim::StateKey::master_param && st.dtype == optim::Dtype::int16 ? std::string("remainder")
-                                                                                 : std::string(optim::key_name(k)));
-      out.emplace_back(key, tensor_xxh3(st.data));
-      if (st.scale) out.emplace_back(key + ".scale", XXH3_64bits(&*st.scale, sizeof(float)));
-      if (st.scale_inv) out.emplace_back(key + ".scale_inv", XXH3_64bits(&*st.scale_inv, sizeof(float)));
+    for (auto state_key : state_keys) {
+      const auto& stored = optimizer_->stored(name, state_key);
+      std::string key = name + "/" +
+                        (state_key == optim::StateKey::master_param && stored.dtype == optim::Dtype::int16
+                             ? std::string("remainder")
+                             : std::string(optim::key_name(state_key)));
+      out.emplace_back(key, tensor_xxh3(stored.data));
+      if (stored.scale) out.emplace_back(key + ".scale", XXH3_64bits(&*stored.scale, sizeof(float)));
+      if (stored.scale_inv) out.emplace_back(key + ".scale_inv", XXH3_64bits(&*stored.scale_inv, sizeof(float)));
     }
   }
   return out;

@@ -41,7 +41,7 @@ class Trainer {
   // A snapshot of the training state with the current RNG states filled in.
   ckpt::TrainState state() const;
   // Installs a loaded state. restore_rng=false keeps the generators as they are (a fault).
-  void set_state(const ckpt::TrainState& s, bool restore_rng = true);
+  void set_state(const ckpt::TrainState& train_state, bool restore_rng = true);
 
   // XXH3-64 of every model parameter and every optimizer-state tensor (and scale), keyed like
   // the checkpoint: "model/<param>", "<param>/exp_avg", "<param>/exp_avg.scale", ... (this

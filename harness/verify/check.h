@@ -39,15 +39,15 @@ void reset_work_dir(const std::string& work_dir);
 // The check of one cell whose runs are done (never throws for scenario outcomes; a child that
 // crashes is an "error" outcome). Writes result.json, metrics_compare.csv, state_compare.csv,
 // disk.csv and baseline/metrics.csv (a copy, for the report) into opts.work_dir, which must exist.
-CheckResult check_cell(const Scenario& s, const CellRuns& runs, const CheckOptions& opts);
+CheckResult check_cell(const Scenario& scenario, const CellRuns& runs, const CheckOptions& opts);
 
 // One scenario on its own: resets work_dir, runs its baseline (and reference) there, then
 // check_cell.
-CheckResult run_check(const Scenario& s, const CheckOptions& opts);
+CheckResult run_check(const Scenario& scenario, const CheckOptions& opts);
 
 // Applies the expectation to a filled result (sets passed, verdict), then an external cell's
 // expect_diagnosis / expect_first_divergence. Exposed for tests.
-void judge(const Scenario& s, CheckResult& r);
-void judge_expectation(const Scenario& s, CheckResult& r);   // the expectation alone
+void judge(const Scenario& scenario, CheckResult& result);
+void judge_expectation(const Scenario& scenario, CheckResult& result);   // the expectation alone
 
 }   // namespace rh

@@ -76,60 +76,60 @@ std::vector<TensorDiff> compare_tensor_maps(const TensorMap& ta_map, const Tenso
   for (const auto& [k, v] : lb.tensors) keys.insert(k);
   std::vector<TensorDiff> out;
   for (const auto& key : keys) {
-    TensorDiff d;
-    d.key = key;
-    d.kind = key_kind(key);
+    TensorDiff diff;
+    diff.key = key;
+    diff.kind = key_kind(key);
     auto ia = la.tensors.find(key), ib = lb.tensors.find(key);
-    if (ia != la.tensors.end()) d.dtype_a = ckpt::st_name(ia->second.first);
-    if (ib != lb.tensors.end()) d.dtype_b = ckpt::st_name(ib->second.first);
+    if (ia != la.tensors.end()) diff.dtype_a = ckpt::st_name(ia->second.first);
+    if (ib != lb.tensors.end()) diff.dtype_b = ckpt::st_name(ib->second.first);
     if (ia == la.tensors.end() || ib == lb.tensors.end()) {
-      d.max_abs_diff = std::numeric_limits<double>::infinity();
-      d.max_ulp = std::numeric_limits<uint64_t>::max();
-      out.push_back(d);
+      diff.max_abs_diff = std::numeric_limits<double>::infinity();
+      diff.max_ulp = std::numeric_limits<uint64_t>::max();
+      out.push_back(diff);
       continue;
     }
     const auto& ta = ia->second.second;
     const auto& tb = ib->second.second;
-    d.numel = ta.numel();
-    d.shape_equal = ta.sizes() == tb.sizes();
-    if (!d.shape_equal) {
-      d.max_abs_diff = std::numeric_limits<double>::infinity();
-      d.max_ulp = std::numeric_limits<uint64_t>::max();
-      out.push_back(d);
+    diff.numel = ta.numel();
+    diff.shape_equal = ta.sizes() == tb.sizes();
+    if (!diff.shape_equal) {
+      diff.max_abs_diff = std::numeric_limits<double>::infinity();
+      diff.max_ulp = std::numeric_limits<uint64_t>::max();
+      out.push_back(diff);
       continue;
     }
     auto va = decode(ia->second.first, ta).flatten(), vb = decode(ib->second.first, tb).flatten();
-    if (d.numel == 0) {
-      d.bit_equal_fraction = 1.0;
-      out.push_back(d);
+    if (diff.numel == 0) {
+      diff.bit_equal_fraction = 1.0;
+      out.push_back(diff);
       continue;
     }
-    if (d.dtype_a == d.dtype_b) {
+    if (diff.dtype_a == diff.dtype_b) {
       auto eq = raw_bits(ta).flatten().eq(raw_bits(tb).flatten());
-      d.bit_equal_fraction = eq.to(torch::kDouble).mean().item<double>();
+      diff.bit_equal_fraction = eq.to(torch::kDouble).mean().item<double>();
       auto ulp =
           (ordered(ia->second.first, ta.contiguous()).flatten() - ordered(ib->second.first, tb.contiguous()).flatten())
               .abs();
-      d.max_ulp = static_cast<uint64_t>(ulp.max().item<int64_t>());
+      diff.max_ulp = static_cast<uint64_t>(ulp.max().item<int64_t>());
     } else {
       // Different dtypes: compare values in double; ULP in float32 terms.
       auto fa = va.to(torch::kFloat), fb = vb.to(torch::kFloat);
-      d.bit_equal_fraction = 0.0;
+      diff.bit_equal_fraction = 0.0;
       auto ulp = (ordered(ckpt::StDtype::F32, fa).flatten() - ordered(ckpt::StDtype::F32, fb).flatten()).abs();
-      d.max_ulp = static_cast<uint64_t>(ulp.max().item<int64_t>());
+      diff.max_ulp = static_cast<uint64_t>(ulp.max().item<int64_t>());
     }
     auto finite_a = torch::isfinite(va), finite_b = torch::isfinite(vb);
     auto both_nan = torch::isnan(va).logical_and(torch::isnan(vb));
     auto same_nonfinite = va.eq(vb).logical_or(both_nan);
     auto bad = finite_a.logical_and(finite_b).logical_not().logical_and(same_nonfinite.logical_not());
     if (bad.any().item<bool>()) {
-      d.max_abs_diff = std::numeric_limits<double>::infinity();
+      diff.max_abs_diff = std::numeric_limits<double>::infinity();
     } else {
       auto mask = finite_a.logical_and(finite_b);
-      auto diff = (va - vb).abs().masked_fill(mask.logical_not(), 0.0);
-      d.max_abs_diff = diff.max().item<double>();
+      auto abs_diff = (va - vb).abs().masked_fill(mask.logical_not(), 0.0);
+      diff.max_abs_diff = abs_diff.max().item<double>();
     }
-    out.push_back(d);
+    out.push_back(diff);
   }
   return out;
 }

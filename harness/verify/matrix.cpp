@@ -27,21 +27,21 @@ namespace fs = std::filesystem;
 namespace rh {
 namespace {
 
-// The plan of the built-in cells (external ones have no baseline), indexed into all of `sel`.
-CheckPlan plan_builtin(const std::vector<Scenario>& sel, const fs::path& dir) {
+// The plan of the built-in cells (external ones have no baseline), indexed into all of `selected`.
+CheckPlan plan_builtin(const std::vector<Scenario>& selected, const fs::path& dir) {
   std::vector<Scenario> builtin;
   std::vector<size_t> index;
-  for (size_t i = 0; i < sel.size(); ++i)
-    if (!sel[i].trainer) builtin.push_back(sel[i]), index.push_back(i);
-  CheckPlan p = plan_checks(builtin, dir);
-  for (auto& c : p.cells) c.scenario = index[c.scenario];
-  return p;
+  for (size_t i = 0; i < selected.size(); ++i)
+    if (!selected[i].trainer) builtin.push_back(selected[i]), index.push_back(i);
+  CheckPlan plan = plan_checks(builtin, dir);
+  for (auto& cell : plan.cells) cell.scenario = index[cell.scenario];
+  return plan;
 }
 
-std::vector<size_t> external_cells(const std::vector<Scenario>& sel) {
+std::vector<size_t> external_cells(const std::vector<Scenario>& selected) {
   std::vector<size_t> out;
-  for (size_t i = 0; i < sel.size(); ++i)
-    if (sel[i].trainer) out.push_back(i);
+  for (size_t i = 0; i < selected.size(); ++i)
+    if (selected[i].trainer) out.push_back(i);
   return out;
 }
 
@@ -54,9 +54,9 @@ std::string file_xxh3(const std::string& path) {
   return hex;
 }
 
-std::string fmt_seconds(double s) {
+std::string fmt_seconds(double seconds) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(seconds) / 60, static_cast<int>(seconds) % 60);
   return buf;
 }
 
@@ -74,23 +74,23 @@ struct Schedule {
   std::vector<std::string> baseline_error;
   std::vector<size_t> users;   // cells not yet checked that use a baseline (as baseline or reference)
 
-  Schedule(const CheckPlan& p, std::vector<size_t> ext)
-      : plan(p),
-        external(std::move(ext)),
-        baseline_done(p.baselines.size()),
-        cell_taken(p.cells.size()),
-        baseline_error(p.baselines.size()),
-        users(p.baselines.size()) {
-    for (const auto& c : p.cells) {
-      ++users[c.baseline];
-      if (c.reference != c.baseline) ++users[c.reference];
+  Schedule(const CheckPlan& check_plan, std::vector<size_t> external_scenarios)
+      : plan(check_plan),
+        external(std::move(external_scenarios)),
+        baseline_done(check_plan.baselines.size()),
+        cell_taken(check_plan.cells.size()),
+        baseline_error(check_plan.baselines.size()),
+        users(check_plan.baselines.size()) {
+    for (const auto& cell : check_plan.cells) {
+      ++users[cell.baseline];
+      if (cell.reference != cell.baseline) ++users[cell.reference];
     }
   }
-  bool ready(const PlannedCell& c) const { return baseline_done[c.baseline] && baseline_done[c.reference]; }
+  bool ready(const PlannedCell& cell) const { return baseline_done[cell.baseline] && baseline_done[cell.reference]; }
   // The next task, in this order: the first ready cell, else the next baseline, else the next
   // external cell (kind 2). Blocks while nothing is ready but something runs; returns false when
   // every task is taken.
-  bool take(std::unique_lock<std::mutex>& lk, int& kind, size_t& index) {
+  bool take(std::unique_lock<std::mutex>& lock, int& kind, size_t& index) {
     while (true) {
       for (size_t i = next_cell; i < plan.cells.size(); ++i)
         if (!cell_taken[i] && ready(plan.cells[i])) {
@@ -108,7 +108,7 @@ struct Schedule {
         return true;
       }
       if (next_cell >= plan.cells.size()) return false;
-      cv.wait(lk);
+      cv.wait(lock);
     }
   }
 };
@@ -117,13 +117,13 @@ struct Schedule {
 // schedule the workers share.
 class MatrixRun {
  public:
-  MatrixRun(const MatrixOptions& o, std::vector<Scenario> sel, const fs::path& run_dir, std::ostream& log)
-      : o_(o),
-        sel_(std::move(sel)),
+  MatrixRun(const MatrixOptions& opts, std::vector<Scenario> selected, const fs::path& run_dir, std::ostream& log)
+      : o_(opts),
+        sel_(std::move(selected)),
         plan_(plan_builtin(sel_, run_dir / "baselines")),
         sched_(plan_, external_cells(sel_)),
         log_(log) {
-    for (const auto& s : sel_) work_dirs_.push_back(scenario_work_dir(run_dir, s.name));
+    for (const auto& scenario : sel_) work_dirs_.push_back(scenario_work_dir(run_dir, scenario.name));
     results_.resize(sel_.size());
   }
 
@@ -144,21 +144,21 @@ class MatrixRun {
 
  private:
   void worker() {
-    std::unique_lock<std::mutex> lk(sched_.mu);
+    std::unique_lock<std::mutex> lock(sched_.mu);
     int kind = 0;
     size_t index = 0;
     auto idle0 = Clock::now();
-    while (sched_.take(lk, kind, index)) {
+    while (sched_.take(lock, kind, index)) {
       phases_.add("idle", std::chrono::duration<double>(Clock::now() - idle0).count());
       const auto task0 = Clock::now();
       status(kind == 1   ? "checking " + sel_[plan_.cells[index].scenario].name
              : kind == 2 ? "running trainer of " + sel_[index].name
                          : "training baseline " + plan_.baselines[index].id);
-      lk.unlock();
+      lock.unlock();
       if (kind == 1) check(index);
       else if (kind == 2) check_external(index);
       else train(index);
-      lk.lock();
+      lock.lock();
       phases_.add(kind == 1   ? "cells"
                   : kind == 2 ? "external_cells"
                               : "baselines",
@@ -172,104 +172,107 @@ class MatrixRun {
   // The progress line (sched_.mu held): one redrawn line on a terminal, else a line per change.
   void status(const std::string& current) {
     if (o_.verbosity == 0) return;
-    const double e = elapsed();
-    const size_t d = sched_.cells_done;
-    const double eta = d ? e / static_cast<double>(d) * static_cast<double>(sel_.size() - d) : 0;
-    const std::string line = "[" + std::to_string(d) + "/" + std::to_string(sel_.size()) + "] elapsed " +
-                             fmt_seconds(e) + (d ? ", ETA " + fmt_seconds(eta) : std::string()) + " | " + current;
+    const double elapsed_seconds = elapsed();
+    const size_t done = sched_.cells_done;
+    const double eta = done ? elapsed_seconds / static_cast<double>(done) * static_cast<double>(sel_.size() - done) : 0;
+    const std::string line = "[" + std::to_string(done) + "/" + std::to_string(sel_.size()) + "] elapsed " +
+                             fmt_seconds(elapsed_seconds) + (done ? ", ETA " + fmt_seconds(eta) : std::string()) +
+                             " | " + current;
     if (o_.progress_tty) log_ << "\r\033[K" << line << std::flush;
     else log_ << line << "\n" << std::flush;
   }
 
-  void train(size_t b) {
-    std::string err;
+  void train(size_t baseline) {
+    std::string error;
     try {
-      run_baseline(plan_.baselines[b], o_.tool, 900);
+      run_baseline(plan_.baselines[baseline], o_.tool, 900);
     } catch (const std::exception& e) {
-      err = e.what();
+      error = e.what();
     }
-    std::lock_guard<std::mutex> lk(sched_.mu);
-    sched_.baseline_done[b] = true;
-    sched_.baseline_error[b] = err;
-    if (!err.empty())
-      log_ << (o_.progress_tty ? "\r\033[K" : "") << "baseline " << plan_.baselines[b].id << " failed: " << err << "\n";
+    std::lock_guard<std::mutex> lock(sched_.mu);
+    sched_.baseline_done[baseline] = true;
+    sched_.baseline_error[baseline] = error;
+    if (!error.empty())
+      log_ << (o_.progress_tty ? "\r\033[K" : "") << "baseline " << plan_.baselines[baseline].id << " failed: " << error
+           << "\n";
   }
 
-  CheckOptions options_for(const Scenario& s, size_t i) const {
-    CheckOptions co;
-    co.tool = o_.tool;
-    co.work_dir = work_dirs_[i];
-    co.keep_checkpoints = o_.keep_checkpoints;
-    if (!o_.golden_dir.empty()) co.golden_csv = (fs::path(o_.golden_dir) / (safe_name(s.name) + ".csv")).string();
-    co.update_golden = o_.update_golden;
-    return co;
+  CheckOptions options_for(const Scenario& scenario, size_t scenario_index) const {
+    CheckOptions options;
+    options.tool = o_.tool;
+    options.work_dir = work_dirs_[scenario_index];
+    options.keep_checkpoints = o_.keep_checkpoints;
+    if (!o_.golden_dir.empty())
+      options.golden_csv = (fs::path(o_.golden_dir) / (safe_name(scenario.name) + ".csv")).string();
+    options.update_golden = o_.update_golden;
+    return options;
   }
 
-  void check(size_t i) {
-    const PlannedCell& c = plan_.cells[i];
-    const Scenario& s = sel_[c.scenario];
-    const CheckOptions co = options_for(s, c.scenario);
+  void check(size_t cell_index) {
+    const PlannedCell& cell = plan_.cells[cell_index];
+    const Scenario& scenario = sel_[cell.scenario];
+    const CheckOptions options = options_for(scenario, cell.scenario);
     CellRuns runs;
-    runs.baseline = plan_.baselines[c.baseline].dir;
-    runs.checkpoint = plan_.baselines[c.baseline].saves.at(c.save).root;
-    runs.reference = plan_.baselines[c.reference].dir;
+    runs.baseline = plan_.baselines[cell.baseline].dir;
+    runs.checkpoint = plan_.baselines[cell.baseline].saves.at(cell.save).root;
+    runs.reference = plan_.baselines[cell.reference].dir;
     {
-      std::lock_guard<std::mutex> lk(sched_.mu);
-      runs.baseline_error = !sched_.baseline_error[c.baseline].empty() ? sched_.baseline_error[c.baseline]
-                                                                       : sched_.baseline_error[c.reference];
+      std::lock_guard<std::mutex> lock(sched_.mu);
+      runs.baseline_error = !sched_.baseline_error[cell.baseline].empty() ? sched_.baseline_error[cell.baseline]
+                                                                          : sched_.baseline_error[cell.reference];
     }
-    CheckResult r;
+    CheckResult result;
     try {
-      reset_work_dir(co.work_dir);
-      r = check_cell(s, runs, co);
+      reset_work_dir(options.work_dir);
+      result = check_cell(scenario, runs, options);
     } catch (const std::exception& e) {   // the work directory itself could not be made
-      r.name = s.name;
-      r.expectation = to_string(s.expect.kind);
-      r.first_divergence = e.what();
-      judge(s, r);
+      result.name = scenario.name;
+      result.expectation = to_string(scenario.expect.kind);
+      result.first_divergence = e.what();
+      judge(scenario, result);
     }
-    std::lock_guard<std::mutex> lk(sched_.mu);
-    results_[c.scenario] = r;
+    std::lock_guard<std::mutex> lock(sched_.mu);
+    results_[cell.scenario] = result;
     ++sched_.cells_done;
-    release(c.baseline);
-    if (c.reference != c.baseline) release(c.reference);
-    report(r, c.scenario);
+    release(cell.baseline);
+    if (cell.reference != cell.baseline) release(cell.reference);
+    report(result, cell.scenario);
   }
 
   // An external trainer's cell (external_check.h): no baseline, its own runs.
-  void check_external(size_t i) {
-    const Scenario& s = sel_[i];
-    const CheckOptions co = options_for(s, i);
-    CheckResult r;
+  void check_external(size_t scenario_index) {
+    const Scenario& scenario = sel_[scenario_index];
+    const CheckOptions options = options_for(scenario, scenario_index);
+    CheckResult result;
     try {
-      reset_work_dir(co.work_dir);
-      r = check_external_cell(s, co);
+      reset_work_dir(options.work_dir);
+      result = check_external_cell(scenario, options);
     } catch (const std::exception& e) {
-      r.name = s.name;
-      r.expectation = to_string(s.expect.kind);
-      r.first_divergence = e.what();
-      judge(s, r);
+      result.name = scenario.name;
+      result.expectation = to_string(scenario.expect.kind);
+      result.first_divergence = e.what();
+      judge(scenario, result);
     }
-    std::lock_guard<std::mutex> lk(sched_.mu);
-    results_[i] = r;
+    std::lock_guard<std::mutex> lock(sched_.mu);
+    results_[scenario_index] = result;
     ++sched_.cells_done;
-    report(r, i);
+    report(result, scenario_index);
   }
 
   // The last cell that needed a baseline's checkpoints and dumps is done (sched_.mu held).
-  void release(size_t b) {
-    if (--sched_.users[b] == 0 && !o_.keep_checkpoints) prune_baseline(plan_.baselines[b]);
+  void release(size_t baseline) {
+    if (--sched_.users[baseline] == 0 && !o_.keep_checkpoints) prune_baseline(plan_.baselines[baseline]);
   }
 
   // One line per finished cell; a failure with its verdict and the command that reproduces it.
-  void report(const CheckResult& r, size_t i) {
-    if (o_.verbosity == 0 && r.passed) return;
+  void report(const CheckResult& result, size_t scenario_index) {
+    if (o_.verbosity == 0 && result.passed) return;
     if (o_.progress_tty) log_ << "\r\033[K";
-    log_ << (r.passed ? "PASS " : "FAIL ") << r.name << "  (" << fmt_seconds(r.seconds) << ")"
-         << (r.passed ? ""
-                      : "\n     " + r.verdict + "\n     reproduce: resume-harness check --file " + o_.file + " '" +
-                            r.name + "'")
-         << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[i] : std::string()) << "\n";
+    log_ << (result.passed ? "PASS " : "FAIL ") << result.name << "  (" << fmt_seconds(result.seconds) << ")"
+         << (result.passed ? ""
+                           : "\n     " + result.verdict + "\n     reproduce: resume-harness check --file " + o_.file +
+                                 " '" + result.name + "'")
+         << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[scenario_index] : std::string()) << "\n";
   }
 
   const MatrixOptions& o_;
@@ -314,16 +317,17 @@ void refuse_symlinks_in_run_dir(const fs::path& run_dir, const std::vector<Scena
 
 namespace {
 
-// The scenarios of o.file that o.filter selects; none is bad input, with the closest name.
-std::vector<Scenario> select_or_refuse(const MatrixOptions& o) {
-  auto all = load_scenarios(o.file);
-  auto sel = select_scenarios(all, o.filter);
-  if (sel.empty()) {
+// The scenarios of opts.file that opts.filter selects; none is bad input, with the closest name.
+std::vector<Scenario> select_or_refuse(const MatrixOptions& opts) {
+  auto all = load_scenarios(opts.file);
+  auto selected = select_scenarios(all, opts.filter);
+  if (selected.empty()) {
     std::vector<std::string> names;
     for (const auto& s : all) names.push_back(s.name);
-    throw std::invalid_argument(o.file + ": no scenario matches '" + o.filter + "'" + did_you_mean(o.filter, names));
+    throw std::invalid_argument(opts.file + ": no scenario matches '" + opts.filter + "'" +
+                                did_you_mean(opts.filter, names));
   }
-  return sel;
+  return selected;
 }
 
 }   // namespace
@@ -332,41 +336,41 @@ std::string default_run_dir(const std::string& scenario_file) {
   return (fs::path("runs") / fs::path(scenario_file).stem()).string();
 }
 
-std::vector<std::string> list_matrix(const MatrixOptions& o) {
-  auto sel = select_or_refuse(o);
+std::vector<std::string> list_matrix(const MatrixOptions& opts) {
+  auto selected = select_or_refuse(opts);
   std::vector<std::string> out;
-  const ShardPlan sp = plan_shards(sel, o.shard.active() ? o.shard.count : 1);
-  for (size_t i = 0; i < sel.size(); ++i)
-    if (!o.shard.active() || sp.shard_of[i] == o.shard.index) out.push_back(sel[i].name);
+  const ShardPlan shards = plan_shards(selected, opts.shard.active() ? opts.shard.count : 1);
+  for (size_t i = 0; i < selected.size(); ++i)
+    if (!opts.shard.active() || shards.shard_of[i] == opts.shard.index) out.push_back(selected[i].name);
   return out;
 }
 
-MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
-  auto sel = select_or_refuse(o);
+MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log) {
+  auto selected = select_or_refuse(opts);
   RunSummary summary;
-  summary.file = o.file;
-  summary.filter = o.filter;
-  summary.jobs = o.jobs;
-  summary.file_xxh3 = file_xxh3(o.file);
-  if (o.shard.active()) {   // shard.h: whole baseline groups, the same split on every runner
-    const ShardPlan sp = plan_shards(sel, o.shard.count);
+  summary.file = opts.file;
+  summary.filter = opts.filter;
+  summary.jobs = opts.jobs;
+  summary.file_xxh3 = file_xxh3(opts.file);
+  if (opts.shard.active()) {   // shard.h: whole baseline groups, the same split on every runner
+    const ShardPlan shards = plan_shards(selected, opts.shard.count);
     std::vector<Scenario> mine;
-    for (size_t i = 0; i < sel.size(); ++i) {
-      summary.matrix_cells.push_back(sel[i].name);
-      if (sp.shard_of[i] == o.shard.index) mine.push_back(sel[i]);
+    for (size_t i = 0; i < selected.size(); ++i) {
+      summary.matrix_cells.push_back(selected[i].name);
+      if (shards.shard_of[i] == opts.shard.index) mine.push_back(selected[i]);
     }
-    summary.shard_index = o.shard.index;
-    summary.shard_count = o.shard.count;
-    log << "shard " << o.shard.index << "/" << o.shard.count << ": " << mine.size() << " of " << sel.size()
-        << " scenarios (" << sp.cost[static_cast<size_t>(o.shard.index - 1)] << " of "
-        << std::accumulate(sp.cost.begin(), sp.cost.end(), int64_t{0}) << " iterations x ranks)\n";
-    sel = std::move(mine);
+    summary.shard_index = opts.shard.index;
+    summary.shard_count = opts.shard.count;
+    log << "shard " << opts.shard.index << "/" << opts.shard.count << ": " << mine.size() << " of " << selected.size()
+        << " scenarios (" << shards.cost[static_cast<size_t>(opts.shard.index - 1)] << " of "
+        << std::accumulate(shards.cost.begin(), shards.cost.end(), int64_t{0}) << " iterations x ranks)\n";
+    selected = std::move(mine);
   }
-  const fs::path run_dir = o.run_dir.empty() ? fs::path(default_run_dir(o.file)) : fs::path(o.run_dir);
-  MatrixRun run(o, std::move(sel), run_dir, log);   // refuses a bad scenario name before anything is written
-  refuse_symlinks_in_run_dir(run_dir, run.scenarios(), o.golden_dir);
+  const fs::path run_dir = opts.run_dir.empty() ? fs::path(default_run_dir(opts.file)) : fs::path(opts.run_dir);
+  MatrixRun run(opts, std::move(selected), run_dir, log);   // refuses a bad scenario name before anything is written
+  refuse_symlinks_in_run_dir(run_dir, run.scenarios(), opts.golden_dir);
   fs::create_directories(run_dir / "scenarios");
-  if (!o.golden_dir.empty()) fs::create_directories(o.golden_dir);
+  if (!opts.golden_dir.empty()) fs::create_directories(opts.golden_dir);
   MatrixResult out;
   out.results = run.run();
   size_t failed = 0;
@@ -375,12 +379,12 @@ MatrixResult run_matrix(const MatrixOptions& o, std::ostream& log) {
   summary.seconds = run.elapsed();
   const auto w0 = Clock::now();
   write_summary(summary, run.scenarios(), out.results);
-  write_junit((run_dir / "junit.xml").string(), fs::path(o.file).stem().string(), out.results);
-  if (!o.junit_path.empty()) write_junit(o.junit_path, fs::path(o.file).stem().string(), out.results);
+  write_junit((run_dir / "junit.xml").string(), fs::path(opts.file).stem().string(), out.results);
+  if (!opts.junit_path.empty()) write_junit(opts.junit_path, fs::path(opts.file).stem().string(), out.results);
   // phases.json: worker seconds by task kind and idle, the summaries' writing, the wall time
   // (bench/bench_matrix.cpp reads it with each process's and each cell's phases.json).
   write_text((run_dir / "phases.json").string(),
-             nlohmann::json({{"jobs", std::max(1, o.jobs)},
+             nlohmann::json({{"jobs", std::max(1, opts.jobs)},
                              {"wall", run.elapsed()},
                              {"workers", run.phases().seconds()},
                              {"summaries", std::chrono::duration<double>(Clock::now() - w0).count()}})

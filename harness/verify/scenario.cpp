@@ -58,35 +58,36 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
     if (key != "defaults" && key != "scenario" && key != "matrix")
       sf::fail(path, v, key, "unknown top-level key (expected defaults, [[scenario]], [[matrix]])");
   }
-  if (const auto* d = root.get("defaults")) sf::apply_settings(base, sf::need_table(path, *d, "defaults"), path);
-  if (const auto* sc = root.get("scenario")) {
-    if (!sc->is_array_of_tables()) sf::fail(path, *sc, "scenario", "expected [[scenario]] tables");
-    for (const auto& n : *sc->as_array()) {
-      const auto& t = *n.as_table();
-      Scenario s = base;
-      const auto* nm = t.get("name");
-      if (!nm) sf::fail(path, t, "scenario", "needs a name");
-      s.name = sf::need_string(path, *nm, "scenario.name");
-      sf::check_name_part(path, *nm, "scenario.name", s.name, /*slash_groups=*/true);
-      sf::apply_settings(s, t, path, {"name"});
-      sf::check_complete(s, t);
-      out.push_back(std::move(s));
+  if (const auto* defaults = root.get("defaults"))
+    sf::apply_settings(base, sf::need_table(path, *defaults, "defaults"), path);
+  if (const auto* scenarios = root.get("scenario")) {
+    if (!scenarios->is_array_of_tables()) sf::fail(path, *scenarios, "scenario", "expected [[scenario]] tables");
+    for (const auto& entry : *scenarios->as_array()) {
+      const auto& table = *entry.as_table();
+      Scenario scenario = base;
+      const auto* name_node = table.get("name");
+      if (!name_node) sf::fail(path, table, "scenario", "needs a name");
+      scenario.name = sf::need_string(path, *name_node, "scenario.name");
+      sf::check_name_part(path, *name_node, "scenario.name", scenario.name, /*slash_groups=*/true);
+      sf::apply_settings(scenario, table, path, {"name"});
+      sf::check_complete(scenario, table);
+      out.push_back(std::move(scenario));
     }
   }
-  if (const auto* mx = root.get("matrix")) {
-    if (!mx->is_array_of_tables()) sf::fail(path, *mx, "matrix", "expected [[matrix]] tables");
-    for (const auto& n : *mx->as_array()) sf::expand_matrix(*n.as_table(), base, path, out);
+  if (const auto* matrices = root.get("matrix")) {
+    if (!matrices->is_array_of_tables()) sf::fail(path, *matrices, "matrix", "expected [[matrix]] tables");
+    for (const auto& entry : *matrices->as_array()) sf::expand_matrix(*entry.as_table(), base, path, out);
   }
   std::set<std::string> seen;
   std::map<std::string, std::string> dirs;   // directory name -> scenario name
-  for (const auto& s : out) {
-    if (!seen.insert(s.name).second)
-      throw ScenarioError(path + ": scenario name " + quote_name(s.name) + " appears twice");
-    const std::string d = safe_name(s.name);
-    auto [it, fresh] = dirs.emplace(d, s.name);
+  for (const auto& scenario : out) {
+    if (!seen.insert(scenario.name).second)
+      throw ScenarioError(path + ": scenario name " + quote_name(scenario.name) + " appears twice");
+    const std::string dir = safe_name(scenario.name);
+    auto [it, fresh] = dirs.emplace(dir, scenario.name);
     if (!fresh)
-      throw ScenarioError(path + ": scenarios " + quote_name(it->second) + " and " + quote_name(s.name) +
-                          " would share the directory " + quote_name(d));
+      throw ScenarioError(path + ": scenarios " + quote_name(it->second) + " and " + quote_name(scenario.name) +
+                          " would share the directory " + quote_name(dir));
   }
   if (out.empty()) throw ScenarioError(path + ": no scenarios ([[scenario]] or [[matrix]])");
   return out;

@@ -14,6 +14,7 @@
 namespace rh::scenario_file {
 
 // Appends the matrix's cells to `out`; `base` holds what [defaults] set.
-void expand_matrix(const toml::table& m, const Scenario& base, const std::string& file, std::vector<Scenario>& out);
+void expand_matrix(const toml::table& matrix, const Scenario& base, const std::string& file,
+                   std::vector<Scenario>& out);
 
 }   // namespace rh::scenario_file

@@ -18,10 +18,11 @@ namespace {
 
 // A model, optimizer or train table, key by key through the run config's field table (each key's
 // own line in its messages; a setting given under its key and its Megatron name is refused).
-void apply_config_section(RunConfig& cfg, const std::string& section, const toml::table& t, const std::string& file) {
+void apply_config_section(RunConfig& cfg, const std::string& section, const toml::table& table,
+                          const std::string& file) {
   try {
-    SectionSettings settings(cfg, section, where(file, t));
-    for (const auto& [k, v] : t) settings.set(std::string(k.str()), setting_value(v), where(file, v));
+    SectionSettings settings(cfg, section, where(file, table));
+    for (const auto& [k, v] : table) settings.set(std::string(k.str()), setting_value(v), where(file, v));
   } catch (const ScenarioError&) {
     throw;
   } catch (const std::invalid_argument& e) {   // the field table's messages start with file:line
@@ -31,57 +32,58 @@ void apply_config_section(RunConfig& cfg, const std::string& section, const toml
 
 // Merges a [trainer] table into the scenario's external trainer (creating it): scalars replace,
 // `args` appends (so [defaults], a matrix and each axis value can add arguments).
-void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
-  if (!s.trainer) {
-    s.trainer.emplace();
-    s.trainer->scenario_dir = std::filesystem::path(file).parent_path().string();
+void apply_trainer(Scenario& scenario, const toml::table& table, const std::string& file) {
+  if (!scenario.trainer) {
+    scenario.trainer.emplace();
+    scenario.trainer->scenario_dir = std::filesystem::path(file).parent_path().string();
   }
-  ExternalTrainer& x = *s.trainer;
-  for (const auto& [k, v] : t) {
+  ExternalTrainer& trainer = *scenario.trainer;
+  for (const auto& [k, node] : table) {
     const std::string key(k.str()), full = "trainer." + key;
-    if (key == "command") x.command = need_strings(file, v, full);
-    else if (key == "resume_command") x.resume_command = need_strings(file, v, full);
+    if (key == "command") trainer.command = need_strings(file, node, full);
+    else if (key == "resume_command") trainer.resume_command = need_strings(file, node, full);
     else if (key == "args")
-      for (auto& a : need_strings(file, v, full)) x.args.push_back(std::move(a));
-    else if (key == "cwd") x.cwd = need_string(file, v, full);
+      for (auto& a : need_strings(file, node, full)) trainer.args.push_back(std::move(a));
+    else if (key == "cwd") trainer.cwd = need_string(file, node, full);
     else if (key == "env") {
-      for (const auto& [ek, ev] : need_table(file, v, full)) {
+      for (const auto& [ek, ev] : need_table(file, node, full)) {
         const std::string name(ek.str());
         if (name.empty() || name.find('=') != std::string::npos)
           fail(file, ev, full + "." + name, "not an environment variable name");
-        x.env.emplace_back(name, need_string(file, ev, full + "." + name));
+        trainer.env.emplace_back(name, need_string(file, ev, full + "." + name));
       }
-    } else if (key == "timeout_s") x.timeout_s = need_number(file, v, full);
+    } else if (key == "timeout_s") trainer.timeout_s = need_number(file, node, full);
     else if (key == "output_cap_mb") {
-      const int64_t mb = need_int(file, v, full);
-      if (mb < 1 || mb > 65536) fail(file, v, full, "expected 1 to 65536");
-      x.output_cap_bytes = static_cast<uint64_t>(mb) << 20;
+      const int64_t cap_mb = need_int(file, node, full);
+      if (cap_mb < 1 || cap_mb > 65536) fail(file, node, full, "expected 1 to 65536");
+      trainer.output_cap_bytes = static_cast<uint64_t>(cap_mb) << 20;
     } else if (key == "determinism_runs")
-      x.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, v, full), -1, 1000));
-    else if (key == "round_trip") x.round_trip = need_bool(file, v, full);
-    else if (key == "probe") x.probe = need_bool(file, v, full);
+      trainer.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, node, full), -1, 1000));
+    else if (key == "round_trip") trainer.round_trip = need_bool(file, node, full);
+    else if (key == "probe") trainer.probe = need_bool(file, node, full);
     else if (key == "iterations") {
-      const int64_t n = need_int(file, v, full);
-      if (n < 2 || n > 1000000) fail(file, v, full, "expected 2 to 1000000");
-      s.cfg.train.iterations = n;
+      const int64_t iterations = need_int(file, node, full);
+      if (iterations < 2 || iterations > 1000000) fail(file, node, full, "expected 2 to 1000000");
+      scenario.cfg.train.iterations = iterations;
     } else if (key == "metrics") {
-      for (const auto& [mk, mv] : need_table(file, v, full)) {
+      for (const auto& [mk, mv] : need_table(file, node, full)) {
         const std::string m(mk.str()), mfull = full + "." + m;
-        if (m == "stdout_regex") x.metrics.stdout_regex = need_string(file, mv, mfull), x.metrics.file.clear();
-        else if (m == "file") x.metrics.file = need_string(file, mv, mfull), x.metrics.stdout_regex.clear();
-        else if (m == "format") x.metrics.format = need_string(file, mv, mfull);
+        if (m == "stdout_regex")
+          trainer.metrics.stdout_regex = need_string(file, mv, mfull), trainer.metrics.file.clear();
+        else if (m == "file") trainer.metrics.file = need_string(file, mv, mfull), trainer.metrics.stdout_regex.clear();
+        else if (m == "format") trainer.metrics.format = need_string(file, mv, mfull);
         else fail(file, mv, mfull, "unknown key (expected stdout_regex, file, format)");
       }
     } else if (key == "checkpoint") {
-      for (const auto& [ck, cv] : need_table(file, v, full)) {
+      for (const auto& [ck, cv] : need_table(file, node, full)) {
         const std::string c(ck.str()), cfull = full + "." + c;
-        if (c == "path") x.checkpoint.path = need_string(file, cv, cfull);
-        else if (c == "format") x.checkpoint.format = need_string(file, cv, cfull);
-        else if (c == "trust_pickle") x.checkpoint.trust_pickle = need_bool(file, cv, cfull);
+        if (c == "path") trainer.checkpoint.path = need_string(file, cv, cfull);
+        else if (c == "format") trainer.checkpoint.format = need_string(file, cv, cfull);
+        else if (c == "trust_pickle") trainer.checkpoint.trust_pickle = need_bool(file, cv, cfull);
         else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle)");
       }
     } else {
-      fail(file, v, full,
+      fail(file, node, full,
            "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
            "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
     }
@@ -89,9 +91,9 @@ void apply_trainer(Scenario& s, const toml::table& t, const std::string& file) {
 }
 
 // tolerance = { lm_loss = { atol = 1e-3, rtol = 0.05 } }: replaces the scenario's tolerances.
-void apply_tolerance(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
-  s.expect.tolerances.clear();
-  for (const auto& [k, val] : need_table(file, v, key)) {
+void apply_tolerance(Scenario& scenario, const std::string& key, const toml::node& node, const std::string& file) {
+  scenario.expect.tolerances.clear();
+  for (const auto& [k, val] : need_table(file, node, key)) {
     const std::string metric(k.str());
     bool known = false;
     for (const auto& m : metric_names()) known = known || m == metric;
@@ -107,26 +109,26 @@ void apply_tolerance(Scenario& s, const std::string& key, const toml::node& v, c
       // inf would let any difference (a deliberate fault) pass; NaN compares false.
       if (!std::isfinite(*dst) || *dst < 0) fail(file, tv, full, "expected a finite number >= 0");
     }
-    s.expect.tolerances[metric] = tol;
+    scenario.expect.tolerances[metric] = tol;
   }
 }
 
-Expectation::Kind parse_expectation(const std::string& file, const toml::node& v, const std::string& key) {
-  const std::string e = need_string(file, v, key);
+Expectation::Kind parse_expectation(const std::string& file, const toml::node& node, const std::string& key) {
+  const std::string name = need_string(file, node, key);
   for (auto k :
        {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused})
-    if (e == to_string(k)) return k;
-  fail(file, v, key, "expected exact, tolerance, diverge or refused, got '" + e + "'");
+    if (name == to_string(k)) return k;
+  fail(file, node, key, "expected exact, tolerance, diverge or refused, got '" + name + "'");
 }
 
 // The scenario's keys, each once: the order is the one the unknown-key message lists.
 struct ScenarioKey {
   const char* key;
-  void (*apply)(Scenario& s, const std::string& key, const toml::node& v, const std::string& file);
+  void (*apply)(Scenario& scenario, const std::string& key, const toml::node& node, const std::string& file);
 };
 
-void apply_config_key(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
-  apply_config_section(s.cfg, key, need_table(file, v, key), file);
+void apply_config_key(Scenario& scenario, const std::string& key, const toml::node& node, const std::string& file) {
+  apply_config_section(scenario.cfg, key, need_table(file, node, key), file);
 }
 
 const std::vector<ScenarioKey>& scenario_keys() {
@@ -178,48 +180,50 @@ const std::vector<ScenarioKey>& scenario_keys() {
 
 }   // namespace
 
-void apply_setting(Scenario& s, const std::string& key, const toml::node& v, const std::string& file) {
+void apply_setting(Scenario& scenario, const std::string& key, const toml::node& node, const std::string& file) {
   const auto& keys = scenario_keys();
   const auto hit = std::find_if(keys.begin(), keys.end(), [&](const ScenarioKey& k) { return key == k.key; });
   if (hit == keys.end()) {
     std::vector<std::string> names;
     std::string list;
     for (const auto& k : keys) names.push_back(k.key), list += (list.empty() ? "" : ", ") + std::string(k.key);
-    fail(file, v, key, "unknown key (expected " + list + ")" + did_you_mean(key, names));
+    fail(file, node, key, "unknown key (expected " + list + ")" + did_you_mean(key, names));
   }
   try {
-    hit->apply(s, key, v, file);
+    hit->apply(scenario, key, node, file);
   } catch (const ScenarioError&) {
     throw;
   } catch (const std::invalid_argument& e) {   // the save policy's, a fault's or a dtype's parser
-    throw ScenarioError(where(file, v) + ": " + key + ": " + e.what());
+    throw ScenarioError(where(file, node) + ": " + key + ": " + e.what());
   }
 }
 
-void apply_settings(Scenario& s, const toml::table& t, const std::string& file, const std::set<std::string>& skip) {
-  for (const auto& [k, v] : t) {
+void apply_settings(Scenario& scenario, const toml::table& table, const std::string& file,
+                    const std::set<std::string>& skip) {
+  for (const auto& [k, node] : table) {
     const std::string key(k.str());
-    if (!skip.count(key)) apply_setting(s, key, v, file);
+    if (!skip.count(key)) apply_setting(scenario, key, node, file);
   }
 }
 
-void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, const std::string& file) {
+void apply_dotted(Scenario& scenario, const std::string& dotted, const toml::node& node, const std::string& file) {
   const auto dot = dotted.find('.');
-  if (dot == std::string::npos) return apply_setting(s, dotted, v, file);
+  if (dot == std::string::npos) return apply_setting(scenario, dotted, node, file);
   const std::string section = dotted.substr(0, dot);
   if (dotted == "trainer.args") {
     // One axis value, split at spaces, is appended to the trainer's arguments.
-    toml::table t;
-    toml::array a;
-    std::istringstream words(need_string(file, v, dotted));
-    for (std::string w; words >> w;) a.push_back(w);
-    t.insert("args", std::move(a));
-    return apply_trainer(s, t, file);
+    toml::table table;
+    toml::array args;
+    std::istringstream words(need_string(file, node, dotted));
+    for (std::string word; words >> word;) args.push_back(word);
+    table.insert("args", std::move(args));
+    return apply_trainer(scenario, table, file);
   }
   if (section != "model" && section != "optimizer" && section != "train")
-    fail(file, v, dotted, "axis key must be a scenario key, trainer.args or model./optimizer./train.<field>");
+    fail(file, node, dotted, "axis key must be a scenario key, trainer.args or model./optimizer./train.<field>");
   try {
-    SectionSettings(s.cfg, section, where(file, v)).set(dotted.substr(dot + 1), setting_value(v), where(file, v));
+    SectionSettings(scenario.cfg, section, where(file, node))
+        .set(dotted.substr(dot + 1), setting_value(node), where(file, node));
   } catch (const std::invalid_argument& e) {
     throw ScenarioError(e.what());
   }

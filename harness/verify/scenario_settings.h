@@ -14,11 +14,12 @@
 namespace rh::scenario_file {
 
 // Applies one setting: a scenario key and its value.
-void apply_setting(Scenario& s, const std::string& key, const toml::node& v, const std::string& file);
+void apply_setting(Scenario& scenario, const std::string& key, const toml::node& node, const std::string& file);
 // Applies every key of a table except those in `skip` (a table's structural keys: name, when).
-void apply_settings(Scenario& s, const toml::table& t, const std::string& file, const std::set<std::string>& skip = {});
+void apply_settings(Scenario& scenario, const toml::table& table, const std::string& file,
+                    const std::set<std::string>& skip = {});
 // Applies an axis key: a scenario key ("save_policy"), a run-config field ("optimizer.exp_avg_dtype",
 // by its key or its Megatron name), or "trainer.args" (the value split at spaces and appended).
-void apply_dotted(Scenario& s, const std::string& dotted, const toml::node& v, const std::string& file);
+void apply_dotted(Scenario& scenario, const std::string& dotted, const toml::node& node, const std::string& file);
 
 }   // namespace rh::scenario_file

@@ -12,107 +12,112 @@ namespace fs = std::filesystem;
 
 namespace rh {
 
-nlohmann::json result_json(const Scenario& s, const CheckResult& r) {
-  return {{"name", r.name},
-          {"description", s.description},
-          {"expectation", r.expectation},
-          {"reason", s.expect.reason},
-          {"passed", r.passed},
-          {"verdict", r.verdict},
-          {"outcome", to_string(r.outcome)},
-          {"first_divergence", r.first_divergence},
-          {"load_error", r.load_error},
-          {"max_abs_dloss", r.max_abs_dloss},
-          {"max_ulp_after_load", r.max_ulp_after_load},
-          {"bit_equal_after_load", r.bit_equal_after_load},
-          {"control_fresh_differs", r.control_fresh_differs},
-          {"control_k_differs", r.control_k_differs},
-          {"checkpoint_bytes", r.checkpoint_bytes},
-          {"bytes_per_param", r.bytes_per_param},
-          {"raw_bytes_per_param", r.raw_bytes_per_param},
-          {"num_params", r.num_params},
-          {"seconds", r.seconds},
-          {"save_at", s.save_at},
-          {"dp_size", s.dp_size},
-          {"resume_dp_size", s.resume_dp()},
-          {"after_load_differs", r.after_load_differs},
-          {"iterations", s.cfg.train.iterations},
-          {"save_policy", ckpt::to_string(s.policy.kind)},
-          {"compress", ckpt::to_string(s.policy.compress)},
-          {"fault", to_string(s.fault)},
-          {"config", to_json(s.cfg)},
-          {"external", s.trainer.has_value()},
-          {"diagnosis", r.diagnosis},
-          {"explanation", r.explanation},
-          {"notes", r.notes},
-          {"trainer_seconds", r.trainer_seconds}};
+nlohmann::json result_json(const Scenario& scenario, const CheckResult& result) {
+  return {{"name", result.name},
+          {"description", scenario.description},
+          {"expectation", result.expectation},
+          {"reason", scenario.expect.reason},
+          {"passed", result.passed},
+          {"verdict", result.verdict},
+          {"outcome", to_string(result.outcome)},
+          {"first_divergence", result.first_divergence},
+          {"load_error", result.load_error},
+          {"max_abs_dloss", result.max_abs_dloss},
+          {"max_ulp_after_load", result.max_ulp_after_load},
+          {"bit_equal_after_load", result.bit_equal_after_load},
+          {"control_fresh_differs", result.control_fresh_differs},
+          {"control_k_differs", result.control_k_differs},
+          {"checkpoint_bytes", result.checkpoint_bytes},
+          {"bytes_per_param", result.bytes_per_param},
+          {"raw_bytes_per_param", result.raw_bytes_per_param},
+          {"num_params", result.num_params},
+          {"seconds", result.seconds},
+          {"save_at", scenario.save_at},
+          {"dp_size", scenario.dp_size},
+          {"resume_dp_size", scenario.resume_dp()},
+          {"after_load_differs", result.after_load_differs},
+          {"iterations", scenario.cfg.train.iterations},
+          {"save_policy", ckpt::to_string(scenario.policy.kind)},
+          {"compress", ckpt::to_string(scenario.policy.compress)},
+          {"fault", to_string(scenario.fault)},
+          {"config", to_json(scenario.cfg)},
+          {"external", scenario.trainer.has_value()},
+          {"diagnosis", result.diagnosis},
+          {"explanation", result.explanation},
+          {"notes", result.notes},
+          {"trainer_seconds", result.trainer_seconds}};
 }
 
-void write_cell_outputs(const std::string& dir_str, const Scenario& s, const CheckResult& r) {
+void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, const CheckResult& result) {
   const fs::path dir(dir_str);
-  std::string mc = "iteration,metric,baseline,baseline_hex,resumed,resumed_hex,abs_diff,rel_diff,ulp,bit_equal\n";
-  for (const auto& m : r.metric_diffs)
-    mc += std::to_string(m.iteration) + "," + m.metric + "," + exact_decimal(m.baseline) + "," + hex_float(m.baseline) +
-          "," + exact_decimal(m.resumed) + "," + hex_float(m.resumed) + "," + exact_decimal(m.abs_diff) + "," +
-          exact_decimal(m.rel_diff) + "," + std::to_string(m.ulp) + "," + (m.bit_equal ? "1" : "0") + "\n";
-  write_text((dir / "metrics_compare.csv").string(), mc);
-  std::string sc = "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n";
-  auto rows = [&](const char* phase, const std::vector<TensorDiff>& v) {
-    for (const auto& d : v)
-      sc += std::string(phase) + "," + d.key + "," + d.kind + "," + d.dtype_a + "," + d.dtype_b + "," +
-            std::to_string(d.numel) + "," + exact_decimal(d.bit_equal_fraction) + "," + exact_decimal(d.max_abs_diff) +
-            "," + std::to_string(d.max_ulp) + "\n";
+  std::string metrics_csv =
+      "iteration,metric,baseline,baseline_hex,resumed,resumed_hex,abs_diff,rel_diff,ulp,bit_equal\n";
+  for (const auto& diff : result.metric_diffs)
+    metrics_csv += std::to_string(diff.iteration) + "," + diff.metric + "," + exact_decimal(diff.baseline) + "," +
+                   hex_float(diff.baseline) + "," + exact_decimal(diff.resumed) + "," + hex_float(diff.resumed) + "," +
+                   exact_decimal(diff.abs_diff) + "," + exact_decimal(diff.rel_diff) + "," + std::to_string(diff.ulp) +
+                   "," + (diff.bit_equal ? "1" : "0") + "\n";
+  write_text((dir / "metrics_compare.csv").string(), metrics_csv);
+  std::string state_csv = "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n";
+  auto rows = [&](const char* phase, const std::vector<TensorDiff>& diffs) {
+    for (const auto& diff : diffs)
+      state_csv += std::string(phase) + "," + diff.key + "," + diff.kind + "," + diff.dtype_a + "," + diff.dtype_b +
+                   "," + std::to_string(diff.numel) + "," + exact_decimal(diff.bit_equal_fraction) + "," +
+                   exact_decimal(diff.max_abs_diff) + "," + std::to_string(diff.max_ulp) + "\n";
   };
-  rows("after_load", r.after_load);
-  rows("final", r.final_state);
-  write_text((dir / "state_compare.csv").string(), sc);
-  write_text((dir / "result.json").string(), dump_text(result_json(s, r), 2) + "\n");
+  rows("after_load", result.after_load);
+  rows("final", result.final_state);
+  write_text((dir / "state_compare.csv").string(), state_csv);
+  write_text((dir / "result.json").string(), dump_text(result_json(scenario, result), 2) + "\n");
 }
 
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results) {
   size_t failures = 0;
   double total = 0;
-  for (const auto& r : results) {
-    failures += r.passed ? 0 : 1;
-    total += r.seconds;
+  for (const auto& result : results) {
+    failures += result.passed ? 0 : 1;
+    total += result.seconds;
   }
   const std::string esc_suite = markup_escape(suite);
-  std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  x += "<testsuites tests=\"" + std::to_string(results.size()) + "\" failures=\"" + std::to_string(failures) + "\">\n";
-  x += "  <testsuite name=\"" + esc_suite + "\" tests=\"" + std::to_string(results.size()) + "\" failures=\"" +
-       std::to_string(failures) + "\" errors=\"0\" time=\"" + exact_decimal(total) + "\">\n";
-  for (const auto& r : results) {
-    x += "    <testcase classname=\"" + esc_suite + "\" name=\"" + markup_escape(r.name) + "\" time=\"" +
-         exact_decimal(r.seconds) + "\"";
-    if (r.passed) {
-      x += "/>\n";
+  std::string xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  xml +=
+      "<testsuites tests=\"" + std::to_string(results.size()) + "\" failures=\"" + std::to_string(failures) + "\">\n";
+  xml += "  <testsuite name=\"" + esc_suite + "\" tests=\"" + std::to_string(results.size()) + "\" failures=\"" +
+         std::to_string(failures) + "\" errors=\"0\" time=\"" + exact_decimal(total) + "\">\n";
+  for (const auto& result : results) {
+    xml += "    <testcase classname=\"" + esc_suite + "\" name=\"" + markup_escape(result.name) + "\" time=\"" +
+           exact_decimal(result.seconds) + "\"";
+    if (result.passed) {
+      xml += "/>\n";
     } else {
-      x += ">\n      <failure message=\"" + markup_escape(r.verdict) + "\">" + markup_escape(r.verdict) +
-           "</failure>\n    </testcase>\n";
+      xml += ">\n      <failure message=\"" + markup_escape(result.verdict) + "\">" + markup_escape(result.verdict) +
+             "</failure>\n    </testcase>\n";
     }
   }
-  x += "  </testsuite>\n</testsuites>\n";
-  write_text(path, x);
+  xml += "  </testsuite>\n</testsuites>\n";
+  write_text(path, xml);
 }
 
 namespace {
 
-std::string summary_row(const Scenario& s, const CheckResult& r) {
-  auto ulp = [&](const char* k) {
-    auto it = r.max_ulp_after_load.find(k);
-    return it == r.max_ulp_after_load.end() ? std::string("") : std::to_string(it->second);
+std::string summary_row(const Scenario& scenario, const CheckResult& result) {
+  auto ulp = [&](const char* kind) {
+    auto it = result.max_ulp_after_load.find(kind);
+    return it == result.max_ulp_after_load.end() ? std::string("") : std::to_string(it->second);
   };
   const auto mode =
-      optim::effective_master_mode(s.cfg.optim, s.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
-  return csv_field(r.name) + "," + r.expectation + "," + (r.passed ? "1" : "0") + "," + to_string(r.outcome) + "," +
-         csv_field(r.verdict) + "," + csv_field(r.first_divergence) + "," + exact_decimal(r.max_abs_dloss) + "," +
-         ulp("model") + "," + ulp("master_param") + "," + ulp("remainder") + "," + ulp("exp_avg") + "," +
-         ulp("exp_avg_sq") + "," + ulp("scale") + "," + std::to_string(r.checkpoint_bytes) + "," +
-         exact_decimal(r.bytes_per_param) + "," + std::to_string(r.num_params) + "," + ckpt::to_string(s.policy.kind) +
-         "," + to_string(s.fault) + "," + optim::to_string(s.cfg.optim.exp_avg_dtype) + "," +
-         optim::to_string(s.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," +
-         exact_decimal(r.seconds) + "," + ckpt::to_string(s.policy.compress) + "," +
-         exact_decimal(r.raw_bytes_per_param) + "\n";
+      optim::effective_master_mode(scenario.cfg.optim,
+                                   scenario.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+  return csv_field(result.name) + "," + result.expectation + "," + (result.passed ? "1" : "0") + "," +
+         to_string(result.outcome) + "," + csv_field(result.verdict) + "," + csv_field(result.first_divergence) + "," +
+         exact_decimal(result.max_abs_dloss) + "," + ulp("model") + "," + ulp("master_param") + "," + ulp("remainder") +
+         "," + ulp("exp_avg") + "," + ulp("exp_avg_sq") + "," + ulp("scale") + "," +
+         std::to_string(result.checkpoint_bytes) + "," + exact_decimal(result.bytes_per_param) + "," +
+         std::to_string(result.num_params) + "," + ckpt::to_string(scenario.policy.kind) + "," +
+         to_string(scenario.fault) + "," + optim::to_string(scenario.cfg.optim.exp_avg_dtype) + "," +
+         optim::to_string(scenario.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," +
+         exact_decimal(result.seconds) + "," + ckpt::to_string(scenario.policy.compress) + "," +
+         exact_decimal(result.raw_bytes_per_param) + "\n";
 }
 
 }   // namespace

@@ -13,10 +13,10 @@
 namespace rh {
 
 // The result.json object of one cell (summary.json lists these).
-nlohmann::json result_json(const Scenario& s, const CheckResult& r);
+nlohmann::json result_json(const Scenario& scenario, const CheckResult& result);
 
 // result.json, metrics_compare.csv, state_compare.csv into dir. Throws WriteError.
-void write_cell_outputs(const std::string& dir, const Scenario& s, const CheckResult& r);
+void write_cell_outputs(const std::string& dir, const Scenario& scenario, const CheckResult& result);
 
 // junit.xml: one testcase per scenario, failure message = verdict.
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results);
