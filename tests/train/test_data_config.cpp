@@ -177,6 +177,9 @@ struct BoundCase {
   bool whole_config_at_ends;   // false: no valid config holds the field at lo or hi (d_model 1: odd head dim)
 };
 
+// A failing case prints as its key, not as the struct's bytes.
+void PrintTo(const BoundCase& b, std::ostream* os) { *os << b.section << "." << b.key; }
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 void nothing(rh::RunConfig&) {}
 
