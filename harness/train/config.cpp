@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <fstream>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <functional>
 #include <map>
 #include <tuple>
@@ -23,12 +25,24 @@ namespace {
 
 using FieldPtr = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, optim::Dtype*>;
 
+// A field's own valid range, whatever else is set: integers in [lo, hi], doubles finite and in
+// [lo, hi] (hi = +inf: no upper bound). Every bound is an integer below 2^53, exact as a double.
+// Files' values are checked against it when read (field_from_value), every value again by
+// validate() (command-line flags too). Ranges that depend on another field stay in validate().
+struct Range {
+  bool bounded = false;
+  double lo = 0, hi = 0;
+};
+constexpr double kNoUpper = std::numeric_limits<double>::infinity();
+constexpr Range in(double lo, double hi) { return {true, lo, hi}; }
+
 struct Field {
   const char* section;   // "model" | "optimizer" | "train"
   const char* key;       // JSON / TOML key
   const char* flag;      // command-line flag
-  const char* help;
+  const char* help;      // "...: a | b | c" lists a string field's valid values (choices_of)
   FieldPtr ptr;
+  Range range = {};   // numbers only; unset: any value of the type
 };
 
 std::vector<Field> fields(RunConfig& c) {
@@ -36,12 +50,12 @@ std::vector<Field> fields(RunConfig& c) {
   auto& o = c.optim;
   auto& t = c.train;
   return {
-      {"model", "vocab_size", "--vocab-size", "vocabulary size V", &m.vocab_size},
-      {"model", "seq_len", "--seq-length", "sequence length T", &m.seq_len},
-      {"model", "d_model", "--hidden-size", "model width C", &m.d_model},
-      {"model", "n_layers", "--num-layers", "transformer layers L", &m.n_layers},
-      {"model", "n_heads", "--num-attention-heads", "attention heads H", &m.n_heads},
-      {"model", "n_experts", "--num-experts", "experts per MoE layer E", &m.n_experts},
+      {"model", "vocab_size", "--vocab-size", "vocabulary size V", &m.vocab_size, in(1, 1 << 20)},
+      {"model", "seq_len", "--seq-length", "sequence length T", &m.seq_len, in(1, 1 << 16)},
+      {"model", "d_model", "--hidden-size", "model width C", &m.d_model, in(1, 1 << 14)},
+      {"model", "n_layers", "--num-layers", "transformer layers L", &m.n_layers, in(1, 256)},
+      {"model", "n_heads", "--num-attention-heads", "attention heads H", &m.n_heads, in(1, 1 << 10)},
+      {"model", "n_experts", "--num-experts", "experts per MoE layer E", &m.n_experts, in(1, 1 << 10)},
       {"model", "top_k", "--moe-router-topk", "experts per token K", &m.top_k},
       {"model", "dead_expert", "--moe-dead-expert",
        "not upstream: an expert the router never selects (-1 = none), a dead expert", &m.dead_expert},
@@ -59,7 +73,7 @@ std::vector<Field> fields(RunConfig& c) {
       {"model", "router_dtype", "--moe-router-dtype",
        "router logits dtype (upstream default none = the input's dtype; ours fp32): none | fp32 | fp64",
        &m.router_dtype},
-      {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden},
+      {"model", "ffn_hidden", "--moe-ffn-hidden-size", "expert SwiGLU hidden size F", &m.ffn_hidden, in(1, 1 << 16)},
       {"model", "aux_loss_coeff", "--moe-aux-loss-coeff", "load-balancing loss coefficient", &m.aux_loss_coeff},
       {"model", "z_loss_coeff", "--moe-z-loss-coeff", "router z-loss coefficient (0 = off)", &m.z_loss_coeff},
       {"model", "dropout", "--dropout", "attention and hidden dropout", &m.dropout},
@@ -96,20 +110,22 @@ std::vector<Field> fields(RunConfig& c) {
        "not upstream: ranks holding parts of one fp16/fp8 state share one scale (all-reduced amax) "
        "instead of TE's per-shard scale",
        &o.shared_dp_scale},
-      {"train", "iterations", "--train-iters", "iterations N", &t.iterations},
-      {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch},
-      {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch},
-      {"train", "lr", "--lr", "peak learning rate", &t.lr},
-      {"train", "min_lr", "--min-lr", "cosine floor", &t.min_lr},
-      {"train", "lr_warmup_iters", "--lr-warmup-iters", "linear warmup iterations", &t.lr_warmup_iters},
-      {"train", "lr_decay_iters", "--lr-decay-iters", "schedule length", &t.lr_decay_iters},
-      {"train", "lr_warmup_init", "--lr-warmup-init", "learning rate at the start of warmup", &t.lr_warmup_init},
+      {"train", "iterations", "--train-iters", "iterations N", &t.iterations, in(1, kMaxIterations)},
+      {"train", "global_batch", "--global-batch-size", "samples per iteration", &t.global_batch, in(1, kMaxBatch)},
+      {"train", "micro_batch", "--micro-batch-size", "samples per forward/backward", &t.micro_batch, in(1, kMaxBatch)},
+      {"train", "lr", "--lr", "peak learning rate", &t.lr, in(0, kNoUpper)},
+      {"train", "min_lr", "--min-lr", "cosine floor", &t.min_lr, in(0, kNoUpper)},
+      {"train", "lr_warmup_iters", "--lr-warmup-iters", "linear warmup iterations", &t.lr_warmup_iters,
+       in(0, kMaxIterations)},
+      {"train", "lr_decay_iters", "--lr-decay-iters", "schedule length", &t.lr_decay_iters, in(1, kMaxIterations)},
+      {"train", "lr_warmup_init", "--lr-warmup-init", "learning rate at the start of warmup", &t.lr_warmup_init,
+       in(0, kNoUpper)},
       {"train", "lr_decay_style", "--lr-decay-style",
        "constant | linear | cosine | inverse-square-root | WSD (Megatron's default: linear)", &t.lr_decay_style},
       {"train", "lr_wsd_decay_style", "--lr-wsd-decay-style", "WSD anneal: exponential | linear | cosine | minus_sqrt",
        &t.lr_wsd_decay_style},
       {"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", "WSD anneal iterations (-1 = unset)",
-       &t.lr_wsd_decay_iters},
+       &t.lr_wsd_decay_iters, in(-1, kMaxIterations)},
       {"train", "start_weight_decay", "--start-weight-decay",
        "weight decay at the start of its schedule (-1 = --weight-decay)", &t.start_weight_decay},
       {"train", "end_weight_decay", "--end-weight-decay",
@@ -120,10 +136,10 @@ std::vector<Field> fields(RunConfig& c) {
        "on resume, use this run's scheduler values, not the checkpoint's", &t.override_opt_param_scheduler},
       {"train", "use_checkpoint_opt_param_scheduler", "--use-checkpoint-opt_param-scheduler",
        "on resume, use the checkpoint's scheduler values", &t.use_checkpoint_opt_param_scheduler},
-      {"train", "clip_grad", "--clip-grad", "global-norm clip (0 = off)", &t.clip_grad},
+      {"train", "clip_grad", "--clip-grad", "global-norm clip (0 = off)", &t.clip_grad, in(0, kNoUpper)},
       {"train", "seed", "--seed", "init and dropout seed", &t.seed},
       {"train", "data_seed", "--data-seed", "synthetic corpus seed", &t.data_seed},
-      {"train", "threads", "--threads", "intra-op threads", &t.threads},
+      {"train", "threads", "--threads", "intra-op threads", &t.threads, in(1, kMaxThreads)},
       {"train", "device", "--device", "cpu | cuda", &t.device},
   };
 }
@@ -141,25 +157,65 @@ nlohmann::json field_to_json(const FieldPtr& p) {
       p);
 }
 
-// The model's sizes and their valid range [1, cap]: validate() checks them, and a JSON value beyond
-// int64 (vocab_size 2^64-1) is refused naming the same range.
-const std::vector<std::pair<std::string, int64_t>>& dim_caps() {
-  static const std::vector<std::pair<std::string, int64_t>> caps = {{"model.vocab_size", int64_t(1) << 20},
-                                                                    {"model.seq_len", int64_t(1) << 16},
-                                                                    {"model.d_model", int64_t(1) << 14},
-                                                                    {"model.n_layers", 256},
-                                                                    {"model.n_heads", int64_t(1) << 10},
-                                                                    {"model.n_experts", int64_t(1) << 10},
-                                                                    {"model.ffn_hidden", int64_t(1) << 16}};
-  return caps;
+// The valid values of a field, from its help text ("param dtype: bf16 | fp32" -> {bf16, fp32}), so
+// the help shows them, the parser checks them, and the two never disagree. Empty: any value.
+std::vector<std::string> choices_of(const std::string& help) {
+  const auto colon = help.rfind(':');
+  const std::string tail = colon == std::string::npos ? help : help.substr(colon + 1);
+  if (tail.find(" | ") == std::string::npos) return {};
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= tail.size()) {
+    const auto bar = tail.find('|', pos);
+    std::string w = tail.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
+    w.erase(0, w.find_first_not_of(' '));
+    w.erase(w.find_last_not_of(' ') + 1);
+    if (w.empty() || w.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos) return {};
+    out.push_back(w);
+    if (bar == std::string::npos) break;
+    pos = bar + 1;
+  }
+  return out;
 }
 
-// Sets a field from a value a file gave, checked against the field's type; messages name `where`
-// and `key` ("section.key").
-void field_from_value(const FieldPtr& p, const SettingValue& v, const std::string& where, const std::string& key) {
+std::string join(const std::vector<std::string>& names) {
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  return all;
+}
+
+// A double as short as reads back the same (0.1, not 0.10000000000000001); nan, inf as such.
+std::string shortest(double v) {
+  std::ostringstream os;
+  for (int digits = 6; digits <= 17; ++digits) {
+    os.str("");
+    os.precision(digits);
+    os << v;
+    if (!std::isfinite(v) || std::strtod(os.str().c_str(), nullptr) == v) break;   // stod throws on subnormals
+  }
+  return os.str();
+}
+
+// A range as its messages say it: "in [1, 10000000]", or ">= 0" without an upper bound.
+std::string range_text(const Range& r) {
+  auto bound = [](double b) { return std::to_string(static_cast<int64_t>(b)); };
+  if (r.hi == kNoUpper) return ">= " + bound(r.lo);
+  return "in [" + bound(r.lo) + ", " + bound(r.hi) + "]";
+}
+
+bool in_range(const Range& r, int64_t v) {
+  return !r.bounded || (v >= static_cast<int64_t>(r.lo) && (r.hi == kNoUpper || v <= static_cast<int64_t>(r.hi)));
+}
+bool in_range(const Range& r, double v) { return !r.bounded || (std::isfinite(v) && v >= r.lo && v <= r.hi); }
+
+// Sets a field from a value a file gave, checked against the field's type and its range or choices
+// in one step ("expected an integer in [1, 10000000], got 0"); messages name `where` and `key`
+// ("section.key").
+void field_from_value(const Field& f, const SettingValue& v, const std::string& where, const std::string& key) {
   auto fail = [&](const std::string& expected) {
     throw std::invalid_argument(where + ": key '" + key + "': expected " + expected + ", got " + v.shown);
   };
+  const Range& r = f.range;
   std::visit(
       [&](auto* dst) {
         using T = std::remove_pointer_t<decltype(dst)>;
@@ -168,12 +224,11 @@ void field_from_value(const FieldPtr& p, const SettingValue& v, const std::strin
           *dst = std::get<bool>(v.value);
         } else if constexpr (std::is_same_v<T, int64_t>) {
           // 2^64-1 (JSON) is its own alternative: read as int64 it would wrap to -1 and the message show -1.
-          if (!std::holds_alternative<int64_t>(v.value)) {
-            for (const auto& [k, cap] : dim_caps())
-              if (k == key) fail("an integer in [1, " + std::to_string(cap) + "]");
-            fail("an integer in [-2^63, 2^63 - 1]");
-          }
-          *dst = std::get<int64_t>(v.value);
+          const std::string expected =
+              "an integer " + (r.bounded ? range_text(r) : std::string("in [-2^63, 2^63 - 1]"));
+          const auto* i = std::get_if<int64_t>(&v.value);
+          if (i == nullptr || !in_range(r, *i)) fail(expected);
+          *dst = *i;
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           if (const auto* u = std::get_if<uint64_t>(&v.value)) {
             *dst = *u;
@@ -183,19 +238,26 @@ void field_from_value(const FieldPtr& p, const SettingValue& v, const std::strin
             *dst = static_cast<uint64_t>(*i);
           }
         } else if constexpr (std::is_same_v<T, double>) {
-          if (const auto* i = std::get_if<int64_t>(&v.value)) *dst = static_cast<double>(*i);
-          else if (const auto* u = std::get_if<uint64_t>(&v.value)) *dst = static_cast<double>(*u);
-          else if (const auto* d = std::get_if<double>(&v.value)) *dst = *d;
-          else fail("a number");
+          const std::string expected = r.bounded ? "a finite number " + range_text(r) : "a number";
+          double d = 0;
+          if (const auto* i = std::get_if<int64_t>(&v.value)) d = static_cast<double>(*i);
+          else if (const auto* u = std::get_if<uint64_t>(&v.value)) d = static_cast<double>(*u);
+          else if (const auto* x = std::get_if<double>(&v.value)) d = *x;
+          else fail(expected);
+          if (!in_range(r, d)) fail(expected);
+          *dst = d;
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!std::holds_alternative<std::string>(v.value)) fail("a string");
-          *dst = std::get<std::string>(v.value);
+          const auto valid = choices_of(f.help);
+          const auto* s = std::get_if<std::string>(&v.value);
+          if (s == nullptr) fail(valid.empty() ? "a string" : "one of " + join(valid));
+          if (!valid.empty() && std::find(valid.begin(), valid.end(), *s) == valid.end()) fail("one of " + join(valid));
+          *dst = *s;
         } else {
           if (!std::holds_alternative<std::string>(v.value)) fail("a dtype string (fp32, bf16, fp16, fp8)");
           *dst = optim::parse_dtype(std::get<std::string>(v.value), where + ": key '" + key + "'");
         }
       },
-      p);
+      f.ptr);
 }
 
 void require(bool ok, const std::string& msg) {
@@ -207,9 +269,7 @@ void require(bool ok, const std::string& msg) {
 // empty in the message, as GCC evaluates the message first.)
 void require_one_of(const std::string& v, const std::vector<std::string>& names, const std::string& what) {
   if (std::find(names.begin(), names.end(), v) != names.end()) return;
-  std::string all;
-  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-  require(false, what + " must be one of " + all + ", got '" + quote_text(v) + "'");
+  require(false, what + " must be one of " + join(names) + ", got '" + quote_text(v) + "'");
 }
 
 // The asserts of optimizer_param_scheduler.py OptimizerParamScheduler.__init__ / get_wd, and
@@ -251,45 +311,52 @@ void validate_scheduler(const RunConfig& c) {
           "use-checkpoint are set.");
 }
 
+// Every field's own range and choices, from the table, in table order: "<section.key> (<flag>)
+// must be in [lo, hi], got v", "... must be finite and >= 0, got nan", "... must be one of a, b,
+// got 'v'".
+void validate_fields(const RunConfig& c) {
+  RunConfig copy = c;
+  for (const auto& f : fields(copy)) {
+    const std::string what = std::string(f.section) + "." + f.key + " (" + f.flag + ")";
+    const Range& r = f.range;
+    std::visit(
+        [&](auto* v) {
+          using T = std::remove_pointer_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, int64_t>) {
+            require(in_range(r, *v), what + " must be " + range_text(r) + ", got " + std::to_string(*v));
+          } else if constexpr (std::is_same_v<T, double>) {
+            require(in_range(r, *v), what + " must be finite and " + range_text(r) + ", got " + shortest(*v));
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            if (const auto valid = choices_of(f.help); !valid.empty()) require_one_of(*v, valid, what);
+          }
+        },
+        f.ptr);
+  }
+}
+
 }   // namespace
 
+// Message order, decided once: validate() reports the first bad field in the field table's order
+// (model, optimizer, train: the model's sizes before train.iterations), each against its own
+// range or choices, and only then the rules that relate several fields (batch divisibility, the
+// schedule's, the parameter count, the model's and optimizer's own rules). A file's bad value is
+// refused earlier, when it is read, and there the first one the file gives is reported (in the
+// order its reader keeps: a JSON object's and a TOML table's keys sorted by name).
 void validate(const RunConfig& c) {
+  validate_fields(c);
   const auto& t = c.train;
-  require(t.iterations > 0, "train.iterations (--train-iters) must be > 0");
-  require(t.global_batch > 0 && t.micro_batch > 0, "train.global_batch and train.micro_batch must be > 0");
   require(t.global_batch % t.micro_batch == 0, "train.global_batch (" + std::to_string(t.global_batch) +
                                                    ") must be a multiple of train.micro_batch (" +
                                                    std::to_string(t.micro_batch) + ")");
-  require(t.lr >= 0 && t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, lr]");
-  require(t.lr_warmup_iters >= 0 && t.lr_decay_iters > t.lr_warmup_iters,
-          "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
-  require(t.clip_grad >= 0, "train.clip_grad must be >= 0");
+  require(t.min_lr <= t.lr, "train.min_lr must be in [0, lr]");
+  require(t.lr_decay_iters > t.lr_warmup_iters, "train.lr_decay_iters must be > train.lr_warmup_iters >= 0");
   validate_scheduler(c);
-  require(t.threads >= 1 && t.threads <= kMaxThreads, "train.threads (--threads) must be in [1, " +
-                                                          std::to_string(kMaxThreads) + "], got " +
-                                                          std::to_string(t.threads));
-  require(t.iterations <= kMaxIterations, "train.iterations (--train-iters) must be <= " +
-                                              std::to_string(kMaxIterations) + ", got " + std::to_string(t.iterations));
-  require(t.global_batch <= kMaxBatch && t.lr_decay_iters <= kMaxIterations && t.lr_warmup_iters <= kMaxIterations,
-          "train.global_batch must be <= " + std::to_string(kMaxBatch) +
-              " and train.lr_*_iters <= " + std::to_string(kMaxIterations));
-  require(std::isfinite(t.lr) && std::isfinite(t.min_lr) && std::isfinite(t.clip_grad),
-          "train.lr, train.min_lr and train.clip_grad must be finite");
-  require(t.device == "cpu" || t.device == "cuda",
-          "train.device (--device) must be 'cpu' or 'cuda', got '" + quote_text(t.device) + "'");
 #ifndef RH_WITH_CUDA
   require(t.device != "cuda", "train.device (--device) cuda: this build has no CUDA (LibTorch without CUDA)");
 #endif
-  // Sizes first, each with its valid range and the value given (vocab_size 2^64-1 once showed
-  // as -1 "must be positive"), then the model's own rules (layers, heads dividing the width,
-  // top-k <= experts, dropout in [0, 1)), then the parameter count estimated without overflow.
+  // The model's own rules (layers, heads dividing the width, top-k <= experts, dropout in
+  // [0, 1)), then the parameter count estimated without overflow (each size is capped above).
   const auto& m = c.model;
-  const int64_t dims[] = {m.vocab_size, m.seq_len, m.d_model, m.n_layers, m.n_heads, m.n_experts, m.ffn_hidden};
-  for (size_t i = 0; i < dim_caps().size(); ++i) {
-    const auto& [name, cap] = dim_caps()[i];
-    const int64_t v = dims[i];
-    require(v >= 1 && v <= cap, name + " must be in [1, " + std::to_string(cap) + "], got " + std::to_string(v));
-  }
   models::validate_config(c.model);
   const double params = double(m.vocab_size) * double(m.d_model) * 2 +
                         double(m.n_layers) * (4.0 * double(m.d_model) * double(m.d_model) +
@@ -297,8 +364,6 @@ void validate(const RunConfig& c) {
   require(params <= kMaxParams, "the model would have about " + std::to_string(static_cast<int64_t>(params)) +
                                     " parameters, more than this tool's limit of " +
                                     std::to_string(static_cast<int64_t>(kMaxParams)));
-  require(c.model.param_dtype == "bf16" || c.model.param_dtype == "fp32",
-          "model.param_dtype (--params-dtype) must be 'bf16' or 'fp32', got '" + c.model.param_dtype + "'");
   optim::validate(c.optim, c.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
 }
 
@@ -356,7 +421,7 @@ void SectionSettings::set(const std::string& key, const SettingValue& value, con
   const auto [first, fresh] = given_.emplace(hit->key, key);
   require(fresh, where + ": '" + section_ + "." + first->second + "' and '" + section_ + "." + key +
                      "' name one setting (" + hit->key + ", flag " + hit->flag + "): give it once");
-  field_from_value(hit->ptr, value, where, section_ + "." + hit->key);
+  field_from_value(*hit, value, where, section_ + "." + hit->key);
 }
 
 void apply_json(RunConfig& cfg, const nlohmann::json& j, const std::string& where) {
@@ -403,7 +468,7 @@ std::vector<ConfigChange> adopt_saved_config(
     if (!saved.contains(f.section) || !saved[f.section].is_object() || !saved[f.section].contains(f.key)) continue;
     const nlohmann::json& was = saved[f.section][f.key];
     if (!given(f.section, f.key, f.flag)) {
-      field_from_value(f.ptr, json_setting(was), where, std::string(f.section) + "." + f.key);
+      field_from_value(f, json_setting(was), where, std::string(f.section) + "." + f.key);
       continue;
     }
     const nlohmann::json now = field_to_json(f.ptr);
@@ -416,27 +481,6 @@ std::vector<ConfigChange> adopt_saved_config(
 }
 
 namespace {
-
-// The valid values of a field, from its help text ("param dtype: bf16 | fp32" -> {bf16, fp32}), so
-// the help shows them, the parser checks them, and the two never disagree. Empty: any value.
-std::vector<std::string> choices_of(const std::string& help) {
-  const auto colon = help.rfind(':');
-  const std::string tail = colon == std::string::npos ? help : help.substr(colon + 1);
-  if (tail.find(" | ") == std::string::npos) return {};
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= tail.size()) {
-    const auto bar = tail.find('|', pos);
-    std::string w = tail.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos);
-    w.erase(0, w.find_first_not_of(' '));
-    w.erase(w.find_last_not_of(' ') + 1);
-    if (w.empty() || w.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos) return {};
-    out.push_back(w);
-    if (bar == std::string::npos) break;
-    pos = bar + 1;
-  }
-  return out;
-}
 
 std::string default_text(const FieldPtr& p) {
   const nlohmann::json j = field_to_json(p);
@@ -473,7 +517,11 @@ void add_run_options(CLI::App& app, RunConfig& cfg) {
                 ->default_str(def)
                 ->group(group);
           } else {
-            auto* opt = app.add_option(f.flag, *dst, f.help)->default_str(def)->group(group);
+            // A bounded number's help says its range; validate() checks it once the flags are parsed.
+            std::string help = f.help;
+            if (f.range.bounded)
+              help += std::string(" (") + (std::is_same_v<T, double> ? "finite, " : "") + range_text(f.range) + ")";
+            auto* opt = app.add_option(f.flag, *dst, help)->default_str(def)->group(group);
             if (const auto valid = choices_of(f.help); !valid.empty()) opt->check(CLI::IsMember(valid));
           }
         },

@@ -61,8 +61,10 @@ constexpr int64_t kMaxBatch = 1 << 20;
 constexpr double kMaxParams = 4e9;
 constexpr uint64_t kMaxConfigBytes = 16u << 20;
 
-// Checks the combination (model fields (models::validate_config), the caps above, Megatron's optimizer rules, batch divisibility, device)
-// and throws std::invalid_argument naming the field.
+// Checks every field against its own range or choices from the field table (the caps above among
+// them), in table order, then the combinations (batch divisibility, the schedule, the parameter
+// count, models::validate_config, Megatron's optimizer rules), and throws std::invalid_argument
+// naming the field: "train.iterations (--train-iters) must be in [1, 10000000], got 0".
 void validate(const RunConfig& cfg);
 
 nlohmann::json to_json(const RunConfig& cfg);

@@ -488,9 +488,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CliErrors, ModelSizeOutOfRangeShowsTheValueAndTheRange) {
   const fs::path d = rh::testutil::fresh_dir("cli_errors", "vocab0");
   expect_bad_input(tool(d, {"train", "--vocab-size", "0", "--out", (d / "out").string()}),
-                   "model.vocab_size must be in [1, 1048576], got 0");
+                   "model.vocab_size (--vocab-size) must be in [1, 1048576], got 0");
   expect_bad_input(tool(d, {"train", "--seq-length", "100000", "--out", (d / "out").string()}),
-                   "model.seq_len must be in [1, 65536], got 100000");
+                   "model.seq_len (--seq-length) must be in [1, 65536], got 100000");
 }
 
 // A bad generator state of rank 1 at --nproc 2: refused by every rank before anything is

@@ -163,6 +163,217 @@ TEST(RunConfig, ValidateNamesTheField) {
   EXPECT_NO_THROW(rh::validate(rh::RunConfig{}));
 }
 
+// Every field with a range of its own: the range written here by hand (not read from the field
+// table), how to set the field, and how to make the rest of a default config accept the field at
+// either end of its range (a rule between fields that would fire too, e.g. min_lr <= lr).
+struct BoundCase {
+  const char* section;
+  const char* key;
+  const char* flag;
+  bool integer;
+  double lo, hi;   // hi = +inf: finite, no upper bound
+  void (*set)(rh::RunConfig&, double);
+  void (*isolate)(rh::RunConfig&);
+  bool whole_config_at_ends;   // false: no valid config holds the field at lo or hi (d_model 1: odd head dim)
+};
+
+// A failing case prints as its key, not as the struct's bytes.
+void PrintTo(const BoundCase& b, std::ostream* os) { *os << b.section << "." << b.key; }
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+void nothing(rh::RunConfig&) {}
+
+std::string int_text(double v) { return std::to_string(static_cast<int64_t>(v)); }
+
+// "train.iterations (--train-iters) must be in [1, 10000000], got 0" and the file's form
+// "where: key 'train.iterations': expected an integer in [1, 10000000], got 0".
+std::string range_words(const BoundCase& b) {
+  if (b.hi == kInf) return ">= " + int_text(b.lo);
+  return "in [" + int_text(b.lo) + ", " + int_text(b.hi) + "]";
+}
+std::string validate_message(const BoundCase& b, const std::string& got) {
+  return std::string(b.section) + "." + b.key + " (" + b.flag + ") must be " + (b.integer ? "" : "finite and ") +
+         range_words(b) + ", got " + got;
+}
+std::string file_message(const BoundCase& b, const std::string& where, const std::string& got) {
+  return where + ": key '" + b.section + "." + b.key + "': expected " +
+         (b.integer ? "an integer " : "a finite number ") + range_words(b) + ", got " + got;
+}
+
+std::string validate_error(const rh::RunConfig& cfg) {
+  try {
+    rh::validate(cfg);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+nlohmann::json one_setting(const BoundCase& b, const nlohmann::json& v) {
+  nlohmann::json j;
+  j[b.section][b.key] = v;
+  return j;
+}
+
+class FieldBounds : public ::testing::TestWithParam<BoundCase> {};
+
+TEST_P(FieldBounds, ValidateAndFilesRefuseJustOutsideAndAcceptTheEnds) {
+  const BoundCase& b = GetParam();
+  // Just outside: validate names the field, its flag, the range and the value.
+  std::vector<std::pair<double, std::string>> outside;
+  if (b.integer) {
+    outside = {{b.lo - 1, int_text(b.lo - 1)}, {b.hi + 1, int_text(b.hi + 1)}};
+  } else {
+    outside = {{b.lo - 1, int_text(b.lo - 1)}, {kInf, "inf"}, {std::nan(""), "nan"}};
+  }
+  for (const auto& [v, shown] : outside) {
+    rh::RunConfig cfg;
+    b.set(cfg, v);
+    EXPECT_EQ(validate_error(cfg), validate_message(b, shown)) << shown;
+  }
+  if (!b.integer) {   // the smallest step below lo
+    rh::RunConfig cfg;
+    b.set(cfg, std::nextafter(b.lo, -kInf));
+    EXPECT_EQ(validate_error(cfg).rfind(validate_message(b, ""), 0), 0u) << validate_error(cfg);
+  }
+  // The ends: accepted by the field's own check (the whole config too where one can be valid).
+  const double hi = b.hi == kInf ? std::numeric_limits<double>::max() : b.hi;
+  for (const double v : {b.lo, hi}) {
+    rh::RunConfig cfg;
+    b.isolate(cfg);
+    b.set(cfg, v);
+    const std::string err = validate_error(cfg);
+    EXPECT_EQ(err.find(validate_message(b, "")), std::string::npos) << v << ": " << err;
+    if (b.whole_config_at_ends) {
+      EXPECT_EQ(err, "") << v;
+    }
+    // From a file: the same value read back.
+    const nlohmann::json value = b.integer ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v);
+    const rh::RunConfig read = rh::run_config_from_json(one_setting(b, value), "cfg.json");
+    EXPECT_EQ(rh::to_json(read)[b.section][b.key], value);
+  }
+  // From a file, just outside: refused when read, naming the file, the key, the range and the value.
+  const std::vector<std::pair<nlohmann::json, std::string>> file_outside =
+      b.integer
+          ? std::vector<std::pair<nlohmann::json, std::string>>{{static_cast<int64_t>(b.lo - 1), int_text(b.lo - 1)},
+                                                                {static_cast<int64_t>(b.hi + 1), int_text(b.hi + 1)}}
+          : std::vector<std::pair<nlohmann::json, std::string>>{{b.lo - 1, int_text(b.lo - 1) + ".0"}};
+  for (const auto& [v, shown] : file_outside) {
+    try {
+      rh::RunConfig cfg;
+      rh::apply_json(cfg, one_setting(b, v), "cfg.json");
+      ADD_FAILURE() << "cfg.json accepted " << shown;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), file_message(b, "cfg.json", shown));
+    }
+  }
+  // A TOML file can give inf and nan, which JSON cannot.
+  if (!b.integer) {
+    for (const auto& [v, shown] : {std::pair{kInf, "inf"}, std::pair{std::nan(""), "nan"}}) {
+      try {
+        rh::RunConfig cfg;
+        rh::SectionSettings(cfg, b.section, "s.toml:3").set(b.key, rh::SettingValue{v, shown}, "s.toml:4");
+        ADD_FAILURE() << "s.toml accepted " << shown;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(std::string(e.what()), file_message(b, "s.toml:4", shown));
+      }
+    }
+  }
+}
+
+constexpr double kMaxIters = 10'000'000, kMaxBatch = 1 << 20;
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryBoundedField, FieldBounds,
+    ::testing::Values(
+        BoundCase{"model", "vocab_size", "--vocab-size", true, 1, 1 << 20,
+                  [](rh::RunConfig& c, double v) { c.model.vocab_size = static_cast<int64_t>(v); }, nothing, true},
+        BoundCase{"model", "seq_len", "--seq-length", true, 1, 1 << 16,
+                  [](rh::RunConfig& c, double v) { c.model.seq_len = static_cast<int64_t>(v); }, nothing, true},
+        BoundCase{"model", "d_model", "--hidden-size", true, 1, 1 << 14,
+                  [](rh::RunConfig& c, double v) { c.model.d_model = static_cast<int64_t>(v); }, nothing, false},
+        BoundCase{"model", "n_layers", "--num-layers", true, 1, 256,
+                  [](rh::RunConfig& c, double v) { c.model.n_layers = static_cast<int64_t>(v); }, nothing, true},
+        BoundCase{"model", "n_heads", "--num-attention-heads", true, 1, 1 << 10,
+                  [](rh::RunConfig& c, double v) { c.model.n_heads = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.model.d_model = 2048; },   // 1024 heads of an even size
+                  true},
+        BoundCase{"model", "n_experts", "--num-experts", true, 1, 1 << 10,
+                  [](rh::RunConfig& c, double v) { c.model.n_experts = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.model.top_k = 1; }, true},
+        BoundCase{"model", "ffn_hidden", "--moe-ffn-hidden-size", true, 1, 1 << 16,
+                  [](rh::RunConfig& c, double v) { c.model.ffn_hidden = static_cast<int64_t>(v); }, nothing, true},
+        BoundCase{"train", "iterations", "--train-iters", true, 1, kMaxIters,
+                  [](rh::RunConfig& c, double v) { c.train.iterations = static_cast<int64_t>(v); }, nothing, true},
+        BoundCase{"train", "global_batch", "--global-batch-size", true, 1, kMaxBatch,
+                  [](rh::RunConfig& c, double v) { c.train.global_batch = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.train.micro_batch = 1; }, true},
+        BoundCase{"train", "micro_batch", "--micro-batch-size", true, 1, kMaxBatch,
+                  [](rh::RunConfig& c, double v) { c.train.micro_batch = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.train.global_batch = 1 << 20; }, true},
+        BoundCase{"train", "lr", "--lr", false, 0, kInf, [](rh::RunConfig& c, double v) { c.train.lr = v; },
+                  [](rh::RunConfig& c) { c.train.min_lr = 0; }, true},
+        BoundCase{"train", "min_lr", "--min-lr", false, 0, kInf, [](rh::RunConfig& c, double v) { c.train.min_lr = v; },
+                  [](rh::RunConfig& c) { c.train.lr = std::numeric_limits<double>::max(); }, true},
+        // No valid config holds 10^7 warmup iterations: the schedule must be longer, and is capped too.
+        BoundCase{"train", "lr_warmup_iters", "--lr-warmup-iters", true, 0, kMaxIters,
+                  [](rh::RunConfig& c, double v) { c.train.lr_warmup_iters = static_cast<int64_t>(v); }, nothing,
+                  false},
+        BoundCase{"train", "lr_decay_iters", "--lr-decay-iters", true, 1, kMaxIters,
+                  [](rh::RunConfig& c, double v) { c.train.lr_decay_iters = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.train.lr_warmup_iters = 0; }, true},
+        BoundCase{"train", "lr_warmup_init", "--lr-warmup-init", false, 0, kInf,
+                  [](rh::RunConfig& c, double v) { c.train.lr_warmup_init = v; },
+                  [](rh::RunConfig& c) { c.train.lr = std::numeric_limits<double>::max(); }, true},
+        BoundCase{"train", "lr_wsd_decay_iters", "--lr-wsd-decay-iters", true, -1, kMaxIters,
+                  [](rh::RunConfig& c, double v) { c.train.lr_wsd_decay_iters = static_cast<int64_t>(v); },
+                  [](rh::RunConfig& c) { c.train.lr_decay_iters = 10'000'000; }, true},
+        BoundCase{"train", "clip_grad", "--clip-grad", false, 0, kInf,
+                  [](rh::RunConfig& c, double v) { c.train.clip_grad = v; }, nothing, true},
+        BoundCase{"train", "threads", "--threads", true, 1, 256,
+                  [](rh::RunConfig& c, double v) { c.train.threads = static_cast<int64_t>(v); }, nothing, true}),
+    [](const auto& info) { return std::string(info.param.section) + "_" + info.param.key; });
+
+// String fields' choices come from their help text ("cpu | cuda"): a file's other value is refused
+// when read, and validate names the field and the choices (model fields before train fields).
+TEST(RunConfig, StringChoicesAreCheckedWhenReadAndByValidate) {
+  try {
+    rh::run_config_from_json(nlohmann::json::parse(R"({"train": {"device": "tpu"}})"), "c.json");
+    ADD_FAILURE() << "accepted device tpu";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "c.json: key 'train.device': expected one of cpu, cuda, got \"tpu\"");
+  }
+  try {
+    rh::run_config_from_json(nlohmann::json::parse(R"({"model": {"params_dtype": 16}})"), "c.json");
+    ADD_FAILURE() << "accepted params_dtype 16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "c.json: key 'model.param_dtype': expected one of bf16, fp32, got 16");
+  }
+  rh::RunConfig cfg;
+  cfg.train.device = "tpu";
+  cfg.model.param_dtype = "fp16";
+  EXPECT_EQ(validate_error(cfg), "model.param_dtype (--params-dtype) must be one of bf16, fp32, got 'fp16'");
+  cfg.model.param_dtype = "fp32";
+  EXPECT_EQ(validate_error(cfg), "train.device (--device) must be one of cpu, cuda, got 'tpu'");
+}
+
+// Two bad values: validate reports the first in table order (model before train), a file the
+// first it gives.
+TEST(RunConfig, TheFirstBadValueIsReportedInTableOrderOrFileOrder) {
+  rh::RunConfig cfg;
+  cfg.train.iterations = 0;
+  cfg.model.n_layers = 0;
+  EXPECT_EQ(validate_error(cfg), "model.n_layers (--num-layers) must be in [1, 256], got 0");
+  try {
+    rh::RunConfig c;
+    rh::apply_json(c, nlohmann::json::parse(R"({"train": {"iterations": 0}, "model": {"n_layers": 0}})"), "o.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    // nlohmann's object keeps its keys sorted: model is read first.
+    EXPECT_EQ(std::string(e.what()), "o.json: key 'model.n_layers': expected an integer in [1, 256], got 0");
+  }
+}
+
 TEST(Metrics, CsvRoundTripsBitExactly) {
   std::vector<rh::IterMetrics> rows(3);
   for (int i = 0; i < 3; ++i) {
