@@ -97,13 +97,13 @@ void validate_config(const ModelConfig& cfg) {
 }
 
 Numerics resolve_numerics(const ModelConfig& cfg, const torch::Device& device) {
-  Numerics n;
-  if (cfg.param_dtype == "fp32") return n;   // compute mode is irrelevant for fp32 params
-  n.param_dtype = torch::kBFloat16;
+  Numerics numerics;
+  if (cfg.param_dtype == "fp32") return numerics;   // compute mode is irrelevant for fp32 params
+  numerics.param_dtype = torch::kBFloat16;
   const bool native = cfg.compute == "native" || (cfg.compute == "auto" && device.is_cuda());
-  n.compute_dtype = native ? torch::kBFloat16 : torch::kFloat;
-  n.round_to_bf16 = !native;
-  return n;
+  numerics.compute_dtype = native ? torch::kBFloat16 : torch::kFloat;
+  numerics.round_to_bf16 = !native;
+  return numerics;
 }
 
 std::string Numerics::name() const {

@@ -87,7 +87,7 @@ struct MoELayerImpl : torch::nn::Module {
   // expert's rows in token order, as upstream's permute of the routing map); a padded row runs
   // through its expert, and its output is weighed by probability 0, i.e. not taken (it gets a
   // zero gradient); the routed pairs are combined over j as above.
-  torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& r);   // (N, C) -> (N, C)
+  torch::Tensor dispatch(const torch::Tensor& x, const RouterOutput& routing);   // (N, C) -> (N, C)
 
   std::pair<torch::Tensor, RouterOutput> forward(const torch::Tensor& x, torch::Generator* gen) {
     auto r = route(x, gen);
@@ -117,9 +117,9 @@ struct MoELayerImpl : torch::nn::Module {
  private:
   torch::Tensor router_logits(const torch::Tensor& x, torch::Generator* gen);   // (N, E)
   torch::Tensor z_loss(const torch::Tensor& logits) const;                      // in the logits' dtype, scalar
-  torch::Tensor score_and_pick(RouterOutput& r);   // fills top_idx, top_probs; returns aux scores
-  void drop_tokens(RouterOutput& r);               // fills kept (and padded_map), zeroes dropped probs
-  torch::Tensor dispatch_padded(const torch::Tensor& x, const RouterOutput& r);
+  torch::Tensor score_and_pick(RouterOutput& routing);   // fills top_idx, top_probs; returns aux scores
+  void drop_tokens(RouterOutput& routing);               // fills kept (and padded_map), zeroes dropped probs
+  torch::Tensor dispatch_padded(const torch::Tensor& x, const RouterOutput& routing);
 };
 TORCH_MODULE(MoELayer);
 

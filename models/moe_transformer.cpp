@@ -54,17 +54,18 @@ void MoETransformer::init_parameters(uint64_t seed) {
   }
 }
 
-void MoETransformer::check_tokens(const torch::Tensor& t, const char* what) const {
+void MoETransformer::check_tokens(const torch::Tensor& tokens, const char* what) const {
   auto fail = [&](const std::string& msg) {
     throw std::invalid_argument(std::string("MoETransformer: ") + what + " " + msg);
   };
-  if (!t.defined()) fail("is undefined");
-  if (t.dim() != 2) fail("must be (B, T), got " + std::to_string(t.dim()) + " dims");
-  if (t.scalar_type() != torch::kLong) fail("must be int64, got " + std::string(c10::toString(t.scalar_type())));
-  if (t.size(0) < 1 || t.size(1) < 1 || t.size(1) > cfg_.seq_len)
+  if (!tokens.defined()) fail("is undefined");
+  if (tokens.dim() != 2) fail("must be (B, T), got " + std::to_string(tokens.dim()) + " dims");
+  if (tokens.scalar_type() != torch::kLong)
+    fail("must be int64, got " + std::string(c10::toString(tokens.scalar_type())));
+  if (tokens.size(0) < 1 || tokens.size(1) < 1 || tokens.size(1) > cfg_.seq_len)
     fail("must have B >= 1 and 1 <= T <= seq_len = " + std::to_string(cfg_.seq_len) + ", got (" +
-         std::to_string(t.size(0)) + ", " + std::to_string(t.size(1)) + ")");
-  const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+         std::to_string(tokens.size(0)) + ", " + std::to_string(tokens.size(1)) + ")");
+  const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
   if (lo < 0 || hi >= cfg_.vocab_size)
     fail("ids must be in [0, vocab_size = " + std::to_string(cfg_.vocab_size) + "), got range [" + std::to_string(lo) +
          ", " + std::to_string(hi) + "]");
@@ -77,10 +78,10 @@ ForwardOutput MoETransformer::forward(const torch::Tensor& tokens, torch::Genera
   out.tokens_per_expert.assign(cfg_.n_experts, 0);
   auto x = embedding(tokens.to(device_));   // (B, T, C)
   for (auto& block : layers) {
-    RouterOutput r;
-    x = block->forward(x, gen, &r);
-    out.aux_loss = out.aux_loss + r.aux_loss;
-    for (int64_t e = 0; e < cfg_.n_experts; ++e) out.tokens_per_expert[e] += r.tokens_per_expert[e];
+    RouterOutput routing;
+    x = block->forward(x, gen, &routing);
+    out.aux_loss = out.aux_loss + routing.aux_loss;
+    for (int64_t e = 0; e < cfg_.n_experts; ++e) out.tokens_per_expert[e] += routing.tokens_per_expert[e];
   }
   out.logits = lm_head(final_norm(x)).to(torch::kFloat);   // (B, T, V)
   return out;
@@ -100,9 +101,9 @@ LossOutput MoETransformer::loss(const torch::Tensor& tokens, const torch::Tensor
 }
 
 int64_t MoETransformer::num_parameters() const {
-  int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
-  return n;
+  int64_t count = 0;
+  for (const auto& p : parameters()) count += p.numel();
+  return count;
 }
 
 std::string MoETransformer::describe() const {
@@ -117,8 +118,8 @@ std::string MoETransformer::describe() const {
 
 std::vector<ExpertBiasState> MoETransformer::expert_bias_states() {
   std::vector<ExpertBiasState> out;
-  for (auto& l : layers)
-    if (l->moe->enable_expert_bias) out.push_back({l->moe->expert_bias, l->moe->local_tokens_per_expert});
+  for (auto& block : layers)
+    if (block->moe->enable_expert_bias) out.push_back({block->moe->expert_bias, block->moe->local_tokens_per_expert});
   return out;
 }
 

@@ -63,7 +63,7 @@ class MoETransformer : public CausalLM {
   NoBiasLinear lm_head{nullptr};   // weight (V, C), not tied to the embedding
 
  private:
-  void check_tokens(const torch::Tensor& t, const char* what) const;
+  void check_tokens(const torch::Tensor& tokens, const char* what) const;
   ModelConfig cfg_;
   Numerics num_;
   torch::Device device_;

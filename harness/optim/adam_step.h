@@ -67,9 +67,10 @@ struct Deferred {
 // One Adam update of the owned part of one parameter in place (master, moments, model param), in
 // fp32 with the op order documented in adam_step.cpp. With `defer`, scaled moments are left in it
 // instead of being stored.
-void adam_update(ParamState& ps, MasterMode mode, const StepScalars& k, Workspace& ws, Deferred* defer = nullptr);
-// Scale from `amax` (TE _apply_scale), then encode `full` (kFloat, st's numel) into st chunk by
+void adam_update(ParamState& param_state, MasterMode mode, const StepScalars& scalars, Workspace& ws,
+                 Deferred* defer = nullptr);
+// Scale from `amax` (TE _apply_scale), then encode `full` (kFloat, state's numel) into state chunk by
 // chunk.
-void store_scaled(StoredState& st, const torch::Tensor& full, float amax, bool guard, Workspace& ws);
+void store_scaled(StoredState& state, const torch::Tensor& full, float amax, bool guard, Workspace& ws);
 
 }   // namespace rh::optim::detail

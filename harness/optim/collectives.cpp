@@ -6,38 +6,38 @@ namespace rh::optim {
 namespace {
 
 // On the wire: 'o' + payload, or 'e' / 'f' (flag set) + error.
-std::string encode(const RankOutcome& o) {
-  if (o.ok) return "o" + o.payload;
-  return (o.flag ? "f" : "e") + o.error;
+std::string encode(const RankOutcome& outcome) {
+  if (outcome.ok) return "o" + outcome.payload;
+  return (outcome.flag ? "f" : "e") + outcome.error;
 }
 
 }   // namespace
 
 Agreement agree(Collectives* group, const RankOutcome& mine) {
-  Agreement a;
+  Agreement agreement;
   if (!group) {
     if (mine.ok) {
-      a.payloads = {mine.payload};
+      agreement.payloads = {mine.payload};
     } else {
-      a.failed_rank = 0;
-      a.error = mine.error;
-      a.flag = mine.flag;
+      agreement.failed_rank = 0;
+      agreement.error = mine.error;
+      agreement.flag = mine.flag;
     }
-    return a;
+    return agreement;
   }
   const auto all = group->all_gather_strings(encode(mine));
   for (size_t r = 0; r < all.size(); ++r) {
-    const std::string& s = all[r];
-    if (!s.empty() && s[0] == 'o') {
-      a.payloads.push_back(s.substr(1));
-    } else if (a.ok()) {
-      a.failed_rank = static_cast<int>(r);
-      a.error = s.empty() ? "sent nothing" : s.substr(1);
-      a.flag = !s.empty() && s[0] == 'f';
+    const std::string& sent = all[r];
+    if (!sent.empty() && sent[0] == 'o') {
+      agreement.payloads.push_back(sent.substr(1));
+    } else if (agreement.ok()) {
+      agreement.failed_rank = static_cast<int>(r);
+      agreement.error = sent.empty() ? "sent nothing" : sent.substr(1);
+      agreement.flag = !sent.empty() && sent[0] == 'f';
     }
   }
-  if (!a.ok()) a.payloads.clear();
-  return a;
+  if (!agreement.ok()) agreement.payloads.clear();
+  return agreement;
 }
 
 }   // namespace rh::optim

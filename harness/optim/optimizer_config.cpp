@@ -91,12 +91,12 @@ void validate(const OptimizerConfig& cfg, torch::ScalarType param_dtype) {
                                                     {"--main-params-dtype", cfg.main_params_dtype},
                                                     {"--exp-avg-dtype", cfg.exp_avg_dtype},
                                                     {"--exp-avg-sq-dtype", cfg.exp_avg_sq_dtype}};
-    for (const auto& [flag, d] : fields)
-      if (d != Dtype::fp32)
+    for (const auto& [flag, dtype] : fields)
+      if (dtype != Dtype::fp32)
         refuse(std::string(flag) +
                " can only be fp32 when not using precision-aware optimizer"
                " (got " +
-               to_string(d) + "); HINT: add --use-precision-aware-optimizer");
+               to_string(dtype) + "); HINT: add --use-precision-aware-optimizer");
   }
   check_allowed(cfg.main_grads_dtype, "--main-grads-dtype", {Dtype::fp32, Dtype::bf16}, "fp32, bf16");
   // TransformerEngine's FusedAdam takes fp32 or fp16 master weights only.

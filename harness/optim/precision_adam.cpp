@@ -23,13 +23,13 @@ namespace {
 
 // TE's fresh state (FusedAdam._initialize_state): zeros, and for fp16/fp8 a scale of 1 (fp8: a
 // quantizer with scale 1, so scale_inv 1).
-StoredState zeros_state(const torch::Tensor& like, Dtype d) {
-  StoredState s;
-  s.dtype = d;
-  s.data = torch::zeros(like.sizes(), storage_scalar_type(d));
-  if (d == Dtype::fp16 || d == Dtype::fp8) s.scale = codec::initial_scaling().scale;
-  if (d == Dtype::fp8) s.scale_inv = codec::initial_scaling().scale_inv;
-  return s;
+StoredState zeros_state(const torch::Tensor& like, Dtype dtype) {
+  StoredState state;
+  state.dtype = dtype;
+  state.data = torch::zeros(like.sizes(), storage_scalar_type(dtype));
+  if (dtype == Dtype::fp16 || dtype == Dtype::fp8) state.scale = codec::initial_scaling().scale;
+  if (dtype == Dtype::fp8) state.scale_inv = codec::initial_scaling().scale_inv;
+  return state;
 }
 
 using detail::is_scaled;
@@ -54,8 +54,8 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
   I.cfg = cfg;
   I.comm = comm;
   bool have_dtype = false;
-  for (const auto& g : groups)
-    for (const auto& [name, p] : g.params) {
+  for (const auto& group : groups)
+    for (const auto& [name, p] : group.params) {
       if (!p.defined()) throw std::invalid_argument("PrecisionAdam: param '" + name + "' is undefined");
       if (!have_dtype) I.param_dtype = p.scalar_type(), have_dtype = true;
       if (p.scalar_type() != I.param_dtype)
@@ -71,10 +71,10 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
   I.mode = effective_master_mode(cfg, I.param_dtype);
   std::vector<int64_t> numels;
   std::unordered_map<std::string, size_t> position;   // name -> optimizer order
-  for (const auto& g : groups)
-    for (const auto& np : g.params) {
-      position.emplace(np.first, numels.size());
-      numels.push_back(np.second.numel());
+  for (const auto& group : groups)
+    for (const auto& named_param : group.params) {
+      position.emplace(named_param.first, numels.size());
+      numels.push_back(named_param.second.numel());
     }
   std::vector<size_t> order;   // optimizer indices in the model's order
   for (const auto& name : model_order) {
@@ -86,9 +86,9 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
   if (!model_order.empty() && order.size() != numels.size())
     throw std::invalid_argument("PrecisionAdam: model_order names " + std::to_string(order.size()) +
                                 " params, the groups hold " + std::to_string(numels.size()));
-  const BufferOptions bo{cfg.ddp_bucket_size, cfg.ddp_pad_buckets_for_high_nccl_busbw};
+  const BufferOptions buffer_options{cfg.ddp_bucket_size, cfg.ddp_pad_buckets_for_high_nccl_busbw};
   try {
-    I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1, bo, order);
+    I.layout = ShardLayout::make(numels, comm ? comm->rank() : 0, comm ? comm->size() : 1, buffer_options, order);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("PrecisionAdam: ") + e.what() + " (model_order repeats a name?)");
   }
@@ -98,34 +98,35 @@ PrecisionAdam::PrecisionAdam(std::vector<ParamGroup> groups, OptimizerConfig cfg
   const Dtype master_dtype = I.mode == MasterMode::fp32   ? Dtype::fp32
                              : I.mode == MasterMode::fp16 ? Dtype::fp16
                                                           : Dtype::int16;
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    I.group_names.push_back(groups[gi].name);
-    I.group_wd.push_back(groups[gi].weight_decay);
+  for (size_t group_index = 0; group_index < groups.size(); ++group_index) {
+    I.group_names.push_back(groups[group_index].name);
+    I.group_wd.push_back(groups[group_index].weight_decay);
     I.steps.push_back(0);
-    for (auto& [name, p] : groups[gi].params) {
+    for (auto& [name, p] : groups[group_index].params) {
       if (I.index.count(name)) throw std::invalid_argument("PrecisionAdam: param '" + name + "' appears twice");
-      ParamState ps;
-      ps.name = name;
-      ps.group = gi;
-      ps.param = p;
-      std::tie(ps.begin, ps.end) = I.layout.piece(I.params.size());
-      const torch::Tensor owned = owned_part(ps, p.detach());
-      ps.master.dtype = master_dtype;
+      ParamState param_state;
+      param_state.name = name;
+      param_state.group = group_index;
+      param_state.param = p;
+      std::tie(param_state.begin, param_state.end) = I.layout.piece(I.params.size());
+      const torch::Tensor owned = owned_part(param_state, p.detach());
+      param_state.master.dtype = master_dtype;
       if (I.mode == MasterMode::remainders) {
-        ps.master.data = torch::zeros(owned.sizes(), torch::kShort);   // master == bf16 weight
+        param_state.master.data = torch::zeros(owned.sizes(), torch::kShort);   // master == bf16 weight
       } else if (I.mode == MasterMode::fp16) {
         // initialize_state: set_scaled_state(param, "master_param", param.float()) of the
         // rank's shard (scaled by its amax; the whole param's with shared_dp_scale).
-        ps.master.data = torch::empty(owned.sizes(), torch::kHalf);
-        store_value_scaled(ps.master, p.detach(), ps.begin, ps.end, cfg.scale_zero_guard, cfg.shared_dp_scale, I.ws);
+        param_state.master.data = torch::empty(owned.sizes(), torch::kHalf);
+        store_value_scaled(param_state.master, p.detach(), param_state.begin, param_state.end, cfg.scale_zero_guard,
+                           cfg.shared_dp_scale, I.ws);
       } else {
-        ps.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
+        param_state.master.data = owned.to(storage_scalar_type(master_dtype)).clone();
       }
-      ps.exp_avg = zeros_state(owned, cfg.exp_avg_dtype);
-      ps.exp_avg_sq = zeros_state(owned, cfg.exp_avg_sq_dtype);
-      ps.main_grad = torch::zeros(p.sizes(), storage_scalar_type(cfg.main_grads_dtype));
+      param_state.exp_avg = zeros_state(owned, cfg.exp_avg_dtype);
+      param_state.exp_avg_sq = zeros_state(owned, cfg.exp_avg_sq_dtype);
+      param_state.main_grad = torch::zeros(p.sizes(), storage_scalar_type(cfg.main_grads_dtype));
       I.index[name] = I.params.size();
-      I.params.push_back(std::move(ps));
+      I.params.push_back(std::move(param_state));
     }
   }
 }
@@ -139,50 +140,50 @@ MasterMode PrecisionAdam::master_mode() const { return impl_->mode; }
 
 std::string PrecisionAdam::describe() const {
   const Impl& I = *impl_;
-  const auto& c = I.cfg;
+  const auto& cfg = I.cfg;
   std::ostringstream os;
-  os << (c.adam_w_mode ? "AdamW" : "Adam(L2)")
-     << " precision_aware=" << (c.use_precision_aware_optimizer ? "on" : "off") << " master=" << to_string(I.mode);
+  os << (cfg.adam_w_mode ? "AdamW" : "Adam(L2)")
+     << " precision_aware=" << (cfg.use_precision_aware_optimizer ? "on" : "off") << " master=" << to_string(I.mode);
   if (I.mode == MasterMode::remainders) os << "(bf16 weight + int16 remainder)";
-  os << " exp_avg=" << to_string(c.exp_avg_dtype) << " exp_avg_sq=" << to_string(c.exp_avg_sq_dtype)
-     << " main_grads=" << to_string(c.main_grads_dtype) << " params=" << c10::toString(I.param_dtype)
-     << " beta1=" << c.beta1 << " beta2=" << c.beta2 << " eps=" << c.eps;
+  os << " exp_avg=" << to_string(cfg.exp_avg_dtype) << " exp_avg_sq=" << to_string(cfg.exp_avg_sq_dtype)
+     << " main_grads=" << to_string(cfg.main_grads_dtype) << " params=" << c10::toString(I.param_dtype)
+     << " beta1=" << cfg.beta1 << " beta2=" << cfg.beta2 << " eps=" << cfg.eps;
   if (I.dp_size() > 1) os << " distributed(" << I.layout.describe() << ")";
   return os.str();
 }
 
 std::string PrecisionAdam::remainders_note() const {
   const Impl& I = *impl_;
-  const auto& c = I.cfg;
-  if (!c.store_param_remainders || I.mode == MasterMode::remainders) return "";
+  const auto& cfg = I.cfg;
+  if (!cfg.store_param_remainders || I.mode == MasterMode::remainders) return "";
   return std::string("store_param_remainders=true NOT in effect (") +
-         (!c.use_precision_aware_optimizer     ? "needs --use-precision-aware-optimizer"
-          : c.main_params_dtype != Dtype::fp32 ? "needs fp32 --main-params-dtype"
-                                               : "needs bf16 params") +
+         (!cfg.use_precision_aware_optimizer     ? "needs --use-precision-aware-optimizer"
+          : cfg.main_params_dtype != Dtype::fp32 ? "needs fp32 --main-params-dtype"
+                                                 : "needs bf16 params") +
          ")";
 }
 
 void PrecisionAdam::accumulate_grads() {
   torch::NoGradGuard no_grad;
-  for (auto& ps : impl_->params) {
-    auto& grad = ps.param.mutable_grad();
+  for (auto& param_state : impl_->params) {
+    auto& grad = param_state.param.mutable_grad();
     if (!grad.defined()) continue;
-    if (grad.sizes() != ps.param.sizes())
-      throw std::invalid_argument("accumulate_grads: grad of '" + ps.name + "' has the wrong shape");
-    if (ps.main_grad.scalar_type() == torch::kFloat) {
-      ps.main_grad.add_(grad);   // fp32 add of the widened grad: one rounding
-    } else {                     // bf16 main grad: fp32 sum, then one RNE to bf16
-      ps.main_grad.copy_(ps.main_grad.to(torch::kFloat) + grad.to(torch::kFloat));
+    if (grad.sizes() != param_state.param.sizes())
+      throw std::invalid_argument("accumulate_grads: grad of '" + param_state.name + "' has the wrong shape");
+    if (param_state.main_grad.scalar_type() == torch::kFloat) {
+      param_state.main_grad.add_(grad);   // fp32 add of the widened grad: one rounding
+    } else {                              // bf16 main grad: fp32 sum, then one RNE to bf16
+      param_state.main_grad.copy_(param_state.main_grad.to(torch::kFloat) + grad.to(torch::kFloat));
     }
-    ps.has_grad = true;
+    param_state.has_grad = true;
     grad = torch::Tensor();
   }
 }
 
 void PrecisionAdam::zero_grads() {
-  for (auto& ps : impl_->params) {
-    ps.main_grad.zero_();
-    ps.has_grad = false;
+  for (auto& param_state : impl_->params) {
+    param_state.main_grad.zero_();
+    param_state.has_grad = false;
   }
 }
 
@@ -194,19 +195,19 @@ void PrecisionAdam::reduce_grads() {
   Impl& I = *impl_;
   if (I.dp_size() == 1) return;
   torch::NoGradGuard no_grad;
-  const int64_t total = I.layout.total, np = static_cast<int64_t>(I.params.size());
-  auto buf = torch::zeros({total + np}, torch::kFloat);   // grads (padding 0), then one "has grad" mark each
+  const int64_t total = I.layout.total, num_params = static_cast<int64_t>(I.params.size());
+  auto buf = torch::zeros({total + num_params}, torch::kFloat);   // grads (padding 0), then one "has grad" mark each
   float* marks = buf.data_ptr<float>() + total;
   for (size_t i = 0; i < I.params.size(); ++i) {
-    const auto& ps = I.params[i];
-    buf.narrow(0, I.layout.offsets[i], ps.main_grad.numel()).copy_(ps.main_grad.view({-1}));
-    marks[i] = ps.has_grad ? 1.0f : 0.0f;
+    const auto& param_state = I.params[i];
+    buf.narrow(0, I.layout.offsets[i], param_state.main_grad.numel()).copy_(param_state.main_grad.view({-1}));
+    marks[i] = param_state.has_grad ? 1.0f : 0.0f;
   }
   I.comm->all_reduce_sum(buf);
   for (size_t i = 0; i < I.params.size(); ++i) {
-    auto& ps = I.params[i];
-    ps.main_grad.view({-1}).copy_(buf.narrow(0, I.layout.offsets[i], ps.main_grad.numel()));
-    ps.has_grad = marks[i] > 0.0f;
+    auto& param_state = I.params[i];
+    param_state.main_grad.view({-1}).copy_(buf.narrow(0, I.layout.offsets[i], param_state.main_grad.numel()));
+    param_state.has_grad = marks[i] > 0.0f;
   }
 }
 
@@ -217,31 +218,31 @@ double PrecisionAdam::grad_norm() const {
   const Impl& I = *impl_;
   float total = 0.0f;
   if (I.dp_size() == 1) {
-    for (const auto& ps : I.params) {
-      auto sq = block_square_sums(ps.main_grad.reshape({-1}).to(torch::kFloat));
-      const float* b = sq.data_ptr<float>();
-      for (int64_t i = 0; i < sq.numel(); ++i) total += b[i];
+    for (const auto& param_state : I.params) {
+      auto block_sums = block_square_sums(param_state.main_grad.reshape({-1}).to(torch::kFloat));
+      const float* b = block_sums.data_ptr<float>();
+      for (int64_t i = 0; i < block_sums.numel(); ++i) total += b[i];
     }
     return static_cast<double>(std::sqrt(total));
   }
   // A block belongs to the rank owning its first element; the owned blocks of a param are
   // consecutive. Every slot of the all-reduced vector has exactly one non-zero term.
-  std::vector<int64_t> first(I.params.size() + 1, 0);
+  std::vector<int64_t> first_block(I.params.size() + 1, 0);
   for (size_t i = 0; i < I.params.size(); ++i)
-    first[i + 1] = first[i] + (I.layout.numels[i] + kNormBlock - 1) / kNormBlock;
-  auto sums = torch::zeros({first.back()}, torch::kFloat);
+    first_block[i + 1] = first_block[i] + (I.layout.numels[i] + kNormBlock - 1) / kNormBlock;
+  auto sums = torch::zeros({first_block.back()}, torch::kFloat);
   for (size_t i = 0; i < I.params.size(); ++i) {
-    const int64_t n = I.layout.numels[i], off = I.layout.offsets[i];
-    int64_t j0 = -1, j1 = -1;
+    const int64_t n = I.layout.numels[i], offset = I.layout.offsets[i];
+    int64_t block_begin = -1, block_end = -1;
     for (int64_t j = 0; j * kNormBlock < n; ++j)
-      if (I.layout.owner(off + j * kNormBlock) == I.layout.rank) {
-        if (j0 < 0) j0 = j;
-        j1 = j + 1;
+      if (I.layout.owner(offset + j * kNormBlock) == I.layout.rank) {
+        if (block_begin < 0) block_begin = j;
+        block_end = j + 1;
       }
-    if (j0 < 0) continue;
-    const int64_t s = j0 * kNormBlock, e = std::min(n, j1 * kNormBlock);
-    auto g = I.params[i].main_grad.reshape({-1}).narrow(0, s, e - s).to(torch::kFloat);
-    sums.narrow(0, first[i] + j0, j1 - j0).copy_(block_square_sums(g));
+    if (block_begin < 0) continue;
+    const int64_t begin = block_begin * kNormBlock, end = std::min(n, block_end * kNormBlock);
+    auto g = I.params[i].main_grad.reshape({-1}).narrow(0, begin, end - begin).to(torch::kFloat);
+    sums.narrow(0, first_block[i] + block_begin, block_end - block_begin).copy_(block_square_sums(g));
   }
   I.comm->all_reduce_sum(sums);
   const float* b = sums.data_ptr<float>();
@@ -254,9 +255,9 @@ void PrecisionAdam::scale_grads(float coef) {
 }
 
 int64_t PrecisionAdam::count_zeros() const {
-  int64_t z = 0;
-  for (const auto& ps : impl_->params) z += ps.main_grad.eq(0).sum().item<int64_t>();
-  return z;
+  int64_t zeros = 0;
+  for (const auto& ps : impl_->params) zeros += ps.main_grad.eq(0).sum().item<int64_t>();
+  return zeros;
 }
 
 const torch::Tensor& PrecisionAdam::main_grad(const std::string& param) const { return impl_->at(param).main_grad; }
@@ -273,45 +274,50 @@ void PrecisionAdam::step(double lr) {
   const bool defer_scales =
       I.cfg.shared_dp_scale && I.dp_size() > 1 && (m_scaled || v_scaled || p_scaled) && !I.split.empty();
   std::vector<detail::Deferred> deferred(I.split.size());
-  std::vector<bool> did(I.split.size(), false);
+  std::vector<bool> has_deferred(I.split.size(), false);
   for (size_t i = 0; i < I.params.size(); ++i) {
-    auto& ps = I.params[i];
-    if (!ps.has_grad || ps.begin == ps.end) continue;
-    const auto k = detail::make_step_scalars(I.cfg, I.group_wd[ps.group], lr, I.steps[ps.group]);
+    auto& param_state = I.params[i];
+    if (!param_state.has_grad || param_state.begin == param_state.end) continue;
+    const auto scalars =
+        detail::make_step_scalars(I.cfg, I.group_wd[param_state.group], lr, I.steps[param_state.group]);
     const int slot = I.split_slot[i];
-    detail::Deferred* d = defer_scales && slot >= 0 ? &deferred[static_cast<size_t>(slot)] : nullptr;
-    detail::adam_update(ps, I.mode, k, I.ws, d);
-    if (d) did[static_cast<size_t>(slot)] = true;
+    detail::Deferred* defer = defer_scales && slot >= 0 ? &deferred[static_cast<size_t>(slot)] : nullptr;
+    detail::adam_update(param_state, I.mode, scalars, I.ws, defer);
+    if (defer) has_deferred[static_cast<size_t>(slot)] = true;
   }
   if (I.dp_size() == 1) return;
   if (defer_scales) {
     // Per split param and scaled state (m, v, fp16 master): amax, has-NaN; max over ranks
     // (non-owners add 0).
     constexpr int64_t kPer = 6;
-    const int64_t ns = static_cast<int64_t>(I.split.size());
-    auto a = torch::zeros({kPer * ns}, torch::kFloat);
-    float* A = a.data_ptr<float>();
+    const int64_t num_split = static_cast<int64_t>(I.split.size());
+    auto amaxes = torch::zeros({kPer * num_split}, torch::kFloat);
+    float* amaxes_data = amaxes.data_ptr<float>();
     auto put = [](float* dst, float amax) {
       if (std::isnan(amax)) dst[1] = 1.0f;
       else dst[0] = amax;
     };
-    for (int64_t s = 0; s < ns; ++s)
-      if (did[static_cast<size_t>(s)]) {
-        const auto& d = deferred[static_cast<size_t>(s)];
-        put(A + kPer * s, d.m_amax);
-        put(A + kPer * s + 2, d.v_amax);
-        put(A + kPer * s + 4, d.p_amax);
+    for (int64_t slot = 0; slot < num_split; ++slot)
+      if (has_deferred[static_cast<size_t>(slot)]) {
+        const auto& deferral = deferred[static_cast<size_t>(slot)];
+        put(amaxes_data + kPer * slot, deferral.m_amax);
+        put(amaxes_data + kPer * slot + 2, deferral.v_amax);
+        put(amaxes_data + kPer * slot + 4, deferral.p_amax);
       }
-    I.comm->all_reduce_max(a);
+    I.comm->all_reduce_max(amaxes);
     auto global = [](const float* src) { return src[1] > 0.0f ? std::nanf("") : src[0]; };
     const bool guard = I.cfg.scale_zero_guard;
-    for (int64_t s = 0; s < ns; ++s) {
-      if (!did[static_cast<size_t>(s)]) continue;
-      auto& ps = I.params[I.split[static_cast<size_t>(s)]];
-      auto& d = deferred[static_cast<size_t>(s)];
-      if (m_scaled) detail::store_scaled(ps.exp_avg, d.m_full, global(A + kPer * s), guard, I.ws);
-      if (v_scaled) detail::store_scaled(ps.exp_avg_sq, d.v_full, global(A + kPer * s + 2), guard, I.ws);
-      if (p_scaled) detail::store_scaled(ps.master, d.p_full, global(A + kPer * s + 4), guard, I.ws);
+    for (int64_t slot = 0; slot < num_split; ++slot) {
+      if (!has_deferred[static_cast<size_t>(slot)]) continue;
+      auto& param_state = I.params[I.split[static_cast<size_t>(slot)]];
+      auto& deferral = deferred[static_cast<size_t>(slot)];
+      if (m_scaled)
+        detail::store_scaled(param_state.exp_avg, deferral.m_full, global(amaxes_data + kPer * slot), guard, I.ws);
+      if (v_scaled)
+        detail::store_scaled(param_state.exp_avg_sq, deferral.v_full, global(amaxes_data + kPer * slot + 2), guard,
+                             I.ws);
+      if (p_scaled)
+        detail::store_scaled(param_state.master, deferral.p_full, global(amaxes_data + kPer * slot + 4), guard, I.ws);
     }
   }
   sync_params();
@@ -323,28 +329,29 @@ void PrecisionAdam::sync_params() {
   Impl& I = *impl_;
   if (I.dp_size() == 1) return;
   torch::NoGradGuard no_grad;
-  const auto& L = I.layout;
-  const int64_t es = I.params.empty() ? 1 : I.params[0].param.element_size();
-  const int64_t shard_bytes = L.per_rank() * es;
+  const auto& layout = I.layout;
+  const int64_t elem_size = I.params.empty() ? 1 : I.params[0].param.element_size();
+  const int64_t shard_bytes = layout.per_rank() * elem_size;
   auto send = torch::zeros({shard_bytes}, torch::kByte);
   auto recv = torch::empty({shard_bytes * I.dp_size()}, torch::kByte);
-  auto* sp = static_cast<char*>(send.data_ptr());
+  auto* send_bytes = static_cast<char*>(send.data_ptr());
   for (size_t i = 0; i < I.params.size(); ++i) {
-    const auto& ps = I.params[i];
-    if (ps.begin == ps.end) continue;
-    std::memcpy(sp + L.local_index(L.rank, L.offsets[i] + ps.begin) * es,
-                static_cast<const char*>(ps.param.data_ptr()) + ps.begin * es,
-                static_cast<size_t>((ps.end - ps.begin) * es));
+    const auto& param_state = I.params[i];
+    if (param_state.begin == param_state.end) continue;
+    std::memcpy(send_bytes + layout.local_index(layout.rank, layout.offsets[i] + param_state.begin) * elem_size,
+                static_cast<const char*>(param_state.param.data_ptr()) + param_state.begin * elem_size,
+                static_cast<size_t>((param_state.end - param_state.begin) * elem_size));
   }
   I.comm->all_gather_bytes(send, recv);
-  const auto* rp = static_cast<const char*>(recv.data_ptr());
+  const auto* recv_bytes = static_cast<const char*>(recv.data_ptr());
   for (size_t i = 0; i < I.params.size(); ++i) {
-    auto& ps = I.params[i];
+    auto& param_state = I.params[i];
     for (int r = 0; r < I.dp_size(); ++r) {
-      const auto [b, e] = L.piece(i, r);
-      if (b == e) continue;
-      std::memcpy(static_cast<char*>(ps.param.data_ptr()) + b * es,
-                  rp + (r * L.per_rank() + L.local_index(r, L.offsets[i] + b)) * es, static_cast<size_t>((e - b) * es));
+      const auto [begin, end] = layout.piece(i, r);
+      if (begin == end) continue;
+      std::memcpy(static_cast<char*>(param_state.param.data_ptr()) + begin * elem_size,
+                  recv_bytes + (r * layout.per_rank() + layout.local_index(r, layout.offsets[i] + begin)) * elem_size,
+                  static_cast<size_t>((end - begin) * elem_size));
     }
   }
 }

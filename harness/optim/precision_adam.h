@@ -122,15 +122,15 @@ class PrecisionAdam {
   // set_stored never writes the model param: a restore puts the model's bf16/fp32 weights back
   // bit for bit itself (in remainder mode they are the master's high half).
   const StoredState& stored(const std::string& param, StateKey key) const;
-  void set_stored(const std::string& param, StateKey key, const StoredState& s);
-  // set_stored without the copy: after the same checks, the optimizer holds s.data itself (made
+  void set_stored(const std::string& param, StateKey key, const StoredState& incoming);
+  // set_stored without the copy: after the same checks, the optimizer holds incoming.data itself (made
   // contiguous if it is not), so a loader's verified staging tensor becomes the state. The
   // tensor it held before is released, never written.
-  void adopt_stored(const std::string& param, StateKey key, StoredState s);
+  void adopt_stored(const std::string& param, StateKey key, StoredState incoming);
   // The checks set_stored makes (dtype, shape, scales present and consistent: a negative scale,
   // or an fp8 scale_inv other than the one this optimizer derives from `scale`, cannot come from
   // TE's formulas), without changing anything; throws std::invalid_argument.
-  void check_stored(const std::string& param, StateKey key, const StoredState& s) const;
+  void check_stored(const std::string& param, StateKey key, const StoredState& incoming) const;
 
  private:
   struct Impl;   // per-param state, workspaces (precision_adam_impl.h)

@@ -38,11 +38,13 @@ struct PrecisionAdam::Impl {
     return params[it->second];
   }
   const detail::ParamState& at(const std::string& name) const { return const_cast<Impl*>(this)->at(name); }
-  static StoredState& state(detail::ParamState& ps, StateKey key) {
-    return key == StateKey::master_param ? ps.master : key == StateKey::exp_avg ? ps.exp_avg : ps.exp_avg_sq;
+  static StoredState& state(detail::ParamState& param_state, StateKey key) {
+    return key == StateKey::master_param ? param_state.master
+           : key == StateKey::exp_avg    ? param_state.exp_avg
+                                         : param_state.exp_avg_sq;
   }
-  static const StoredState& state(const detail::ParamState& ps, StateKey key) {
-    return state(const_cast<detail::ParamState&>(ps), key);
+  static const StoredState& state(const detail::ParamState& param_state, StateKey key) {
+    return state(const_cast<detail::ParamState&>(param_state), key);
   }
   void check_group(size_t g) const {
     if (g >= steps.size())
@@ -56,11 +58,11 @@ namespace detail {
 // Stores the owned part [begin, end) of the fp32 value `full` (the whole param) with TE's
 // scaling (_apply_scale): the amax of the owned part (per shard, upstream), or of the whole
 // tensor (`shared`).
-inline void store_value_scaled(StoredState& st, const torch::Tensor& full, int64_t begin, int64_t end, bool guard,
+inline void store_value_scaled(StoredState& state, const torch::Tensor& full, int64_t begin, int64_t end, bool guard,
                                bool shared, Workspace& ws) {
   const torch::Tensor x = full.to(torch::kFloat).contiguous().view({-1});
   const torch::Tensor part = x.narrow(0, begin, end - begin);
-  store_scaled(st, part, codec::abs_max(shared ? x : part), guard, ws);
+  store_scaled(state, part, codec::abs_max(shared ? x : part), guard, ws);
 }
 
 // The part of `p` a rank owns: p itself when whole, else a 1-D view of [begin, end).
@@ -68,8 +70,8 @@ inline torch::Tensor owned_part(const torch::Tensor& p, int64_t begin, int64_t e
   if (begin == 0 && end == p.numel()) return p;
   return p.view({-1}).narrow(0, begin, end - begin);
 }
-inline torch::Tensor owned_part(const ParamState& ps, const torch::Tensor& full) {
-  return owned_part(full, ps.begin, ps.end);
+inline torch::Tensor owned_part(const ParamState& param_state, const torch::Tensor& full) {
+  return owned_part(full, param_state.begin, param_state.end);
 }
 
 }   // namespace detail

@@ -27,20 +27,20 @@ std::string where(const std::string& param, StateKey key) {
 
 torch::Tensor PrecisionAdam::get_unscaled_state(const std::string& param, StateKey key) const {
   Impl& I = *impl_;
-  ParamState& ps = I.at(param);
-  const StoredState& st = I.state(ps, key);
+  ParamState& param_state = I.at(param);
+  const StoredState& state = I.state(param_state, key);
   // fused_adam.py get_unscaled_state: the int16 remainder as it is (asserted int16 upstream);
   // fp16: float() * scale; fp8: the Float8Tensor's dequantize (code * scale_inv); bf16 widened.
-  if (key == StateKey::master_param && I.mode == MasterMode::remainders) return st.data.clone();
-  if (is_scaled(st.dtype)) return codec::scaled_decode(st.data, st.dtype == Dtype::fp8, st.decode_mult());
-  return st.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (key == StateKey::master_param && I.mode == MasterMode::remainders) return state.data.clone();
+  if (is_scaled(state.dtype)) return codec::scaled_decode(state.data, state.dtype == Dtype::fp8, state.decode_mult());
+  return state.data.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 
 void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key, const torch::Tensor& value) {
   torch::NoGradGuard no_grad;
   Impl& I = *impl_;
-  ParamState& ps = I.at(param);
-  StoredState& st = I.state(ps, key);
+  ParamState& param_state = I.at(param);
+  StoredState& state = I.state(param_state, key);
   // fused_adam.py set_scaled_state: `assert unscaled_state.dtype == torch.int16` for master_param
   // under remainders, `== torch.float32` for everything else.
   const bool remainder = key == StateKey::master_param && I.mode == MasterMode::remainders;
@@ -52,26 +52,26 @@ void PrecisionAdam::set_scaled_state(const std::string& param, StateKey key, con
                                 " (upstream TransformerEngine fails an assertion here: FusedAdam.set_scaled_state "
                                 "asserts unscaled_state.dtype == " +
                                 (remainder ? "torch.int16" : "torch.float32") + ")");
-  const bool whole = value.sizes() == ps.param.sizes();
-  if (!(whole || value.sizes() == st.data.sizes()))
-    throw std::invalid_argument("set_scaled_state: " + where(param, key) + " expects shape " +
-                                c10::str(ps.param.sizes()) +
-                                (st.data.sizes() != ps.param.sizes() ? " or " + c10::str(st.data.sizes()) : "") +
-                                ", got " + c10::str(value.sizes()));
+  const bool whole = value.sizes() == param_state.param.sizes();
+  if (!(whole || value.sizes() == state.data.sizes()))
+    throw std::invalid_argument(
+        "set_scaled_state: " + where(param, key) + " expects shape " + c10::str(param_state.param.sizes()) +
+        (state.data.sizes() != param_state.param.sizes() ? " or " + c10::str(state.data.sizes()) : "") + ", got " +
+        c10::str(value.sizes()));
   auto full = value.detach().contiguous();
   // The owned part, shaped like the state (a no-op unless the param is split).
-  auto v = whole ? owned_part(ps, full).reshape(st.data.sizes()) : full;
-  if (is_scaled(st.dtype)) {
+  auto owned = whole ? owned_part(param_state, full).reshape(state.data.sizes()) : full;
+  if (is_scaled(state.dtype)) {
     const bool shared = I.cfg.shared_dp_scale;
-    if (shared && !whole && ps.end - ps.begin != ps.param.numel())
+    if (shared && !whole && param_state.end - param_state.begin != param_state.param.numel())
       throw std::invalid_argument("set_scaled_state: " + where(param, key) +
                                   " is scaled by the whole tensor's amax "
                                   "(shared_dp_scale); give the whole param's value");
-    store_value_scaled(st, full, whole ? ps.begin : 0, whole ? ps.end : full.numel(), I.cfg.scale_zero_guard, shared,
-                       I.ws);
+    store_value_scaled(state, full, whole ? param_state.begin : 0, whole ? param_state.end : full.numel(),
+                       I.cfg.scale_zero_guard, shared, I.ws);
   } else {
-    st.data.copy_(v);   // fp32 copy, bf16 RNE, or the int16 remainder
-    if (st.dtype == Dtype::bf16) codec::canonical_nan_16_(st.data, v);
+    state.data.copy_(owned);   // fp32 copy, bf16 RNE, or the int16 remainder
+    if (state.dtype == Dtype::bf16) codec::canonical_nan_16_(state.data, owned);
   }
 }
 
@@ -80,56 +80,57 @@ const StoredState& PrecisionAdam::stored(const std::string& param, StateKey key)
   return I.state(I.at(param), key);
 }
 
-void PrecisionAdam::check_stored(const std::string& param, StateKey key, const StoredState& s) const {
+void PrecisionAdam::check_stored(const std::string& param, StateKey key, const StoredState& incoming) const {
   const Impl& I = *impl_;
-  const StoredState& st = Impl::state(I.at(param), key);
-  const std::string w = "set_stored: " + where(param, key);
-  if (s.dtype != st.dtype)
-    throw std::invalid_argument(w + " is held as " + to_string(st.dtype) + ", got " + to_string(s.dtype) +
+  const StoredState& held = Impl::state(I.at(param), key);
+  const std::string prefix = "set_stored: " + where(param, key);
+  if (incoming.dtype != held.dtype)
+    throw std::invalid_argument(prefix + " is held as " + to_string(held.dtype) + ", got " + to_string(incoming.dtype) +
                                 " (master mode " + to_string(I.mode) + ")");
-  if (!s.data.defined() || s.data.scalar_type() != st.data.scalar_type())
-    throw std::invalid_argument(w + " expects data of type " + c10::toString(st.data.scalar_type()) + ", got " +
-                                (s.data.defined() ? c10::toString(s.data.scalar_type()) : "undefined"));
-  if (s.data.sizes() != st.data.sizes())
-    throw std::invalid_argument(w + " expects shape " + c10::str(st.data.sizes()) + ", got " +
-                                c10::str(s.data.sizes()));
-  const bool scaled = is_scaled(st.dtype), fp8 = st.dtype == Dtype::fp8;
-  if (scaled != s.scale.has_value())
+  if (!incoming.data.defined() || incoming.data.scalar_type() != held.data.scalar_type())
+    throw std::invalid_argument(prefix + " expects data of type " + c10::toString(held.data.scalar_type()) + ", got " +
+                                (incoming.data.defined() ? c10::toString(incoming.data.scalar_type()) : "undefined"));
+  if (incoming.data.sizes() != held.data.sizes())
+    throw std::invalid_argument(prefix + " expects shape " + c10::str(held.data.sizes()) + ", got " +
+                                c10::str(incoming.data.sizes()));
+  const bool scaled = is_scaled(held.dtype), fp8 = held.dtype == Dtype::fp8;
+  if (scaled != incoming.scale.has_value())
     throw std::invalid_argument(
-        w + (scaled ? " needs a scale (" + to_string(st.dtype) + " state)" : std::string(" takes no scale")));
-  if (fp8 != s.scale_inv.has_value())
-    throw std::invalid_argument(w + (fp8 ? " needs a scale_inv (fp8 state)" : std::string(" takes no scale_inv")));
+        prefix + (scaled ? " needs a scale (" + to_string(held.dtype) + " state)" : std::string(" takes no scale")));
+  if (fp8 != incoming.scale_inv.has_value())
+    throw std::invalid_argument(prefix + (fp8 ? " needs a scale_inv (fp8 state)" : std::string(" takes no scale_inv")));
   if (!scaled) return;
   // scale = amax / range: >= 0, +inf, or NaN; never negative.
-  if (std::signbit(*s.scale) && !std::isnan(*s.scale))
-    throw std::invalid_argument(w + ": scale " + std::to_string(*s.scale) + " is negative (scale = amax / range)");
+  if (std::signbit(*incoming.scale) && !std::isnan(*incoming.scale))
+    throw std::invalid_argument(prefix + ": scale " + std::to_string(*incoming.scale) +
+                                " is negative (scale = amax / range)");
   if (fp8) {
     // scale_inv = frcp(1 / scale), with or without the zero guard: any other pair cannot come from TE.
     auto same = [](float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; };
-    const float plain = codec::scaling_from_scale(*s.scale, true, false).scale_inv;
-    const float guarded = codec::scaling_from_scale(*s.scale, true, true).scale_inv;
-    if (!same(*s.scale_inv, plain) && !same(*s.scale_inv, guarded))
+    const float plain = codec::scaling_from_scale(*incoming.scale, true, false).scale_inv;
+    const float guarded = codec::scaling_from_scale(*incoming.scale, true, true).scale_inv;
+    if (!same(*incoming.scale_inv, plain) && !same(*incoming.scale_inv, guarded))
       throw std::invalid_argument(
-          w + ": scale_inv " + std::to_string(*s.scale_inv) + " does not belong to scale " + std::to_string(*s.scale) +
-          " (expected 1/(1/scale) = " + std::to_string(plain) +
+          prefix + ": scale_inv " + std::to_string(*incoming.scale_inv) + " does not belong to scale " +
+          std::to_string(*incoming.scale) + " (expected 1/(1/scale) = " + std::to_string(plain) +
           (same(plain, guarded) ? std::string() : ", or " + std::to_string(guarded) + " with scale_zero_guard") + ")");
   }
 }
 
-void PrecisionAdam::set_stored(const std::string& param, StateKey key, const StoredState& s) {
-  check_stored(param, key, s);
-  StoredState& st = impl_->state(impl_->at(param), key);
-  st.data.copy_(s.data);   // same dtype: a bitwise copy
-  st.scale = s.scale;
-  st.scale_inv = s.scale_inv;
+void PrecisionAdam::set_stored(const std::string& param, StateKey key, const StoredState& incoming) {
+  check_stored(param, key, incoming);
+  StoredState& held = impl_->state(impl_->at(param), key);
+  held.data.copy_(incoming.data);   // same dtype: a bitwise copy
+  held.scale = incoming.scale;
+  held.scale_inv = incoming.scale_inv;
 }
 
-void PrecisionAdam::adopt_stored(const std::string& param, StateKey key, StoredState s) {
-  check_stored(param, key, s);
-  StoredState& st = impl_->state(impl_->at(param), key);
-  st.data = s.data.is_contiguous() ? std::move(s.data) : s.data.contiguous();
-  st.scale = s.scale;
-  st.scale_inv = s.scale_inv;
+void PrecisionAdam::adopt_stored(const std::string& param, StateKey key, StoredState incoming) {
+  check_stored(param, key, incoming);
+  StoredState& held = impl_->state(impl_->at(param), key);
+  held.data = incoming.data.is_contiguous() ? std::move(incoming.data) : incoming.data.contiguous();
+  held.scale = incoming.scale;
+  held.scale_inv = incoming.scale_inv;
 }
 
 }   // namespace rh::optim

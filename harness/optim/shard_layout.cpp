@@ -30,12 +30,12 @@ ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int 
     if (k >= numels.size() || seen[k]) throw std::invalid_argument("ShardLayout: model_order is not a permutation");
     seen[k] = true;
   }
-  ShardLayout L;
-  L.rank = rank;
-  L.size = size;
-  L.numels = numels;
-  L.offsets.assign(numels.size(), 0);
-  L.bucket_of.assign(numels.size(), 0);
+  ShardLayout layout;
+  layout.rank = rank;
+  layout.size = size;
+  layout.numels = numels;
+  layout.offsets.assign(numels.size(), 0);
+  layout.bucket_of.assign(numels.size(), 0);
   // param_layout.py bucket_end_divisor: lcm(dp, 128), or lcm(dp, 128, 2^16).
   int64_t divisor = std::lcm(static_cast<int64_t>(size), int64_t{128});
   if (opt.pad_for_high_nccl_busbw) divisor = std::lcm(divisor, int64_t{1} << 16);
@@ -44,16 +44,16 @@ ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int 
   bool open = false;   // the current bucket holds a param
   auto finalize = [&](int64_t end) {
     const int64_t padded = pad_to(end, divisor);
-    L.buckets.emplace_back(bucket_start, padded);
+    layout.buckets.emplace_back(bucket_start, padded);
     return padded;
   };
   // _compute_per_buffer_param_layout: `for param in params[::-1]`.
   for (size_t j = model_order.size(); j-- > 0;) {
-    const size_t k = model_order[j];
+    const size_t param_index = model_order[j];
     param_start = pad_to(param_start, 64);   // pad_param_start
-    param_end = param_start + numels[k];
-    L.offsets[k] = param_start;
-    L.bucket_of[k] = static_cast<int>(L.buckets.size());
+    param_end = param_start + numels[param_index];
+    layout.offsets[param_index] = param_start;
+    layout.bucket_of[param_index] = static_cast<int>(layout.buckets.size());
     open = true;
     if (bucketed && param_end - bucket_start >= opt.bucket_size) {
       bucket_start = finalize(param_end);
@@ -64,8 +64,8 @@ ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int 
     }
   }
   if (open) finalize(param_end);
-  L.total = L.buckets.empty() ? 0 : L.buckets.back().second;
-  return L;
+  layout.total = layout.buckets.empty() ? 0 : layout.buckets.back().second;
+  return layout;
 }
 
 std::vector<ShardLayout::Range> ShardLayout::ranges(int r) const {
@@ -78,13 +78,14 @@ std::vector<ShardLayout::Range> ShardLayout::ranges(int r) const {
 }
 
 ShardLayout::Range ShardLayout::piece(size_t i, int r) const {
-  const int64_t a = offsets.at(i), z = a + numels.at(i);
-  if (a == z) return {0, 0};
-  const auto& [b, e] = buckets.at(static_cast<size_t>(bucket_of.at(i)));
-  const int64_t n = (e - b) / size;
-  const int64_t s = std::max(a, b + r * n), t = std::min(z, b + (r + 1) * n);
-  if (s >= t) return {0, 0};
-  return {s - a, t - a};
+  const int64_t param_begin = offsets.at(i), param_end = param_begin + numels.at(i);
+  if (param_begin == param_end) return {0, 0};
+  const auto& [bucket_begin, bucket_end] = buckets.at(static_cast<size_t>(bucket_of.at(i)));
+  const int64_t share = (bucket_end - bucket_begin) / size;
+  const int64_t begin = std::max(param_begin, bucket_begin + r * share),
+                end = std::min(param_end, bucket_begin + (r + 1) * share);
+  if (begin >= end) return {0, 0};
+  return {begin - param_begin, end - param_begin};
 }
 
 int ShardLayout::owner(int64_t flat) const {

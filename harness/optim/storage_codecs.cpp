@@ -36,20 +36,20 @@ float canon(float f) {
 
 Scaling scaling_from_scale(float scale_in, bool fp8, bool guard) {
   const float scale = canon(scale_in);
-  Scaling sc;
-  sc.scale = scale;
+  Scaling scaling;
+  scaling.scale = scale;
   // 1.0f / scale is IEEE division, correctly rounded: torch's reciprocal on CUDA (no fast-math)
   // and __frcp_rn both round to nearest.
-  const float r = 1.0f / scale;
-  const bool unusable = !std::isfinite(r);   // scale 0 (-> inf) or below 2^-128
+  const float reciprocal = 1.0f / scale;
+  const bool unusable = !std::isfinite(reciprocal);   // scale 0 (-> inf) or below 2^-128
   if (fp8) {
-    sc.mult = canon(guard && unusable && !std::isnan(scale) ? 1.0f : r);   // quantizer.scale = 1/scale
-    sc.scale_inv = canon(1.0f / sc.mult);                                  // __frcp_rn(quantizer.scale)
+    scaling.mult = canon(guard && unusable && !std::isnan(scale) ? 1.0f : reciprocal);   // quantizer.scale = 1/scale
+    scaling.scale_inv = canon(1.0f / scaling.mult);                                      // __frcp_rn(quantizer.scale)
   } else {
-    sc.mult = scale > 0.0f && !(guard && unusable) ? r : 0.0f;   // rscale
-    sc.scale_inv = scale;                                        // decode multiplies by scale
+    scaling.mult = scale > 0.0f && !(guard && unusable) ? reciprocal : 0.0f;   // rscale
+    scaling.scale_inv = scale;                                                 // decode multiplies by scale
   }
-  return sc;
+  return scaling;
 }
 
 Scaling make_scaling(float amax, bool fp8, bool guard) {
@@ -59,9 +59,9 @@ Scaling make_scaling(float amax, bool fp8, bool guard) {
 
 float abs_max(const torch::Tensor& x) {
   if (x.numel() == 0) return 0.0f;
-  auto mm = torch::aminmax(x);
-  const float lo = std::get<0>(mm).item<float>();
-  const float hi = std::get<1>(mm).item<float>();
+  auto min_max = torch::aminmax(x);
+  const float lo = std::get<0>(min_max).item<float>();
+  const float hi = std::get<1>(min_max).item<float>();
   if (std::isnan(lo) || std::isnan(hi)) return std::numeric_limits<float>::quiet_NaN();
   return std::max(hi, -lo);
 }
@@ -86,12 +86,12 @@ void Fp8Scratch::ensure(int64_t n) {
   }
 }
 
-void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s, bool may_have_nan) {
+void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& scratch, bool may_have_nan) {
   check_float(x, "fp8_encode");
   const int64_t n = x.numel();
   TORCH_CHECK(out.scalar_type() == torch::kByte && out.numel() == n && out.is_contiguous(),
               "fp8_encode: output must be contiguous kByte with ", n, " elements");
-  s.ensure(n);
+  scratch.ensure(n);
   // Constants as 0-dim tensors: LibTorch 1.13's out= ops with a Scalar operand take a slow
   // path (several times slower than a 0-dim tensor operand); the values are exact either way.
   static const auto kAbs = torch::scalar_tensor(kAbsMask, torch::kInt);
@@ -102,7 +102,7 @@ void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratc
   static const auto k2m120 = torch::scalar_tensor(std::ldexp(1.0f, -120));
   static const auto k64 = torch::scalar_tensor(64.0f);
   auto xi = x.view({-1}).view(torch::kInt);
-  torch::Tensor ai = s.a.narrow(0, 0, n), bi = s.b.narrow(0, 0, n);
+  torch::Tensor ai = scratch.a.narrow(0, 0, n), bi = scratch.b.narrow(0, 0, n);
   auto af = ai.view(torch::kFloat), bf = bi.view(torch::kFloat);
   // a = |x|, saturated at 448 (+-inf too; NaN is fixed up below).
   at::bitwise_and_out(ai, xi, kAbs);
@@ -140,15 +140,15 @@ torch::Tensor fp8_encode(const torch::Tensor& x) {
   auto xc = x.contiguous();
   check_float(xc, "fp8_encode");
   auto out = torch::empty(xc.sizes(), torch::kByte);
-  Fp8Scratch s;
-  fp8_encode_into(xc, out, s, true);
+  Fp8Scratch scratch;
+  fp8_encode_into(xc, out, scratch, true);
   return out;
 }
 
 const torch::Tensor& fp8_decode_table() {
   static const torch::Tensor table = [] {
     auto t = torch::empty({256}, torch::kFloat);
-    float* p = t.data_ptr<float>();
+    float* values = t.data_ptr<float>();
     for (int c = 0; c < 256; ++c) {
       const int e = (c >> 3) & 0xF;
       const int m = c & 0x7;
@@ -160,7 +160,7 @@ const torch::Tensor& fp8_decode_table() {
       } else {
         v = std::ldexp(static_cast<float>(8 + m), e - 10);   // (1 + m/8) * 2^(e-7)
       }
-      p[c] = (c & 0x80) ? -v : v;
+      values[c] = (c & 0x80) ? -v : v;
     }
     return t;
   }();
@@ -174,24 +174,24 @@ void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out_buf, c
   static const auto k80 = torch::scalar_tensor(0x80, torch::kInt);
   static const auto k2p20 = torch::scalar_tensor(1 << 20, torch::kInt);
   static const auto k2p120 = torch::scalar_tensor(std::ldexp(1.0f, 120));
-  torch::Tensor out = out_buf, c = scratch_buf;   // out= ops take non-const references
+  torch::Tensor out = out_buf, code_bits = scratch_buf;   // out= ops take non-const references
   const auto scale_t = torch::scalar_tensor(scale, torch::kFloat);
-  c.copy_(codes.view({-1}));
+  code_bits.copy_(codes.view({-1}));
   torch::Tensor mag = out.view(torch::kInt);
-  at::bitwise_and_out(mag, c, k7F);
+  at::bitwise_and_out(mag, code_bits, k7F);
   if (mag.max().item<int32_t>() == 0x7F) {   // a NaN code: take the table
-    at::index_select_out(out, fp8_decode_table(), 0, c);
+    at::index_select_out(out, fp8_decode_table(), 0, code_bits);
     at::mul_out(out, out, scale_t);
     return;
   }
   // The fp32 pattern (code & 0x7F) << 20 is decode(code) * 2^-120 (an fp32 subnormal for codes
   // below 8, exactly representable), so one exact multiply by +-2^120 gives the value.
   at::mul_out(mag, mag, k2p20);
-  at::bitwise_and_out(c, c, k80);
-  auto sgn = c.view(torch::kFloat);
-  sgn.copy_(c);                                          // 0 or 128
-  at::sub_out(sgn, k2p120, sgn, std::ldexp(1.0, 114));   // 2^120 - s * 2^114: +-2^120, exact
-  at::mul_out(out, out, sgn);
+  at::bitwise_and_out(code_bits, code_bits, k80);
+  auto sign = code_bits.view(torch::kFloat);
+  sign.copy_(code_bits);                                   // 0 or 128
+  at::sub_out(sign, k2p120, sign, std::ldexp(1.0, 114));   // 2^120 - s * 2^114: +-2^120, exact
+  at::mul_out(out, out, sign);
   at::mul_out(out, out, scale_t);   // the one rounding: decode(code) * scale
 }
 
@@ -202,36 +202,36 @@ torch::Tensor fp8_decode(const torch::Tensor& codes) {
   return out;
 }
 
-void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool fp8, const Scaling& sc,
-                        const torch::Tensor& q_buf, Fp8Scratch& s, bool may_have_nan) {
+void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool fp8, const Scaling& scaling,
+                        const torch::Tensor& q_buf, Fp8Scratch& scratch, bool may_have_nan) {
   torch::Tensor q = q_buf;   // out= ops take non-const references
   // x * mult: one fp32 multiply (the kernel's `temp * s`, fp16's unscaled_state.mul_(rscale)).
   // NaN appears only from NaN/inf inputs or a non-finite / zero multiplier (0 * inf, inf * 0).
-  at::mul_out(q, x.view({-1}), torch::scalar_tensor(sc.mult, torch::kFloat));
-  const bool nan_possible = may_have_nan || !std::isfinite(sc.mult) || sc.mult == 0.0f;
+  at::mul_out(q, x.view({-1}), torch::scalar_tensor(scaling.mult, torch::kFloat));
+  const bool nan_possible = may_have_nan || !std::isfinite(scaling.mult) || scaling.mult == 0.0f;
   if (nan_possible) canonicalize_nan_(q);
   if (fp8) {
-    fp8_encode_into(q, out, s, nan_possible);   // canonical NaN has sign 0: code 0x7F
+    fp8_encode_into(q, out, scratch, nan_possible);   // canonical NaN has sign 0: code 0x7F
   } else {
     out.view({-1}).copy_(q);   // RNE to fp16 (|q| <= ~32752: no overflow)
     if (nan_possible) canonical_nan_16_(out.view({-1}), q);
   }
 }
 
-torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, bool guard, Scaling& sc) {
+torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, bool guard, Scaling& scaling) {
   auto x = state.to(torch::kFloat).contiguous();
-  const float am = abs_max(x);
-  sc = make_scaling(am, fp8, guard);
+  const float amax = abs_max(x);
+  scaling = make_scaling(amax, fp8, guard);
   auto out = torch::empty(x.sizes(), fp8 ? torch::kByte : torch::kHalf);
   auto q = torch::empty({x.numel()}, torch::kFloat);
-  Fp8Scratch s;
-  encode_scaled_into(x, out, fp8, sc, q, s, !std::isfinite(am));
+  Fp8Scratch scratch;
+  encode_scaled_into(x, out, fp8, scaling, q, scratch, !std::isfinite(amax));
   return out;
 }
 
 torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float decode_mult) {
-  auto v = fp8 ? fp8_decode(stored) : stored.to(torch::kFloat);
-  auto out = torch::mul(v, torch::scalar_tensor(decode_mult, torch::kFloat)).contiguous();
+  auto decoded = fp8 ? fp8_decode(stored) : stored.to(torch::kFloat);
+  auto out = torch::mul(decoded, torch::scalar_tensor(decode_mult, torch::kFloat)).contiguous();
   canonicalize_nan_(out);
   return out;
 }

@@ -66,7 +66,7 @@ struct Fp8Scratch {
 // Writes fp8_encode(x) into `out` (kByte, same numel): the form the optimizer's hot loop uses.
 // `may_have_nan` = false skips the NaN fix-up (callers that know x is NaN-free, e.g. because
 // its amax is finite); the result is identical whenever x really has no NaN.
-void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& s, bool may_have_nan = true);
+void fp8_encode_into(const torch::Tensor& x, const torch::Tensor& out, Fp8Scratch& scratch, bool may_have_nan = true);
 // decode: kByte -> kFloat. fp8_decode_into writes decode(codes) * scale into `out` (kFloat, same
 // numel) with `scratch` (kInt, same numel) by bit arithmetic, falling back to the table below
 // when a NaN code (0x7F / 0xFF) is present; the result is bitwise the table's value * scale.
@@ -75,11 +75,11 @@ void fp8_decode_into(const torch::Tensor& codes, const torch::Tensor& out, const
 const torch::Tensor& fp8_decode_table();   // (256,) kFloat, built once from the format's rules
 
 // Scaled storage of an fp32 state in fp16 or fp8 (TE _apply_scale): returns the stored tensor and
-// sets `sc` from the whole tensor's amax. `encode_scaled_into` encodes with a given scaling.
-torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, bool guard, Scaling& sc);
+// sets `scaling` from the whole tensor's amax. `encode_scaled_into` encodes with a given scaling.
+torch::Tensor scaled_encode(const torch::Tensor& state, bool fp8, bool guard, Scaling& scaling);
 // `q_buf`: a kFloat scratch of x's numel; `out`: kHalf or kByte of x's numel.
-void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool fp8, const Scaling& sc,
-                        const torch::Tensor& q_buf, Fp8Scratch& s, bool may_have_nan);
+void encode_scaled_into(const torch::Tensor& x, const torch::Tensor& out, bool fp8, const Scaling& scaling,
+                        const torch::Tensor& q_buf, Fp8Scratch& scratch, bool may_have_nan);
 // decode(code) * decode_mult (fp16: `scale`, fp8: `scale_inv`), NaNs canonical.
 torch::Tensor scaled_decode(const torch::Tensor& stored, bool fp8, float decode_mult);
 
