@@ -53,40 +53,40 @@ TEST(JsonGuard, DepthIsCheckedBeforeParsingAndQuotesAreCapped) {
   EXPECT_EQ(json_depth_violation("[[[1]]]", 7, 2), 2u);
   EXPECT_EQ(json_depth_violation("[\"[[[[\"]", 8, 1), std::string::npos);     // brackets in strings
   EXPECT_EQ(json_depth_violation("[\"\\\"[[\"]", 9, 1), std::string::npos);   // escaped quote
-  const std::string d = deep(100000);
-  const std::string msg = error_of([&] { parse_json_bounded(d, "x.json"); });
+  const std::string deep_json = deep(100000);
+  const std::string msg = error_of([&] { parse_json_bounded(deep_json, "x.json"); });
   EXPECT_NE(msg.find("x.json: nesting deeper than 64 levels"), std::string::npos) << msg;
   EXPECT_NE(error_of([] { parse_json_bounded(std::string("{}\0garbage", 10), "y.json"); }).find("NUL byte at offset 2"),
             std::string::npos);
-  const std::string q = quote_text(std::string(1 << 20, 'A'));
-  EXPECT_LT(q.size(), 260u);
-  EXPECT_NE(q.find("(1048576 bytes)"), std::string::npos) << q;
+  const std::string quoted = quote_text(std::string(1 << 20, 'A'));
+  EXPECT_LT(quoted.size(), 260u);
+  EXPECT_NE(quoted.find("(1048576 bytes)"), std::string::npos) << quoted;
   EXPECT_EQ(quote_text("a\nb"), "a\\x0ab");
   EXPECT_EQ(quote_json(nlohmann::json("\xff")), "\"\xef\xbf\xbd\"");   // invalid UTF-8 replaced, no throw
 }
 
 TEST(JsonGuard, CheckedAccessorNamesFilePathAndType) {
-  const nlohmann::json j = nlohmann::json::parse(R"({"a":{"b":[1,"x",-3]},"big":4294967298})");
-  const JsonField f(j, "m.json");
-  EXPECT_EQ(f["a"]["b"][0].i64(), 1);
-  EXPECT_EQ(error_of([&] { f["a"]["c"].str(); }), "m.json: field /a/c: missing");
-  EXPECT_EQ(error_of([&] { f["a"]["b"][1].i64(); }),
+  const nlohmann::json document = nlohmann::json::parse(R"({"a":{"b":[1,"x",-3]},"big":4294967298})");
+  const JsonField field(document, "m.json");
+  EXPECT_EQ(field["a"]["b"][0].i64(), 1);
+  EXPECT_EQ(error_of([&] { field["a"]["c"].str(); }), "m.json: field /a/c: missing");
+  EXPECT_EQ(error_of([&] { field["a"]["b"][1].i64(); }),
             "m.json: field /a/b/1: expected an integer in [-9223372036854775808, 9223372036854775807], got \"x\"");
-  EXPECT_EQ(error_of([&] { f["a"]["b"][2].u64(); }),
+  EXPECT_EQ(error_of([&] { field["a"]["b"][2].u64(); }),
             "m.json: field /a/b/2: expected an integer in [0, 18446744073709551615], got -3");
-  EXPECT_NE(error_of([&] { f["a"]["b"][7].i64(); }).find("/a/b: has 3 elements, element 7 is missing"),
+  EXPECT_NE(error_of([&] { field["a"]["b"][7].i64(); }).find("/a/b: has 3 elements, element 7 is missing"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { f["big"].i64(0, 100); }).find("expected an integer in [0, 100], got 4294967298"),
+  EXPECT_NE(error_of([&] { field["big"].i64(0, 100); }).find("expected an integer in [0, 100], got 4294967298"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { f["a"].str(); }).find("expected a string, got {\"b\":[1,\"x\",-3]}"), std::string::npos);
+  EXPECT_NE(error_of([&] { field["a"].str(); }).find("expected a string, got {\"b\":[1,\"x\",-3]}"), std::string::npos);
 }
 
 // ------------------------------------------------------------------ safetensors headers
 
 void write_st(const std::string& path, const std::string& header, const std::string& buffer) {
   std::string out(8, '\0');
-  const uint64_t n = header.size();
-  std::memcpy(out.data(), &n, 8);
+  const uint64_t header_size = header.size();
+  std::memcpy(out.data(), &header_size, 8);
   spit(path, out + header + buffer);
 }
 
@@ -161,15 +161,15 @@ TEST(HostilePointer, FailedPointerWriteLeavesNoOrphanAndKeepsThePreviousCheckpoi
   torch::set_num_threads(1);
   TmpDir root;
   const Mode mode = all_modes()[5];
-  Rig a = make_rig(mode, 1);
-  train(a, 1);
-  const fs::path first = save_checkpoint(root.str(), save_input(a)).dir;
+  Rig saved_rig = make_rig(mode, 1);
+  train(saved_rig, 1);
+  const fs::path first = save_checkpoint(root.str(), save_input(saved_rig)).dir;
   const fs::path ptr = root.p / "latest_checkpointed_iteration.txt";
   const std::string ptr_text = slurp(ptr);
   fs::remove(ptr);
   fs::create_directories(ptr / "blocker");
-  train(a, 1);
-  const std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(a)); });
+  train(saved_rig, 1);
+  const std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(saved_rig)); });
   EXPECT_NE(msg.find("latest_checkpointed_iteration.txt"), std::string::npos) << msg;
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(root.p)) left.push_back(e.path().filename().string());
@@ -178,10 +178,10 @@ TEST(HostilePointer, FailedPointerWriteLeavesNoOrphanAndKeepsThePreviousCheckpoi
       << "only the first checkpoint and the (blocked) pointer may remain";
   fs::remove_all(ptr);
   spit(ptr, ptr_text);
-  Rig c = make_rig(mode, 2);
+  Rig resumed_rig = make_rig(mode, 2);
   EXPECT_EQ(rh::ckpt::detail::resolve_checkpoint_dir(root.str()), first.string());
-  EXPECT_NO_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}));
-  EXPECT_EQ(c.state.iteration, 1);
+  EXPECT_NO_THROW(load_checkpoint(root.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {}));
+  EXPECT_EQ(resumed_rig.state.iteration, 1);
 }
 
 // One good checkpoint per test, damaged by `apply`, must be refused by load (naming `expect`) and
@@ -201,37 +201,38 @@ TEST_P(HostileManifest, LoadAndInspectRefuseIt) {
   torch::set_num_threads(1);
   TmpDir root;
   const Mode mode = all_modes()[5];
-  Rig a = make_rig(mode, 1);
-  train(a, 2);
-  const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+  Rig saved_rig = make_rig(mode, 1);
+  train(saved_rig, 2);
+  const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig)).dir;
   GetParam().apply(dir);
-  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
-  const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+  Rig target_rig = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  const std::string msg =
+      error_of([&] { load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, {}, {}); });
   EXPECT_NE(msg.find(GetParam().expect), std::string::npos)
       << "want '" << GetParam().expect << "' in: " << msg.substr(0, 600);
   EXPECT_LT(msg.size(), 1200u) << msg.substr(0, 600);
-  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_TRUE(same_state(target_rig, fresh));
   std::ostringstream out;
   EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
   EXPECT_NE(out.str().find(GetParam().expect), std::string::npos) << out.str().substr(0, 600);
 }
 
-std::function<void(const fs::path&)> edit(std::function<void(nlohmann::json&)> f) {
-  return [f](const fs::path& d) {
-    nlohmann::json m = read_manifest(d);
-    f(m);
-    write_manifest(d, m);
+std::function<void(const fs::path&)> edit(std::function<void(nlohmann::json&)> change) {
+  return [change](const fs::path& checkpoint_dir) {
+    nlohmann::json manifest = read_manifest(checkpoint_dir);
+    change(manifest);
+    write_manifest(checkpoint_dir, manifest);
   };
 }
 
 const std::vector<Hostile> kHostile = {
     {"FormatVersionDeeplyNested",
-     [](const fs::path& d) {
-       std::string s = slurp(d / "manifest.json");
-       const size_t i = s.find("\"format_version\":");
-       const size_t e = s.find(',', i);
-       s.replace(i, e - i, "\"format_version\": " + deep(100000));
-       write_manifest_text(d, s);
+     [](const fs::path& checkpoint_dir) {
+       std::string manifest_text = slurp(checkpoint_dir / "manifest.json");
+       const size_t key_pos = manifest_text.find("\"format_version\":");
+       const size_t value_end = manifest_text.find(',', key_pos);
+       manifest_text.replace(key_pos, value_end - key_pos, "\"format_version\": " + deep(100000));
+       write_manifest_text(checkpoint_dir, manifest_text);
      },
      "nesting deeper than 64 levels"},
     {"FormatVersionWraps", edit([](nlohmann::json& m) { m["format_version"] = 4294967298ull; }),
@@ -255,16 +256,17 @@ const std::vector<Hostile> kHostile = {
      edit([](nlohmann::json& m) { m["train_state"]["opt_param_scheduler"]["num_steps"] = INT64_MAX; }),
      "field /train_state/opt_param_scheduler/num_steps"},
     {"BlockBytesWrapsToZeroBlocks",
-     [](const fs::path& d) {
+     [](const fs::path& checkpoint_dir) {
        // A corrupted data byte, and block_bytes = 2^64-1 with an empty block list: the block
        // arithmetic wrapped to zero blocks and the whole-file checksum was skipped.
-       std::string s = slurp(d / kShard);
-       s[s.size() - 7] ^= 0x10;
-       spit(d / kShard, s);
-       nlohmann::json m = read_manifest(d);
-       for (auto& f : m["files"])
-         if (f["name"] == kShard) f["block_bytes"] = UINT64_MAX, f["block_xxh3"] = nlohmann::json::array();
-       write_manifest(d, m);
+       std::string shard_bytes = slurp(checkpoint_dir / kShard);
+       shard_bytes[shard_bytes.size() - 7] ^= 0x10;
+       spit(checkpoint_dir / kShard, shard_bytes);
+       nlohmann::json manifest = read_manifest(checkpoint_dir);
+       for (auto& file_entry : manifest["files"])
+         if (file_entry["name"] == kShard)
+           file_entry["block_bytes"] = UINT64_MAX, file_entry["block_xxh3"] = nlohmann::json::array();
+       write_manifest(checkpoint_dir, manifest);
      },
      "block_bytes: expected an integer in [0, 1099511627776]"},
     {"BlockListTooShort", edit([](nlohmann::json& m) {
@@ -300,11 +302,12 @@ const std::vector<Hostile> kHostile = {
      },
      "model.safetensors: is a FIFO, expected a regular file"},
     {"DataFileLinksOutside",
-     [](const fs::path& d) {
-       const fs::path outside = d.parent_path().parent_path() / ("rh_outside_" + std::to_string(::getpid()));
-       fs::copy_file(d / kModel, outside, fs::copy_options::overwrite_existing);
-       fs::remove(d / kModel);
-       fs::create_symlink(outside, d / kModel);
+     [](const fs::path& checkpoint_dir) {
+       const fs::path outside =
+           checkpoint_dir.parent_path().parent_path() / ("rh_outside_" + std::to_string(::getpid()));
+       fs::copy_file(checkpoint_dir / kModel, outside, fs::copy_options::overwrite_existing);
+       fs::remove(checkpoint_dir / kModel);
+       fs::create_symlink(outside, checkpoint_dir / kModel);
      },
      "model.safetensors: is a symbolic link; refused"},
     {"IterationMismatch", edit([](nlohmann::json& m) { m["iteration"] = 7; }), "differs from /iteration 7"},
@@ -318,67 +321,69 @@ TEST(HostileCounters, CountersMustMatchTheRunConfig) {
   torch::set_num_threads(1);
   TmpDir root;
   const Mode mode = all_modes()[5];
-  Rig a = make_rig(mode, 1);
-  train(a, 2);   // the fixture: 2 iterations of 8 samples, 2 scheduler steps
-  SaveInput in = save_input(a);
-  in.run_config["train"] = {{"iterations", 6}, {"global_batch", 8}};
-  a.state.iteration = 2;
-  const fs::path dir = save_checkpoint(root.str(), in).dir;
-  nlohmann::json cfg = in.run_config;
+  Rig saved_rig = make_rig(mode, 1);
+  train(saved_rig, 2);   // the fixture: 2 iterations of 8 samples, 2 scheduler steps
+  SaveInput saved_input = save_input(saved_rig);
+  saved_input.run_config["train"] = {{"iterations", 6}, {"global_batch", 8}};
+  saved_rig.state.iteration = 2;
+  const fs::path dir = save_checkpoint(root.str(), saved_input).dir;
+  nlohmann::json run_config = saved_input.run_config;
   {
-    Rig c = make_rig(mode, 2);
-    load_checkpoint(root.str(), *c.model, *c.opt, c.state, cfg, {});   // consistent: loads
-    EXPECT_EQ(c.state.iteration, 2);
+    Rig resumed_rig = make_rig(mode, 2);
+    load_checkpoint(root.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, run_config,
+                    {});   // consistent: loads
+    EXPECT_EQ(resumed_rig.state.iteration, 2);
   }
   auto refused = [&](const std::string& want, const nlohmann::json& run_cfg) {
-    Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
-    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, run_cfg, {}); });
+    Rig target_rig = make_rig(mode, 2), fresh = make_rig(mode, 2);
+    const std::string msg = error_of(
+        [&] { load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, run_cfg, {}); });
     EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
-    EXPECT_TRUE(same_state(c, fresh));
+    EXPECT_TRUE(same_state(target_rig, fresh));
   };
-  nlohmann::json shorter = cfg;
+  nlohmann::json shorter = run_config;
   shorter["train"]["iterations"] = 1;
   refused("iteration 2 is beyond the run's length (train.iterations = 1)", shorter);
   const nlohmann::json good = read_manifest(dir);
-  nlohmann::json m = good;
-  m["train_state"]["consumed_samples"] = 17;
-  write_manifest(dir, m);
-  refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", cfg);
-  m = good;
-  m["train_state"]["opt_param_scheduler"]["num_steps"] = 5;
-  write_manifest(dir, m);
+  nlohmann::json manifest = good;
+  manifest["train_state"]["consumed_samples"] = 17;
+  write_manifest(dir, manifest);
+  refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", run_config);
+  manifest = good;
+  manifest["train_state"]["opt_param_scheduler"]["num_steps"] = 5;
+  write_manifest(dir, manifest);
   refused(
       "field /train_state/opt_param_scheduler/num_steps: 5 scheduler steps (samples) after 2 iterations of 8 "
       "samples, expected 16",
-      cfg);
-  m = good;
-  m["optimizer"]["groups"][0]["step"] = 3;
-  write_manifest(dir, m);
-  refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", cfg);
+      run_config);
+  manifest = good;
+  manifest["optimizer"]["groups"][0]["step"] = 3;
+  write_manifest(dir, manifest);
+  refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", run_config);
   // A run config without train settings skips only the length check: the manifest's counters are
   // still checked against each other and against the run config saved with them.
   const nlohmann::json no_train = nlohmann::json::object();
   refused("field /optimizer/groups/0/step: step 3 is more than the 2 iterations run", no_train);
-  m = good;
-  m["train_state"]["consumed_samples"] = 17;
-  write_manifest(dir, m);
+  manifest = good;
+  manifest["train_state"]["consumed_samples"] = 17;
+  write_manifest(dir, manifest);
   refused("field /train_state/consumed_samples: 17 samples, but 2 iterations of 8 samples consume 16", no_train);
   // The batch the counters were counted in is the saved run config's, read with the manifest's
   // schema: a batch of 0 would make every count "consistent" with iteration 0 only.
-  m = good;
-  m["run_config"]["train"]["global_batch"] = 0;
-  write_manifest(dir, m);
-  refused("field /run_config/train/global_batch: expected an integer in [1, 1099511627776], got 0", cfg);
+  manifest = good;
+  manifest["run_config"]["train"]["global_batch"] = 0;
+  write_manifest(dir, manifest);
+  refused("field /run_config/train/global_batch: expected an integer in [1, 1099511627776], got 0", run_config);
 }
 
 TEST(HostileSave, NegativeIterationAndEmptyRootAreRefusedNamingThem) {
   TmpDir root;
-  Rig a = make_rig(all_modes()[0], 1);
-  a.state.iteration = -4;
-  std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(a)); });
+  Rig rig = make_rig(all_modes()[0], 1);
+  rig.state.iteration = -4;
+  std::string msg = error_of([&] { save_checkpoint(root.str(), save_input(rig)); });
   EXPECT_NE(msg.find("iteration -4 is outside [0, "), std::string::npos) << msg;
-  a.state.iteration = 1;
-  msg = error_of([&] { save_checkpoint("", save_input(a)); });
+  rig.state.iteration = 1;
+  msg = error_of([&] { save_checkpoint("", save_input(rig)); });
   EXPECT_NE(msg.find("the checkpoint root is an empty path"), std::string::npos) << msg;
 }
 
@@ -396,24 +401,24 @@ struct Edit {
 };
 
 // The first number after `key` (e.g. "\"step\":"), decremented by one.
-void decrement_after(std::string& s, const std::string& key) {
-  size_t i = s.find(key);
-  ASSERT_NE(i, std::string::npos) << key;
-  i = s.find_first_of("0123456789", i + key.size());
-  size_t e = s.find_first_not_of("0123456789", i);
-  const long v = std::stol(s.substr(i, e - i));
-  ASSERT_GT(v, 0);
-  s.replace(i, e - i, std::to_string(v - 1));
+void decrement_after(std::string& manifest_text, const std::string& key) {
+  size_t pos = manifest_text.find(key);
+  ASSERT_NE(pos, std::string::npos) << key;
+  pos = manifest_text.find_first_of("0123456789", pos + key.size());
+  size_t digits_end = manifest_text.find_first_not_of("0123456789", pos);
+  const long value = std::stol(manifest_text.substr(pos, digits_end - pos));
+  ASSERT_GT(value, 0);
+  manifest_text.replace(pos, digits_end - pos, std::to_string(value - 1));
 }
 
 const std::vector<Edit> kEdits = {
     {"GroupStepTwoToOne", [](std::string& s) { decrement_after(s, "\"step\":"); }},
     {"RngStateHexDigit",
-     [](std::string& s) {
-       const size_t k = s.find("\"dropout\":");
-       ASSERT_NE(k, std::string::npos);
-       const size_t q = s.find('"', k + 10) + 1 + 40;   // a digit well inside the hex string
-       s[q] = s[q] == '0' ? '1' : '0';
+     [](std::string& manifest_text) {
+       const size_t key_pos = manifest_text.find("\"dropout\":");
+       ASSERT_NE(key_pos, std::string::npos);
+       const size_t digit_pos = manifest_text.find('"', key_pos + 10) + 1 + 40;   // a digit well inside the hex string
+       manifest_text[digit_pos] = manifest_text[digit_pos] == '0' ? '1' : '0';
      }},
     {"ConsumedSamples", [](std::string& s) { decrement_after(s, "\"consumed_samples\":"); }},
     {"TrailingSpace", [](std::string& s) { s += ' '; }},
@@ -425,19 +430,20 @@ TEST_P(EditedManifest, IsRefusedByLoadAndInspectBeforeParsing) {
   torch::set_num_threads(1);
   TmpDir root;
   const Mode mode = all_modes()[5];
-  Rig a = make_rig(mode, 1);
-  train(a, 2);
-  const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+  Rig saved_rig = make_rig(mode, 1);
+  train(saved_rig, 2);
+  const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig)).dir;
   ASSERT_TRUE(fs::is_regular_file(dir / "manifest.json.xxh3"));
   std::string text = slurp(dir / "manifest.json");
   GetParam().apply(text);
   ASSERT_TRUE(nlohmann::json::accept(text)) << "the edit must leave valid JSON";
   spit(dir / "manifest.json", text);   // not resealed
-  Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
-  const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+  Rig target_rig = make_rig(mode, 2), fresh = make_rig(mode, 2);
+  const std::string msg =
+      error_of([&] { load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, {}, {}); });
   EXPECT_NE(msg.find("manifest.json: XXH3-64 checksum"), std::string::npos) << msg;
   EXPECT_NE(msg.find("manifest.json.xxh3"), std::string::npos) << msg;
-  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_TRUE(same_state(target_rig, fresh));
   std::ostringstream out;
   EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
   EXPECT_NE(out.str().find(msg), std::string::npos) << out.str();
@@ -456,21 +462,22 @@ TEST(ManifestChecksumSidecar, MissingMalformedOrLinkedIsRefused) {
       {[](const fs::path& d) { spit(d / "manifest.json.xxh3", "xyz\n"); }, "expected 16 lower-case hex digits"},
       {[](const fs::path& d) { spit(d / "manifest.json.xxh3", slurp(d / "manifest.json.xxh3") + "\n"); },
        "expected 16 lower-case hex digits"},
-      {[](const fs::path& d) {
-         spit(d.parent_path() / "elsewhere", slurp(d / "manifest.json.xxh3"));
-         fs::remove(d / "manifest.json.xxh3");
-         fs::create_symlink(d.parent_path() / "elsewhere", d / "manifest.json.xxh3");
+      {[](const fs::path& checkpoint_dir) {
+         spit(checkpoint_dir.parent_path() / "elsewhere", slurp(checkpoint_dir / "manifest.json.xxh3"));
+         fs::remove(checkpoint_dir / "manifest.json.xxh3");
+         fs::create_symlink(checkpoint_dir.parent_path() / "elsewhere", checkpoint_dir / "manifest.json.xxh3");
        },
        "manifest.json.xxh3: is a symbolic link"},
   };
   for (const auto& [damage, want] : cases) {
     TmpDir root;
-    Rig a = make_rig(mode, 1);
-    train(a, 2);
-    const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+    Rig saved_rig = make_rig(mode, 1);
+    train(saved_rig, 2);
+    const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig)).dir;
     damage(dir);
-    Rig c = make_rig(mode, 2);
-    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+    Rig target_rig = make_rig(mode, 2);
+    const std::string msg =
+        error_of([&] { load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, {}, {}); });
     EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
     std::ostringstream out;
     EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
@@ -491,17 +498,18 @@ TEST(HostileCounters, StepsAndSchedulerAgreeWithoutARunConfig) {
   };
   for (const auto& [change, want] : cases) {
     TmpDir root;
-    Rig a = make_rig(mode, 1);
-    train(a, 2);
-    const fs::path dir = save_checkpoint(root.str(), save_input(a)).dir;
+    Rig saved_rig = make_rig(mode, 1);
+    train(saved_rig, 2);
+    const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig)).dir;
     ASSERT_GE(read_manifest(dir)["optimizer"]["groups"].size(), 2u);
-    nlohmann::json m = read_manifest(dir);
-    change(m);
-    write_manifest(dir, m);   // resealed
-    Rig c = make_rig(mode, 2), fresh = make_rig(mode, 2);
-    const std::string msg = error_of([&] { load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}); });
+    nlohmann::json manifest = read_manifest(dir);
+    change(manifest);
+    write_manifest(dir, manifest);   // resealed
+    Rig target_rig = make_rig(mode, 2), fresh = make_rig(mode, 2);
+    const std::string msg =
+        error_of([&] { load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, {}, {}); });
     EXPECT_NE(msg.find(want), std::string::npos) << "want '" << want << "' in: " << msg;
-    EXPECT_TRUE(same_state(c, fresh));
+    EXPECT_TRUE(same_state(target_rig, fresh));
     std::ostringstream out;
     EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
     EXPECT_NE(out.str().find(want), std::string::npos) << out.str();
@@ -540,12 +548,12 @@ struct Dup {
 };
 class DuplicateKeys : public ::testing::TestWithParam<Dup> {};
 TEST_P(DuplicateKeys, AreRefusedNamingTheKey) {
-  const Dup& p = GetParam();
-  const std::string msg = error_of([&] { parse_json_unique(p.text, "f.json"); });
-  if (p.key.empty()) {
+  const Dup& dup_case = GetParam();
+  const std::string msg = error_of([&] { parse_json_unique(dup_case.text, "f.json"); });
+  if (dup_case.key.empty()) {
     EXPECT_EQ(msg, "(no error)");
   } else {
-    EXPECT_EQ(msg.rfind("f.json: duplicate key '" + p.key + "' in one object", 0), 0u) << msg;
+    EXPECT_EQ(msg.rfind("f.json: duplicate key '" + dup_case.key + "' in one object", 0), 0u) << msg;
   }
 }
 INSTANTIATE_TEST_SUITE_P(
@@ -565,13 +573,13 @@ struct Printable {
 };
 class PrintableText : public ::testing::TestWithParam<Printable> {};
 TEST_P(PrintableText, EscapesWhatIsNotUtf8) {
-  const Printable& p = GetParam();
-  EXPECT_EQ(printable_text(p.in), p.out);
-  const nlohmann::json j = {{"checkpoint", p.in}};
+  const Printable& printable_case = GetParam();
+  EXPECT_EQ(printable_text(printable_case.in), printable_case.out);
+  const nlohmann::json document = {{"checkpoint", printable_case.in}};
   std::string dumped;
-  EXPECT_NO_THROW(dumped = dump_text(j));
+  EXPECT_NO_THROW(dumped = dump_text(document));
   EXPECT_TRUE(nlohmann::json::accept(dumped)) << dumped;
-  EXPECT_TRUE(nlohmann::json::accept(dump_text(nlohmann::json{{"checkpoint", printable_text(p.in)}})));
+  EXPECT_TRUE(nlohmann::json::accept(dump_text(nlohmann::json{{"checkpoint", printable_text(printable_case.in)}})));
 }
 INSTANTIATE_TEST_SUITE_P(Round4, PrintableText,
                          ::testing::Values(Printable{"Ascii", "/tmp/run/ckpt", "/tmp/run/ckpt"},
@@ -597,12 +605,12 @@ TEST_P(CsvRoundTrip, FieldsComeBackUnchanged) {
   std::string text = "a,b,c\n";
   for (size_t i = 0; i < row.size(); ++i) text += (i ? "," : "") + rh::csv_field(row[i]);
   text += "\nlast,1,2\n";
-  const auto recs = rh::csv_parse(text);
-  ASSERT_EQ(recs.size(), 3u) << text;
-  EXPECT_EQ(recs[1].fields, row) << text;
-  EXPECT_EQ(recs[1].line, 2u);
-  EXPECT_EQ(recs[2].fields, (std::vector<std::string>{"last", "1", "2"}));
-  EXPECT_EQ(recs[2].line,
+  const auto records = rh::csv_parse(text);
+  ASSERT_EQ(records.size(), 3u) << text;
+  EXPECT_EQ(records[1].fields, row) << text;
+  EXPECT_EQ(records[1].line, 2u);
+  EXPECT_EQ(records[2].fields, (std::vector<std::string>{"last", "1", "2"}));
+  EXPECT_EQ(records[2].line,
             1u + static_cast<unsigned>(std::count(text.begin(), text.begin() + text.rfind("last"), '\n')));
 }
 INSTANTIATE_TEST_SUITE_P(Round4, CsvRoundTrip,
@@ -617,10 +625,10 @@ TEST(CsvParse, MalformedTextIsRefusedWithItsLine) {
             std::string::npos);
   EXPECT_NE(error_of([] { rh::csv_parse("a,b\n\"x\"y,1\n"); }).find("2: text after a closing quote"),
             std::string::npos);
-  const auto recs = rh::csv_parse("a, b ,c\r\n\r\n1,2,3");   // spaces trimmed, CRLF, an empty line skipped
-  ASSERT_EQ(recs.size(), 2u);
-  EXPECT_EQ(recs[0].fields, (std::vector<std::string>{"a", "b", "c"}));
-  EXPECT_EQ(recs[1].line, 3u);
+  const auto records = rh::csv_parse("a, b ,c\r\n\r\n1,2,3");   // spaces trimmed, CRLF, an empty line skipped
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].fields, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(records[1].line, 3u);
 }
 
 // I/O failures of the disk are not bad input: ENOSPC (here /dev/full) raises DiskError,
@@ -665,22 +673,25 @@ TEST(DecodeBudget, CompressedTablesBeyondTheBudgetAreRefusedBeforeDecoding) {
   torch::set_num_threads(1);
   for (const int64_t width : {16, 64}) {
     const Mode mode = all_modes()[2];   // fp32 master, bf16 moments: dp_zero loads it exactly
-    Rig a = make_rig(mode, 1, width);
-    train(a, 1);
-    SavePolicy pol;
-    pol.kind = SavePolicyKind::dp_zero;   // fp32 containers for every state: the largest a policy writes
-    pol.compress = Compression::zstd;
-    const fs::path saved = save_checkpoint((root.p / ("w" + std::to_string(width))).string(), save_input(a, pol)).dir;
+    Rig saved_rig = make_rig(mode, 1, width);
+    train(saved_rig, 1);
+    SavePolicy save_policy;
+    save_policy.kind = SavePolicyKind::dp_zero;   // fp32 containers for every state: the largest a policy writes
+    save_policy.compress = Compression::zstd;
+    const fs::path saved =
+        save_checkpoint((root.p / ("w" + std::to_string(width))).string(), save_input(saved_rig, save_policy)).dir;
     uint64_t raw = 0;
-    const nlohmann::json m = read_manifest(saved);   // kept: a range-for over m's member of a temporary dangles
-    for (const auto& t : m["tensors"]) raw += t["bytes"].get<uint64_t>();
+    const nlohmann::json manifest =
+        read_manifest(saved);   // kept: a range-for over manifest's member of a temporary dangles
+    for (const auto& t : manifest["tensors"]) raw += t["bytes"].get<uint64_t>();
     ASSERT_GT(raw, 0u);
-    EXPECT_LE(raw, rh::ckpt::detail::decode_budget(*a.model)) << "width " << width;
+    EXPECT_LE(raw, rh::ckpt::detail::decode_budget(*saved_rig.model)) << "width " << width;
     // Beyond the fixed slack (1 MiB, 64 KiB of scales per parameter) the budget grows with the state.
-    const uint64_t slack = (1u << 20) + (64u << 10) * a.model->named_parameters(true).size();
-    EXPECT_GE(8 * raw, rh::ckpt::detail::decode_budget(*a.model) - slack) << "width " << width << ": a loose budget";
-    Rig c = make_rig(mode, 2, width);
-    EXPECT_NO_THROW(load_checkpoint(saved.string(), *c.model, *c.opt, c.state, {}, {}));
+    const uint64_t slack = (1u << 20) + (64u << 10) * saved_rig.model->named_parameters(true).size();
+    EXPECT_GE(8 * raw, rh::ckpt::detail::decode_budget(*saved_rig.model) - slack)
+        << "width " << width << ": a loose budget";
+    Rig resumed_rig = make_rig(mode, 2, width);
+    EXPECT_NO_THROW(load_checkpoint(saved.string(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {}));
   }
 }
 

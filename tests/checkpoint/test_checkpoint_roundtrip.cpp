@@ -73,52 +73,54 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   torch::set_num_threads(1);
   TmpDir dir;
   const Mode& mode = GetParam().mode;
-  const SavePolicyKind pol = GetParam().policy;
-  Rig a = make_rig(mode, 1);
-  train(a, 3);
-  SaveResult res = save_checkpoint(dir.str(), save_input(a, {pol, {}}));
-  EXPECT_TRUE(fs::exists(fs::path(res.dir) / "manifest.json"));
+  const SavePolicyKind save_policy = GetParam().policy;
+  Rig saved_rig = make_rig(mode, 1);
+  train(saved_rig, 3);
+  SaveResult saved = save_checkpoint(dir.str(), save_input(saved_rig, {save_policy, {}}));
+  EXPECT_TRUE(fs::exists(fs::path(saved.dir) / "manifest.json"));
   std::ostringstream listing;
   EXPECT_EQ(inspect_checkpoint(dir.str(), listing), 0) << listing.str();
 
-  Rig c = make_rig(mode, 2);
+  Rig resumed_rig = make_rig(mode, 2);
   Rig fresh = make_rig(mode, 2);
-  ASSERT_FALSE(same_state(a, c)) << "negative control: a fresh optimizer must differ";
+  ASSERT_FALSE(same_state(saved_rig, resumed_rig)) << "negative control: a fresh optimizer must differ";
 
   // The PR's remainder rule keys on the flag, not on what the optimizer holds, and only with the
   // precision-aware optimizer on (Megatron distrib_optimizer.py: no int16 branch without it).
   const bool pr_int16 =
       mode.cfg.use_precision_aware_optimizer && mode.cfg.store_param_remainders && mode.param_dtype == torch::kBFloat16;
-  const bool has_rem = a.opt->master_mode() == rh::optim::MasterMode::remainders;
-  if (pol == SavePolicyKind::per_key && pr_int16 && a.opt->master_mode() == rh::optim::MasterMode::fp16) {
+  const bool has_rem = saved_rig.opt->master_mode() == rh::optim::MasterMode::remainders;
+  if (save_policy == SavePolicyKind::per_key && pr_int16 &&
+      saved_rig.opt->master_mode() == rh::optim::MasterMode::fp16) {
     // The PR hands an int16 tensor to set_scaled_state; TE (remainders off for an fp16 master)
     // asserts fp32 there. Refused, with or without allow_lossy, and the target is untouched.
     LoadOptions lossy;
     lossy.allow_lossy = true;
-    for (const LoadOptions& o : {LoadOptions{}, lossy}) {
+    for (const LoadOptions& load_options : {LoadOptions{}, lossy}) {
       try {
-        load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, o);
+        load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, load_options);
         ADD_FAILURE() << "per_key + fp16 master + store_param_remainders must be refused";
       } catch (const CheckpointError& e) {
         // Without allow_lossy the fp8 moments' lossy per_key save is refused first.
-        if (o.allow_lossy) {
+        if (load_options.allow_lossy) {
           EXPECT_NE(std::string(e.what()).find("upstream fails an assertion"), std::string::npos) << e.what();
           EXPECT_NE(std::string(e.what()).find("/master_param'"), std::string::npos) << e.what();
         }
       }
-      EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+      EXPECT_TRUE(same_state(resumed_rig, fresh)) << "a refused load must not touch the target";
     }
     return;
   }
-  if (pol == SavePolicyKind::per_key && pr_int16 != has_rem) {
-    EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}), CheckpointError);
-    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+  if (save_policy == SavePolicyKind::per_key && pr_int16 != has_rem) {
+    EXPECT_THROW(load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {}),
+                 CheckpointError);
+    EXPECT_TRUE(same_state(resumed_rig, fresh)) << "a refused load must not touch the target";
     LoadOptions lossy;
     lossy.allow_lossy = true;
-    load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
-    const std::string p = a.opt->param_names()[0];
-    EXPECT_FALSE(
-        bytes_equal(c.opt->stored(p, StateKey::master_param).data, a.opt->stored(p, StateKey::master_param).data))
+    load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, lossy);
+    const std::string param_name = saved_rig.opt->param_names()[0];
+    EXPECT_FALSE(bytes_equal(resumed_rig.opt->stored(param_name, StateKey::master_param).data,
+                             saved_rig.opt->stored(param_name, StateKey::master_param).data))
         << "the misfire (fp32 master read as int16) must show";
     return;
   }
@@ -126,13 +128,13 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   // Megatron's fp32 world-buffer formats widen the int16 remainder to fp32; TE's set_scaled_state
   // asserts int16 there, so upstream fails the load: refused, saying so, target untouched.
   // exact_master_conversion narrows the container back (exact), as for dp_reshardable below.
-  const bool widened = pol == SavePolicyKind::dp_zero || pol == SavePolicyKind::fully_reshardable;
+  const bool widened = save_policy == SavePolicyKind::dp_zero || save_policy == SavePolicyKind::fully_reshardable;
   LoadOptions opts;
   if (widened && has_rem) {
     LoadOptions lossy;
     lossy.allow_lossy = true;
     try {
-      load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
+      load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, lossy);
       ADD_FAILURE() << "a widened fp32 remainder into a remainder optimizer must be refused";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == torch.int16"), std::string::npos)
@@ -140,36 +142,36 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
       EXPECT_NE(std::string(e.what()).find("PR 4222"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("/remainder'"), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+    EXPECT_TRUE(same_state(resumed_rig, fresh)) << "a refused load must not touch the target";
     opts.exact_master_conversion = true;
   }
 
   // Predict each restored state independently: tests/roundtrip_reference.py (numpy, TE's
   // get_unscaled_state / _apply_scale rules written out) re-encodes every state a policy widens.
-  nlohmann::json in = {{"states", nlohmann::json::array()}};
+  nlohmann::json reference_input = {{"states", nlohmann::json::array()}};
   std::map<std::string, StoredState> expect;
-  for (const auto& p : a.opt->param_names())
+  for (const auto& param_name : saved_rig.opt->param_names())
     for (StateKey k : kKeys) {
-      const StoredState& orig = a.opt->stored(p, k);
-      const std::string key = p + "/" + rh::optim::key_name(k);
+      const StoredState& orig = saved_rig.opt->stored(param_name, k);
+      const std::string key = param_name + "/" + rh::optim::key_name(k);
       expect[key] = orig;
       const bool moment = k != StateKey::master_param;
       const bool scaled_master = !moment && orig.dtype == Dtype::fp16;   // re-scaled on load
-      if ((moment || scaled_master) && pol != SavePolicyKind::native) {
+      if ((moment || scaled_master) && save_policy != SavePolicyKind::native) {
         const Dtype cast_to = k == StateKey::exp_avg ? mode.cfg.exp_avg_dtype : mode.cfg.exp_avg_sq_dtype;
-        in["states"].push_back(
+        reference_input["states"].push_back(
             {{"key", key},
              {"dtype", rh::optim::to_string(orig.dtype)},
              {"bits", code_bits(orig.data)},
              {"scale", orig.scale ? nlohmann::json(*orig.scale) : nlohmann::json()},
              {"scale_inv", orig.scale_inv ? nlohmann::json(*orig.scale_inv) : nlohmann::json()},
-             {"cast", pol == SavePolicyKind::per_key && moment ? nlohmann::json(rh::optim::to_string(cast_to))
-                                                               : nlohmann::json()},
+             {"cast", save_policy == SavePolicyKind::per_key && moment ? nlohmann::json(rh::optim::to_string(cast_to))
+                                                                       : nlohmann::json()},
              {"guard", mode.cfg.scale_zero_guard}});
       }
     }
   const nlohmann::json predicted =
-      rh::testing::python_reference_of("roundtrip_reference.py", in, dir.p.string() + "_reference");
+      rh::testing::python_reference_of("roundtrip_reference.py", reference_input, dir.p.string() + "_reference");
   bool lossy = false;
   for (auto& [key, e] : expect) {
     const StoredState orig = e;
@@ -178,38 +180,45 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
   }
   // The weak spots must actually lose information in these runs.
   const bool low_moments = mode.cfg.exp_avg_dtype == Dtype::fp16 || mode.cfg.exp_avg_dtype == Dtype::fp8;
-  if (pol == SavePolicyKind::per_key && low_moments) {
+  if (save_policy == SavePolicyKind::per_key && low_moments) {
     EXPECT_TRUE(lossy) << "per_key fp16/fp8 must be lossy";
   }
   // fp16 through fp32 is exact for every amax (bench_scale_roundtrip); fp8 is not in general.
-  if (pol == SavePolicyKind::native || !low_moments ||
-      ((pol == SavePolicyKind::dp_reshardable || widened) && mode.cfg.exp_avg_dtype != Dtype::fp8 &&
+  if (save_policy == SavePolicyKind::native || !low_moments ||
+      ((save_policy == SavePolicyKind::dp_reshardable || widened) && mode.cfg.exp_avg_dtype != Dtype::fp8 &&
        mode.cfg.exp_avg_sq_dtype != Dtype::fp8)) {
     EXPECT_FALSE(lossy);
   }
 
   if (lossy) {
-    EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts), CheckpointError);
-    EXPECT_TRUE(same_state(c, fresh)) << "a refused load must not touch the target";
+    EXPECT_THROW(load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, opts),
+                 CheckpointError);
+    EXPECT_TRUE(same_state(resumed_rig, fresh)) << "a refused load must not touch the target";
     opts.allow_lossy = true;
   }
-  LoadReport rep = load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, opts);
-  EXPECT_EQ(rep.iteration, 3);
-  EXPECT_EQ(rep.dir, res.dir);
-  EXPECT_GT(rep.verify_seconds, 0.0) << "both phases are timed";
-  EXPECT_GT(rep.apply_seconds, 0.0);
-  for (const auto& p : a.opt->param_names())
+  LoadReport load_report =
+      load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, opts);
+  EXPECT_EQ(load_report.iteration, 3);
+  EXPECT_EQ(load_report.dir, saved.dir);
+  EXPECT_GT(load_report.verify_seconds, 0.0) << "both phases are timed";
+  EXPECT_GT(load_report.apply_seconds, 0.0);
+  for (const auto& param_name : saved_rig.opt->param_names())
     for (StateKey k : kKeys)
-      EXPECT_TRUE(stored_equal(c.opt->stored(p, k), expect[p + "/" + rh::optim::key_name(k)]))
-          << p << "/" << rh::optim::key_name(k) << ": restored " << describe(c.opt->stored(p, k)) << ", predicted "
-          << describe(expect[p + "/" + rh::optim::key_name(k)]);
-  auto pa = a.model->named_parameters(true), pc = c.model->named_parameters(true);
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(bytes_equal(pa[i].value(), pc[i].value())) << pa[i].key();
-  for (size_t g = 0; g < a.opt->num_groups(); ++g) EXPECT_EQ(c.opt->step_count(g), a.opt->step_count(g));
-  EXPECT_EQ(c.state.iteration, a.state.iteration);
-  EXPECT_EQ(c.state.consumed_samples, a.state.consumed_samples);
+      EXPECT_TRUE(
+          stored_equal(resumed_rig.opt->stored(param_name, k), expect[param_name + "/" + rh::optim::key_name(k)]))
+          << param_name << "/" << rh::optim::key_name(k) << ": restored "
+          << describe(resumed_rig.opt->stored(param_name, k)) << ", predicted "
+          << describe(expect[param_name + "/" + rh::optim::key_name(k)]);
+  auto saved_params = saved_rig.model->named_parameters(true),
+       resumed_params = resumed_rig.model->named_parameters(true);
+  for (size_t i = 0; i < saved_params.size(); ++i)
+    EXPECT_TRUE(bytes_equal(saved_params[i].value(), resumed_params[i].value())) << saved_params[i].key();
+  for (size_t g = 0; g < saved_rig.opt->num_groups(); ++g)
+    EXPECT_EQ(resumed_rig.opt->step_count(g), saved_rig.opt->step_count(g));
+  EXPECT_EQ(resumed_rig.state.iteration, saved_rig.state.iteration);
+  EXPECT_EQ(resumed_rig.state.consumed_samples, saved_rig.state.consumed_samples);
   {   // the scheduler's state_dict, every key
-    const auto &x = c.state.opt_param_scheduler, &y = a.state.opt_param_scheduler;
+    const auto &x = resumed_rig.state.opt_param_scheduler, &y = saved_rig.state.opt_param_scheduler;
     EXPECT_EQ(x.num_steps, y.num_steps);
     EXPECT_EQ(x.max_lr, y.max_lr);
     EXPECT_EQ(x.min_lr, y.min_lr);
@@ -221,11 +230,11 @@ TEST_P(RoundTrip, RestoresExactlyOrWithThePredictedLoss) {
     EXPECT_EQ(x.wd_incr_style, y.wd_incr_style);
     EXPECT_EQ(x.wd_incr_steps, y.wd_incr_steps);
   }
-  EXPECT_EQ(c.state.rng_states, a.state.rng_states);
+  EXPECT_EQ(resumed_rig.state.rng_states, saved_rig.state.rng_states);
   if (!lossy) {   // exact resume: the next step is identical too
-    train(a, 1);
-    train(c, 1);
-    EXPECT_TRUE(same_state(a, c));
+    train(saved_rig, 1);
+    train(resumed_rig, 1);
+    EXPECT_TRUE(same_state(saved_rig, resumed_rig));
   }
 }
 
@@ -253,31 +262,31 @@ Mode mode_named(const std::string& n) {
 TEST(Checkpoint, MasterModeConversionsAreRefusedAsUpstream) {
   torch::set_num_threads(1);
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 3);
-  Rig f = make_rig(mode_named("fp32master_bf16moments"), 1);
-  train(f, 3);
+  Rig remainder_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(remainder_rig, 3);
+  Rig fp32_rig = make_rig(mode_named("fp32master_bf16moments"), 1);
+  train(fp32_rig, 3);
   LoadOptions lossy;
   lossy.allow_lossy = true;
-  for (SavePolicyKind pol : {SavePolicyKind::native, SavePolicyKind::dp_reshardable, SavePolicyKind::dp_zero}) {
-    const std::string d = dir.str() + "/" + to_string(pol);
-    save_checkpoint(d + "/rem", save_input(a, {pol, {}}));
-    save_checkpoint(d + "/fp32", save_input(f, {pol, {}}));
+  for (SavePolicyKind save_policy : {SavePolicyKind::native, SavePolicyKind::dp_reshardable, SavePolicyKind::dp_zero}) {
+    const std::string policy_dir = dir.str() + "/" + to_string(save_policy);
+    save_checkpoint(policy_dir + "/rem", save_input(remainder_rig, {save_policy, {}}));
+    save_checkpoint(policy_dir + "/fp32", save_input(fp32_rig, {save_policy, {}}));
     struct Try {
       std::string ckpt, target, want;
     };
-    for (const Try& t : {Try{d + "/rem", "fp32master_bf16moments", "torch.float32"},
-                         Try{d + "/fp32", "remainders_bf16moments", "torch.int16"}}) {
-      Rig c = make_rig(mode_named(t.target), 2), c0 = make_rig(mode_named(t.target), 2);
+    for (const Try& attempt : {Try{policy_dir + "/rem", "fp32master_bf16moments", "torch.float32"},
+                               Try{policy_dir + "/fp32", "remainders_bf16moments", "torch.int16"}}) {
+      Rig target_rig = make_rig(mode_named(attempt.target), 2), fresh = make_rig(mode_named(attempt.target), 2);
       try {
-        load_checkpoint(t.ckpt, *c.model, *c.opt, c.state, {}, lossy);
-        ADD_FAILURE() << t.ckpt << " into " << t.target << " must be refused";
+        load_checkpoint(attempt.ckpt, *target_rig.model, *target_rig.opt, target_rig.state, {}, lossy);
+        ADD_FAILURE() << attempt.ckpt << " into " << attempt.target << " must be refused";
       } catch (const CheckpointError& e) {
-        EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == " + t.want), std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("asserts unscaled_state.dtype == " + attempt.want), std::string::npos)
             << e.what();
         EXPECT_NE(std::string(e.what()).find("exact_master_conversion"), std::string::npos) << e.what();
       }
-      EXPECT_TRUE(same_state(c, c0)) << "a refused load must not touch the target";
+      EXPECT_TRUE(same_state(target_rig, fresh)) << "a refused load must not touch the target";
     }
   }
 }
@@ -288,39 +297,42 @@ TEST(Checkpoint, MasterModeConversionsAreExactAndReportedWhenAsked) {
   LoadOptions exact;
   exact.exact_master_conversion = true;
   // remainders -> fp32 master: join the bf16 weight with the remainder.
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 3);
-  save_checkpoint(dir.str() + "/rem", save_input(a));
-  Rig c = make_rig(mode_named("fp32master_bf16moments"), 2);
-  LoadReport rep = load_checkpoint(dir.str() + "/rem", *c.model, *c.opt, c.state, {}, exact);
-  EXPECT_FALSE(rep.conversions.empty());
-  for (const auto& p : a.opt->param_names())
-    EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*c.opt, p, StateKey::master_param),
-                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param)))
+  Rig remainder_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(remainder_rig, 3);
+  save_checkpoint(dir.str() + "/rem", save_input(remainder_rig));
+  Rig fp32_rig = make_rig(mode_named("fp32master_bf16moments"), 2);
+  LoadReport load_report =
+      load_checkpoint(dir.str() + "/rem", *fp32_rig.model, *fp32_rig.opt, fp32_rig.state, {}, exact);
+  EXPECT_FALSE(load_report.conversions.empty());
+  for (const auto& p : remainder_rig.opt->param_names())
+    EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*fp32_rig.opt, p, StateKey::master_param),
+                            rh::ckpt::detail::unscaled(*remainder_rig.opt, p, StateKey::master_param)))
         << p;
   // and back: the fp32 master splits into weight + remainder with the same joined value.
-  save_checkpoint(dir.str() + "/fp32", save_input(c));
-  Rig d = make_rig(mode_named("remainders_bf16moments"), 3);
-  rep = load_checkpoint(dir.str() + "/fp32", *d.model, *d.opt, d.state, {}, exact);
-  EXPECT_FALSE(rep.conversions.empty());
-  for (const auto& p : a.opt->param_names())
-    EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*d.opt, p, StateKey::master_param),
-                            rh::ckpt::detail::unscaled(*a.opt, p, StateKey::master_param)))
+  save_checkpoint(dir.str() + "/fp32", save_input(fp32_rig));
+  Rig remainder_again_rig = make_rig(mode_named("remainders_bf16moments"), 3);
+  load_report = load_checkpoint(dir.str() + "/fp32", *remainder_again_rig.model, *remainder_again_rig.opt,
+                                remainder_again_rig.state, {}, exact);
+  EXPECT_FALSE(load_report.conversions.empty());
+  for (const auto& p : remainder_rig.opt->param_names())
+    EXPECT_TRUE(bytes_equal(rh::ckpt::detail::unscaled(*remainder_again_rig.opt, p, StateKey::master_param),
+                            rh::ckpt::detail::unscaled(*remainder_rig.opt, p, StateKey::master_param)))
         << p;
   // remainder into an fp16 master cannot be exact: refused, target untouched.
-  Rig e = make_rig(mode_named("fp16master_fp8_fp16"), 4), e0 = make_rig(mode_named("fp16master_fp8_fp16"), 4);
-  EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *e.model, *e.opt, e.state, {}, exact), CheckpointError);
-  EXPECT_TRUE(same_state(e, e0));
+  Rig fp16_rig = make_rig(mode_named("fp16master_fp8_fp16"), 4), fresh = make_rig(mode_named("fp16master_fp8_fp16"), 4);
+  EXPECT_THROW(load_checkpoint(dir.str() + "/rem", *fp16_rig.model, *fp16_rig.opt, fp16_rig.state, {}, exact),
+               CheckpointError);
+  EXPECT_TRUE(same_state(fp16_rig, fresh));
 }
 
 TEST(Checkpoint, OverrideIsRecordedAsLossyAndRefused) {
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_fp32moments"), 1);
-  train(a, 3);
-  save_checkpoint(dir.str(), save_input(a, {SavePolicyKind::native, {{"exp_avg", Dtype::bf16}}}));
-  Rig c = make_rig(mode_named("remainders_fp32moments"), 2);
+  Rig saved_rig = make_rig(mode_named("remainders_fp32moments"), 1);
+  train(saved_rig, 3);
+  save_checkpoint(dir.str(), save_input(saved_rig, {SavePolicyKind::native, {{"exp_avg", Dtype::bf16}}}));
+  Rig resumed_rig = make_rig(mode_named("remainders_fp32moments"), 2);
   try {
-    load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {});
+    load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {});
     FAIL() << "a bf16 override of fp32 moments must be refused";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("optim_rank_00000.safetensors"), std::string::npos) << e.what();
@@ -328,53 +340,56 @@ TEST(Checkpoint, OverrideIsRecordedAsLossyAndRefused) {
   }
   LoadOptions lossy;
   lossy.allow_lossy = true;
-  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, lossy);
-  const std::string p = a.opt->param_names()[1];
-  torch::Tensor want = a.opt->get_unscaled_state(p, StateKey::exp_avg).to(torch::kBFloat16).to(torch::kFloat);
-  EXPECT_TRUE(bytes_equal(c.opt->get_unscaled_state(p, StateKey::exp_avg), want));
-  EXPECT_FALSE(bytes_equal(want, a.opt->get_unscaled_state(p, StateKey::exp_avg)));
+  load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, lossy);
+  const std::string param_name = saved_rig.opt->param_names()[1];
+  torch::Tensor want =
+      saved_rig.opt->get_unscaled_state(param_name, StateKey::exp_avg).to(torch::kBFloat16).to(torch::kFloat);
+  EXPECT_TRUE(bytes_equal(resumed_rig.opt->get_unscaled_state(param_name, StateKey::exp_avg), want));
+  EXPECT_FALSE(bytes_equal(want, saved_rig.opt->get_unscaled_state(param_name, StateKey::exp_avg)));
 }
 
 TEST(Checkpoint, SkipKeysLeaveStatesAlone) {
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 3);
-  save_checkpoint(dir.str(), save_input(a));
-  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
-  LoadOptions o;
-  o.skip_keys = {"exp_avg", "remainder"};
-  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, o);
-  for (const auto& p : a.opt->param_names()) {
-    EXPECT_EQ(c.opt->stored(p, StateKey::exp_avg).data.abs().max().item<float>(), 0.0f) << p;
-    EXPECT_EQ(c.opt->stored(p, StateKey::master_param).data.abs().max().item<int>(), 0) << p;
-    EXPECT_TRUE(stored_equal(c.opt->stored(p, StateKey::exp_avg_sq), a.opt->stored(p, StateKey::exp_avg_sq)));
+  Rig saved_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(saved_rig, 3);
+  save_checkpoint(dir.str(), save_input(saved_rig));
+  Rig resumed_rig = make_rig(mode_named("remainders_bf16moments"), 2);
+  LoadOptions load_options;
+  load_options.skip_keys = {"exp_avg", "remainder"};
+  load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, load_options);
+  for (const auto& p : saved_rig.opt->param_names()) {
+    EXPECT_EQ(resumed_rig.opt->stored(p, StateKey::exp_avg).data.abs().max().item<float>(), 0.0f) << p;
+    EXPECT_EQ(resumed_rig.opt->stored(p, StateKey::master_param).data.abs().max().item<int>(), 0) << p;
+    EXPECT_TRUE(
+        stored_equal(resumed_rig.opt->stored(p, StateKey::exp_avg_sq), saved_rig.opt->stored(p, StateKey::exp_avg_sq)));
   }
-  o.skip_keys = {"nonsense"};
-  EXPECT_THROW(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, o), CheckpointError);
+  load_options.skip_keys = {"nonsense"};
+  EXPECT_THROW(load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, load_options),
+               CheckpointError);
 }
 
 TEST(Checkpoint, DiskAccountingAddsUp) {
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 1);
-  SaveResult r = save_checkpoint(dir.str(), save_input(a));
-  int64_t n = 0;
-  for (const auto& p : a.model->named_parameters(true)) n += p.value().numel();
+  Rig saved_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(saved_rig, 1);
+  SaveResult saved = save_checkpoint(dir.str(), save_input(saved_rig));
+  int64_t num_params = 0;
+  for (const auto& p : saved_rig.model->named_parameters(true)) num_params += p.value().numel();
   // bf16 weight 2 B + int16 remainder 2 B + bf16 moments 2 + 2 B: 8 B/param plus metadata.
-  EXPECT_EQ(r.bytes_per_key.at("model"), uint64_t(2 * n));
-  EXPECT_EQ(r.bytes_per_key.at("remainder"), uint64_t(2 * n));
-  EXPECT_EQ(r.bytes_per_key.at("exp_avg"), uint64_t(2 * n));
-  EXPECT_EQ(r.bytes_per_key.at("exp_avg_sq"), uint64_t(2 * n));
+  EXPECT_EQ(saved.bytes_per_key.at("model"), uint64_t(2 * num_params));
+  EXPECT_EQ(saved.bytes_per_key.at("remainder"), uint64_t(2 * num_params));
+  EXPECT_EQ(saved.bytes_per_key.at("exp_avg"), uint64_t(2 * num_params));
+  EXPECT_EQ(saved.bytes_per_key.at("exp_avg_sq"), uint64_t(2 * num_params));
   uint64_t sum = 0;
-  for (const auto& [k, b] : r.bytes_per_key) sum += b;
-  EXPECT_EQ(sum, r.total_bytes);
+  for (const auto& [k, b] : saved.bytes_per_key) sum += b;
+  EXPECT_EQ(sum, saved.total_bytes);
   uint64_t on_disk = 0;
   for (const char* f : {"model.safetensors", "optim_rank_00000.safetensors", "manifest.json"})
-    on_disk += fs::file_size(fs::path(r.dir) / f);
-  EXPECT_EQ(on_disk, r.total_bytes);
-  EXPECT_DOUBLE_EQ(r.bytes_per_param, double(r.total_bytes) / double(n));
+    on_disk += fs::file_size(fs::path(saved.dir) / f);
+  EXPECT_EQ(on_disk, saved.total_bytes);
+  EXPECT_DOUBLE_EQ(saved.bytes_per_param, double(saved.total_bytes) / double(num_params));
   // disk.csv rows add up to the same total.
-  std::ifstream csv(fs::path(r.dir) / "disk.csv");
+  std::ifstream csv(fs::path(saved.dir) / "disk.csv");
   std::string line;
   std::getline(csv, line);
   EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes,raw_bytes");
@@ -384,22 +399,22 @@ TEST(Checkpoint, DiskAccountingAddsUp) {
     csv_sum += std::stoull(line.substr(prev + 1, last - prev - 1));
     raw_sum += std::stoull(line.substr(last + 1));
   }
-  EXPECT_EQ(csv_sum, r.total_bytes);
-  EXPECT_EQ(raw_sum, r.total_bytes);   // uncompressed: raw == on disk
+  EXPECT_EQ(csv_sum, saved.total_bytes);
+  EXPECT_EQ(raw_sum, saved.total_bytes);   // uncompressed: raw == on disk
 }
 
 TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 2);
-  save_checkpoint(dir.str(), save_input(a));
+  Rig saved_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(saved_rig, 2);
+  save_checkpoint(dir.str(), save_input(saved_rig));
   // Same iteration, different content; the scheduler counts samples too, and load checks that
   // the two agree.
-  a.state.consumed_samples = a.state.opt_param_scheduler.num_steps = 12345;
-  save_checkpoint(dir.str(), save_input(a));
-  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
-  load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {});
-  EXPECT_EQ(c.state.consumed_samples, 12345);
+  saved_rig.state.consumed_samples = saved_rig.state.opt_param_scheduler.num_steps = 12345;
+  save_checkpoint(dir.str(), save_input(saved_rig));
+  Rig resumed_rig = make_rig(mode_named("remainders_bf16moments"), 2);
+  load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {});
+  EXPECT_EQ(resumed_rig.state.consumed_samples, 12345);
   for (const auto& e : fs::directory_iterator(dir.p))
     EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "leftover " << e.path();
 }
@@ -410,20 +425,20 @@ TEST(Checkpoint, ResaveOfSameIterationReplacesAtomically) {
 // checkpoint the newest.
 TEST(Checkpoint, FailingModelWriteKeepsThePreviousCheckpoint) {
   TmpDir dir;
-  Rig a = make_rig(mode_named("remainders_bf16moments"), 1);
-  train(a, 2);
-  save_checkpoint(dir.str(), save_input(a));
+  Rig saved_rig = make_rig(mode_named("remainders_bf16moments"), 1);
+  train(saved_rig, 2);
+  save_checkpoint(dir.str(), save_input(saved_rig));
   struct WithInt8 : torch::nn::Module {   // int8 has no safetensors name here: write_model throws
     explicit WithInt8(std::shared_ptr<Toy> t) {
       register_module("toy", std::move(t));
       register_parameter("codes", torch::zeros({4}, torch::kChar), /*requires_grad=*/false);
     }
-  } bad(a.model);
-  train(a, 1);
-  rh::ckpt::SaveInput in = save_input(a);
-  in.model = &bad;
+  } bad(saved_rig.model);
+  train(saved_rig, 1);
+  rh::ckpt::SaveInput failing_input = save_input(saved_rig);
+  failing_input.model = &bad;
   try {
-    save_checkpoint(dir.str(), in);
+    save_checkpoint(dir.str(), failing_input);
     ADD_FAILURE() << "a model the writer cannot store must fail the save";
   } catch (const rh::ckpt::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("model parameter codes"), std::string::npos) << e.what();
@@ -431,8 +446,8 @@ TEST(Checkpoint, FailingModelWriteKeepsThePreviousCheckpoint) {
   for (const auto& e : fs::directory_iterator(dir.p))
     EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos) << "leftover " << e.path();
   EXPECT_FALSE(fs::exists(dir.p / "iter_0000003"));
-  Rig c = make_rig(mode_named("remainders_bf16moments"), 2);
-  EXPECT_EQ(load_checkpoint(dir.str(), *c.model, *c.opt, c.state, {}, {}).iteration, 2);
+  Rig resumed_rig = make_rig(mode_named("remainders_bf16moments"), 2);
+  EXPECT_EQ(load_checkpoint(dir.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, {}, {}).iteration, 2);
 }
 
 }   // namespace

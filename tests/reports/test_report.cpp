@@ -62,16 +62,16 @@ struct Png {
   uint32_t width = 0, height = 0;
 };
 
-Png read_png(const fs::path& p) {
-  const std::string b = slurp(p);
+Png read_png(const fs::path& png_path) {
+  const std::string png_bytes = slurp(png_path);
   Png png;
   static const std::string sig("\x89PNG\r\n\x1a\n", 8);
-  if (b.size() < 33 || b.compare(0, 8, sig) != 0 || b.compare(12, 4, "IHDR") != 0) return png;
+  if (png_bytes.size() < 33 || png_bytes.compare(0, 8, sig) != 0 || png_bytes.compare(12, 4, "IHDR") != 0) return png;
   auto be32 = [&](size_t o) {
-    return (uint32_t(uint8_t(b[o])) << 24) | (uint32_t(uint8_t(b[o + 1])) << 16) | (uint32_t(uint8_t(b[o + 2])) << 8) |
-           uint32_t(uint8_t(b[o + 3]));
+    return (uint32_t(uint8_t(png_bytes[o])) << 24) | (uint32_t(uint8_t(png_bytes[o + 1])) << 16) |
+           (uint32_t(uint8_t(png_bytes[o + 2])) << 8) | uint32_t(uint8_t(png_bytes[o + 3]));
   };
-  png.valid = b.compare(b.size() - 8, 4, "IEND") == 0;
+  png.valid = png_bytes.compare(png_bytes.size() - 8, 4, "IEND") == 0;
   png.width = be32(16);
   png.height = be32(20);
   return png;
@@ -161,24 +161,24 @@ TEST_F(ReportOnFixture, OutcomeGridsFollowTheAxesAndSeparateExpectedDivergence) 
   RunData run = load_run(dir_->string());
   const auto grids = outcome_grids(run);
   ASSERT_EQ(grids.size(), 2u);
-  const Table& st = grids[0].table;
+  const Table& states_grid = grids[0].table;
   EXPECT_EQ(grids[0].group, "states");
-  EXPECT_EQ(st.header, (std::vector<std::string>{"exp_avg \\ policy", "policy=fp32", "policy=per_key"}));
-  ASSERT_EQ(st.rows.size(), 2u);
-  EXPECT_EQ(st.rows[0], (std::vector<std::string>{"fp32", "identical", "\u2014"}));
-  EXPECT_EQ(st.rows[1], (std::vector<std::string>{"bf16", "identical", "identical"}));
-  EXPECT_EQ(st.cell_class[0][2], "o-none");
-  const Table& ft = grids[1].table;
+  EXPECT_EQ(states_grid.header, (std::vector<std::string>{"exp_avg \\ policy", "policy=fp32", "policy=per_key"}));
+  ASSERT_EQ(states_grid.rows.size(), 2u);
+  EXPECT_EQ(states_grid.rows[0], (std::vector<std::string>{"fp32", "identical", "\u2014"}));
+  EXPECT_EQ(states_grid.rows[1], (std::vector<std::string>{"bf16", "identical", "identical"}));
+  EXPECT_EQ(states_grid.cell_class[0][2], "o-none");
+  const Table& faults_grid = grids[1].table;
   EXPECT_EQ(grids[1].group, "faults");
-  ASSERT_EQ(ft.rows.size(), 2u);
+  ASSERT_EQ(faults_grid.rows.size(), 2u);
   // Two axes, each named by one scenario only: both label the rows, as axis=value.
-  EXPECT_EQ(ft.header, (std::vector<std::string>{"skip, scenario", "outcome"}));
-  EXPECT_EQ(ft.rows[0], (std::vector<std::string>{"skip=exp_avg", "diverged as expected"}));
-  EXPECT_EQ(ft.rows[1], (std::vector<std::string>{"scenario=crash", "failed"}));
-  EXPECT_EQ(ft.cell_class[0][1], "o-diverged-as-expected");
-  EXPECT_EQ(ft.cell_class[1][1], "o-failed");
-  EXPECT_NE(ft.cell_title[0][1].find("first divergence: after load: w/exp_avg"), std::string::npos)
-      << ft.cell_title[0][1];
+  EXPECT_EQ(faults_grid.header, (std::vector<std::string>{"skip, scenario", "outcome"}));
+  EXPECT_EQ(faults_grid.rows[0], (std::vector<std::string>{"skip=exp_avg", "diverged as expected"}));
+  EXPECT_EQ(faults_grid.rows[1], (std::vector<std::string>{"scenario=crash", "failed"}));
+  EXPECT_EQ(faults_grid.cell_class[0][1], "o-diverged-as-expected");
+  EXPECT_EQ(faults_grid.cell_class[1][1], "o-failed");
+  EXPECT_NE(faults_grid.cell_title[0][1].find("first divergence: after load: w/exp_avg"), std::string::npos)
+      << faults_grid.cell_title[0][1];
   const std::string html = slurp(*dir_ / "report.html");
   EXPECT_NE(html.find("<td class=\"o-failed\" title=\"faults/crash: FAIL: error: baseline process exited with 134"),
             std::string::npos);
@@ -224,10 +224,10 @@ TEST_F(ReportOnFixture, StatusBannerOpensBothReportsWithCountsThatAddUp) {
   EXPECT_LT(md.find("**" + line + "**"), md.find("## Scenarios that did not meet their expectation"));
 
   RunData run = load_run(dir_->string());
-  const StatusCounts c = status_counts(run);
-  EXPECT_EQ(c.exact + c.tolerance + c.diverged + c.refused, c.met);
-  EXPECT_EQ(c.met + c.failed, c.scenarios);
-  EXPECT_FALSE(c.passed());
+  const StatusCounts counts = status_counts(run);
+  EXPECT_EQ(counts.exact + counts.tolerance + counts.diverged + counts.refused, counts.met);
+  EXPECT_EQ(counts.met + counts.failed, counts.scenarios);
+  EXPECT_FALSE(counts.passed());
   // A scenario that met a declared refusal is counted as refused, one within tolerance as such.
   run.scenarios[0].row.outcome = rh::Outcome::load_refused;
   run.scenarios[1].row.outcome = rh::Outcome::within_tolerance;
@@ -303,11 +303,11 @@ TEST_F(ReportOnFixture, MatrixRowsLinkEachScenarioDirectory) {
   EXPECT_EQ(md_row(slurp(*dir_ / "report.md"), "faults/skip=exp_avg")[3],
             "PASS: difference caught as expected: after load: w/exp_avg");
   // A directory name that is not URL-safe is percent-encoded in the link, never left to end it.
-  Table t;
-  t.header = {"scenario"};
-  t.rows = {{"x"}};
-  t.row_href = {"scenarios/a\"b c#d/"};
-  EXPECT_NE(to_html(t).find("<a href=\"scenarios/a%22b%20c%23d/\">x</a>"), std::string::npos) << to_html(t);
+  Table table;
+  table.header = {"scenario"};
+  table.rows = {{"x"}};
+  table.row_href = {"scenarios/a\"b c#d/"};
+  EXPECT_NE(to_html(table).find("<a href=\"scenarios/a%22b%20c%23d/\">x</a>"), std::string::npos) << to_html(table);
 }
 
 // Grids pick their columns by the axes' sizes: a group of four axes (2, 3, 2 and 4 values) gets at
@@ -317,39 +317,39 @@ TEST_F(ReportOnFixture, MatrixRowsLinkEachScenarioDirectory) {
 TEST(ReportGrids, ColumnsFollowTheAxesSizesAndSingleScenarioGroupsAreNamed) {
   RunData run;
   auto add = [&run](const std::string& name, const std::string& group) {
-    ScenarioData s;
-    s.row.scenario = name;
-    s.row.passed = true;
-    s.row.outcome = rh::Outcome::identical;
-    s.row.verdict = "PASS";
-    s.group = group;
-    run.scenarios.push_back(s);
+    ScenarioData scenario;
+    scenario.row.scenario = name;
+    scenario.row.passed = true;
+    scenario.row.outcome = rh::Outcome::identical;
+    scenario.row.verdict = "PASS";
+    scenario.group = group;
+    run.scenarios.push_back(scenario);
   };
   add("seed-protocol", "seed-protocol");
-  size_t n = 0;
+  size_t wide_scenarios = 0;
   for (const char* a : {"x", "y"})
     for (const char* b : {"1", "2", "3"})
       for (const char* c : {"p", "q"})
         for (const char* d : {"k", "l", "m", "n"}) {
           add(std::string("wide/a=") + a + ",b=" + b + ",c=" + c + ",d=" + d, "wide");
-          ++n;
+          ++wide_scenarios;
         }
   const auto grids = outcome_grids(run);
   ASSERT_EQ(grids.size(), 2u);
   EXPECT_EQ(grids[0].table.header, (std::vector<std::string>{"scenario", "outcome"}));
   ASSERT_EQ(grids[0].table.rows.size(), 1u);
   EXPECT_EQ(grids[0].table.rows[0], (std::vector<std::string>{"seed-protocol", "identical"}));
-  const Table& w = grids[1].table;
+  const Table& wide_grid = grids[1].table;
   EXPECT_TRUE(grids[1].note.empty());
-  EXPECT_EQ(w.header.size() - 1, kMaxGridColumns);
-  EXPECT_EQ(w.header[0], "a, d \\ b, c");
-  EXPECT_EQ(w.header[1], "b=1, c=p");
-  EXPECT_EQ(w.rows.size(), 8u);
-  EXPECT_EQ(w.rows[0][0], "a=x, d=k");
+  EXPECT_EQ(wide_grid.header.size() - 1, kMaxGridColumns);
+  EXPECT_EQ(wide_grid.header[0], "a, d \\ b, c");
+  EXPECT_EQ(wide_grid.header[1], "b=1, c=p");
+  EXPECT_EQ(wide_grid.rows.size(), 8u);
+  EXPECT_EQ(wide_grid.rows[0][0], "a=x, d=k");
   size_t cells = 0;
-  for (const auto& r : w.rows)
+  for (const auto& r : wide_grid.rows)
     for (size_t c = 1; c < r.size(); ++c) cells += r[c] == "identical";
-  EXPECT_EQ(cells, n);
+  EXPECT_EQ(cells, wide_scenarios);
 }
 
 TEST(ReportFailingList, SaysNoneWhenEveryScenarioMetItsExpectation) {
@@ -381,28 +381,28 @@ TEST_F(ReportOnFixture, MatrixTableNumbersAreTheCsvNumbers) {
   };
   size_t rows = 0;
   while (std::getline(csv, line)) {
-    const auto f = split_csv(line);
-    const auto cells = md_row(md, f[col("scenario")]);
+    const auto fields = split_csv(line);
+    const auto cells = md_row(md, fields[col("scenario")]);
     // 6 + the 4 ULP kinds some checkpoint holds (no remainder, no scale in the fixture) + 3.
-    ASSERT_EQ(cells.size(), 13u) << f[0];
-    SCOPED_TRACE(f[0]);
-    EXPECT_EQ(cells[1], f[col("expectation")]);
-    EXPECT_EQ(cells[2], f[col("outcome")]);
-    EXPECT_EQ(cells[3], f[col("verdict")]);
+    ASSERT_EQ(cells.size(), 13u) << fields[0];
+    SCOPED_TRACE(fields[0]);
+    EXPECT_EQ(cells[1], fields[col("expectation")]);
+    EXPECT_EQ(cells[2], fields[col("outcome")]);
+    EXPECT_EQ(cells[3], fields[col("verdict")]);
     // People's numbers: 0 as 0, the rest to 4 significant digits (the CSV keeps every digit).
-    if (f[col("outcome")] != "error") {
-      EXPECT_EQ(cells[5], f[col("max_abs_dloss")] == "0" ? "0" : "0.007812") << f[col("max_abs_dloss")];
+    if (fields[col("outcome")] != "error") {
+      EXPECT_EQ(cells[5], fields[col("max_abs_dloss")] == "0" ? "0" : "0.007812") << fields[col("max_abs_dloss")];
     }
     const char* kinds[] = {"model", "master_param", "exp_avg", "exp_avg_sq"};
     for (size_t k = 0; k < 4; ++k) {
-      const std::string v = f[col(std::string("max_ulp_") + kinds[k])];
-      EXPECT_EQ(cells[6 + k], v.empty() ? "\u2014" : v) << kinds[k];
+      const std::string max_ulp = fields[col(std::string("max_ulp_") + kinds[k])];
+      EXPECT_EQ(cells[6 + k], max_ulp.empty() ? "\u2014" : max_ulp) << kinds[k];
     }
-    EXPECT_EQ(cells[10], f[col("checkpoint_bytes")]);
-    EXPECT_EQ(cells[11], f[col("bytes_per_param")]);
+    EXPECT_EQ(cells[10], fields[col("checkpoint_bytes")]);
+    EXPECT_EQ(cells[11], fields[col("bytes_per_param")]);
     // The HTML holds the same cells.
-    EXPECT_NE(html.find("<td class=\"num\">" + f[col("checkpoint_bytes")] + "</td><td class=\"num\">" +
-                        f[col("bytes_per_param")] + "</td>"),
+    EXPECT_NE(html.find("<td class=\"num\">" + fields[col("checkpoint_bytes")] + "</td><td class=\"num\">" +
+                        fields[col("bytes_per_param")] + "</td>"),
               std::string::npos);
     ++rows;
   }
@@ -419,12 +419,12 @@ TEST_F(ReportOnFixture, MatrixTableNumbersAreTheCsvNumbers) {
 
 TEST_F(ReportOnFixture, DiskTableSumsDiskCsvPerKind) {
   const std::string md = slurp(*dir_ / "report.md");
-  const auto r = md_row(md, "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16");
-  ASSERT_EQ(r.size(), 12u);
-  EXPECT_EQ(r[1], "states/exp_avg=bf16,policy=per_key");
+  const auto per_key_row = md_row(md, "per_key: model BF16, master_param F32, exp_avg BF16, exp_avg_sq BF16");
+  ASSERT_EQ(per_key_row.size(), 12u);
+  EXPECT_EQ(per_key_row[1], "states/exp_avg=bf16,policy=per_key");
   const std::vector<std::string> want = {"200",    "400", "\u2014", "200",     "200",
                                          "\u2014", "500", "1500",   "10.0000", "21.05 %"};   // 1 - 1500/1900
-  EXPECT_EQ(std::vector<std::string>(r.begin() + 2, r.end()), want);
+  EXPECT_EQ(std::vector<std::string>(per_key_row.begin() + 2, per_key_row.end()), want);
   EXPECT_EQ(md_row(md, "fp32: model BF16, master_param F32, exp_avg F32, exp_avg_sq F32").back(), "reference");
 }
 
@@ -466,18 +466,18 @@ TEST_F(ReportOnFixture, ProjectionMatchesHandComputedCase) {
   std::istringstream csv(slurp(*dir_ / "projection.csv"));
   std::getline(csv, line);
   EXPECT_EQ(line.rfind("model,params,policy,storage,payload_bytes_per_param,projected_bytes,", 0), 0u);
-  size_t n = 0;
-  bool saw = false;
+  size_t projection_rows = 0;
+  bool saw_per_key = false;
   while (std::getline(csv, line)) {
-    ++n;
+    ++projection_rows;
     if (line.rfind("DeepSeek-V2-Lite,15700000000,per_key,", 0) == 0) {
-      saw = true;
+      saw_per_key = true;
       EXPECT_NE(line.find(",10,157000000000,157,"), std::string::npos) << line;
       EXPECT_NE(line.find(",164,"), std::string::npos) << line;
     }
   }
-  EXPECT_TRUE(saw);
-  EXPECT_EQ(n, 2u * 3u);   // 2 models x 3 configurations
+  EXPECT_TRUE(saw_per_key);
+  EXPECT_EQ(projection_rows, 2u * 3u);   // 2 models x 3 configurations
 }
 
 TEST(ReportProjection, ArithmeticOnCombos) {
@@ -490,8 +490,8 @@ TEST(ReportProjection, ArithmeticOnCombos) {
   bf16.dtypes["exp_avg"] = bf16.dtypes["exp_avg_sq"] = "BF16";
   bf16.payload_per_param = 10;
   bf16.payload_reduction_pct = 100.0 * (1 - 10.0 / 14.0);
-  ModelSize m{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
-  const auto rows = project({m}, {fp32, bf16});
+  ModelSize model_size{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
+  const auto rows = project({model_size}, {fp32, bf16});
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].bytes, 219.8e9);
   EXPECT_EQ(rows[1].bytes, 157e9);
@@ -500,10 +500,10 @@ TEST(ReportProjection, ArithmeticOnCombos) {
   EXPECT_NEAR(rows[1].published_diff_pct, 100.0 * (157.0 - 164.0) / 164.0, 1e-12);   // float rounding only
   EXPECT_NEAR(rows[1].delta_pp, 100.0 * (1 - 10.0 / 14.0) - 100.0 * (1 - 164.0 / 222.0), 1e-12);
   // A remainder checkpoint is not what was published.
-  auto rem = bf16;
-  rem.dtypes.erase("master_param");
-  rem.dtypes["remainder"] = "I16";
-  EXPECT_FALSE(published_applies(m.published[1], rem));
+  auto remainder_combo = bf16;
+  remainder_combo.dtypes.erase("master_param");
+  remainder_combo.dtypes["remainder"] = "I16";
+  EXPECT_FALSE(published_applies(model_size.published[1], remainder_combo));
 }
 
 // A compressed checkpoint of the same dtypes is its own configuration: grouped as "POLICY + zstd",
@@ -516,44 +516,45 @@ TEST(ReportProjection, CompressedCombosAreTheirOwnRowsWithoutPublishedSizes) {
   plain.dtypes = {{"model", "BF16"}, {"master_param", "F32"}, {"exp_avg", "BF16"}, {"exp_avg_sq", "BF16"}};
   plain.num_params = 10;
   plain.payload_per_param = 10;
-  Combo z = plain;
-  z.compress = "zstd";
-  z.label = "native + zstd: model BF16, exp_avg BF16";
-  z.payload_per_param = 6.5;
-  EXPECT_EQ(z.policy_label(), "native + zstd");
+  Combo zstd_combo = plain;
+  zstd_combo.compress = "zstd";
+  zstd_combo.label = "native + zstd: model BF16, exp_avg BF16";
+  zstd_combo.payload_per_param = 6.5;
+  EXPECT_EQ(zstd_combo.policy_label(), "native + zstd");
   EXPECT_EQ(plain.policy_label(), "native");
-  ModelSize m{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
-  EXPECT_TRUE(published_applies(m.published[1], plain));
-  EXPECT_FALSE(published_applies(m.published[1], z));
-  const auto rows = project({m}, {plain, z});
+  ModelSize model_size{"DeepSeek-V2-Lite", 15.7e9, {{"fp32", 222, ""}, {"bf16", 164, ""}}};
+  EXPECT_TRUE(published_applies(model_size.published[1], plain));
+  EXPECT_FALSE(published_applies(model_size.published[1], zstd_combo));
+  const auto rows = project({model_size}, {plain, zstd_combo});
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_NE(rows[0].published, nullptr);
   EXPECT_EQ(rows[1].published, nullptr);
   EXPECT_EQ(rows[1].bytes, 6.5 * 15.7e9);
-  const Table t = projection_table({m}, {plain, z}, rows);
-  ASSERT_EQ(t.rows.size(), 2u);   // one row per model and policy label
-  EXPECT_EQ(t.rows[0][2], "native");
-  EXPECT_EQ(t.rows[1][2], "native + zstd");
-  EXPECT_EQ(t.rows[1][4], "102.0");    // 6.5 B/param x 15.7e9 = 102.05 GB
-  EXPECT_EQ(t.rows[1][6], "\u2014");   // no published size applies
+  const Table table = projection_table({model_size}, {plain, zstd_combo}, rows);
+  ASSERT_EQ(table.rows.size(), 2u);   // one row per model and policy label
+  EXPECT_EQ(table.rows[0][2], "native");
+  EXPECT_EQ(table.rows[1][2], "native + zstd");
+  EXPECT_EQ(table.rows[1][4], "102.0");    // 6.5 B/param x 15.7e9 = 102.05 GB
+  EXPECT_EQ(table.rows[1][6], "\u2014");   // no published size applies
 }
 
 // storage_combos: two scenarios whose files hold the same dtypes, one of them compressed, are two
 // configurations (before, the compressed one was merged into the uncompressed label).
 TEST(ReportProjection, StorageCombosKeepACompressedCheckpointApart) {
   RunData run;
-  for (const char* c : {"none", "zstd"}) {
-    ScenarioData s;
-    s.row.scenario = std::string("states/compress=") + c;
-    s.row.save_policy = "native";
-    s.row.compress = c;
-    s.row.num_params = Num{"100", 100};
-    s.has_disk = true;
-    const uint64_t w = std::string(c) == "none" ? 200 : 130, m = std::string(c) == "none" ? 200 : 140;
-    s.disk = {{"model.safetensors", "w", "model", "BF16", 100, w},
-              {"optim_rank_00000.safetensors", "w/exp_avg", "exp_avg", "BF16", 100, m},
-              {"optim_rank_00000.safetensors", "header", "metadata", "", 0, 64}};
-    run.scenarios.push_back(s);
+  for (const char* compress : {"none", "zstd"}) {
+    ScenarioData scenario;
+    scenario.row.scenario = std::string("states/compress=") + compress;
+    scenario.row.save_policy = "native";
+    scenario.row.compress = compress;
+    scenario.row.num_params = Num{"100", 100};
+    scenario.has_disk = true;
+    const uint64_t model_bytes = std::string(compress) == "none" ? 200 : 130,
+                   exp_avg_bytes = std::string(compress) == "none" ? 200 : 140;
+    scenario.disk = {{"model.safetensors", "w", "model", "BF16", 100, model_bytes},
+                     {"optim_rank_00000.safetensors", "w/exp_avg", "exp_avg", "BF16", 100, exp_avg_bytes},
+                     {"optim_rank_00000.safetensors", "header", "metadata", "", 0, 64}};
+    run.scenarios.push_back(scenario);
   }
   const auto combos = storage_combos(run, {-1, -1});
   ASSERT_EQ(combos.size(), 2u);
