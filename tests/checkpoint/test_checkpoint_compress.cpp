@@ -41,87 +41,89 @@ struct DtypeCase {
 
 // Values like a trained state's: small normals of varying scale (clustered exponents), some
 // exact zeros, and for int16 the uniform low halves a remainder holds.
-torch::Tensor trained_like(const DtypeCase& c, int64_t n, uint64_t seed) {
+torch::Tensor trained_like(const DtypeCase& dtype_case, int64_t n, uint64_t seed) {
   auto g = at::detail::createCPUGenerator(seed);
   torch::Tensor v = torch::randn({n}, g) * 1e-3 * torch::exp(torch::randn({n}, g));
   v.masked_fill_(torch::rand({n}, g) < 0.05, 0.0);
-  if (c.t == torch::kShort) return torch::randint(-32768, 32768, {n}, g).to(torch::kShort);
-  if (c.t == torch::kByte) return torch::randint(0, 256, {n}, g).to(torch::kByte).bitwise_and(0x7f);   // fp8-ish codes
-  return v.to(c.t);
+  if (dtype_case.t == torch::kShort) return torch::randint(-32768, 32768, {n}, g).to(torch::kShort);
+  if (dtype_case.t == torch::kByte)
+    return torch::randint(0, 256, {n}, g).to(torch::kByte).bitwise_and(0x7f);   // fp8-ish codes
+  return v.to(dtype_case.t);
 }
 
 class Planes : public ::testing::TestWithParam<DtypeCase> {};
 
 TEST_P(Planes, FastSplitMatchesTheReferenceAndJoinInvertsIt) {
-  const DtypeCase c = GetParam();
+  const DtypeCase dtype_case = GetParam();
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(4096), int64_t(100003)}) {
-    torch::Tensor t = trained_like(c, n, 3 + n);
+    torch::Tensor t = trained_like(dtype_case, n, 3 + n);
     const uint8_t* src = static_cast<const uint8_t*>(t.data_ptr());
-    std::vector<uint8_t> fast(n * c.itemsize), back(n * c.itemsize);
-    split_planes(src, n, c.itemsize, fast.data());
-    EXPECT_EQ(fast, reference_split(src, n, c.itemsize)) << c.name << " n=" << n;
-    join_planes(fast.data(), n, c.itemsize, back.data());
-    EXPECT_EQ(0, std::memcmp(back.data(), src, back.size())) << c.name << " n=" << n;
+    std::vector<uint8_t> fast(n * dtype_case.itemsize), back(n * dtype_case.itemsize);
+    split_planes(src, n, dtype_case.itemsize, fast.data());
+    EXPECT_EQ(fast, reference_split(src, n, dtype_case.itemsize)) << dtype_case.name << " n=" << n;
+    join_planes(fast.data(), n, dtype_case.itemsize, back.data());
+    EXPECT_EQ(0, std::memcmp(back.data(), src, back.size())) << dtype_case.name << " n=" << n;
   }
 }
 
 TEST_P(Planes, BlocksRoundTripBitForBitAtBlockBoundaries) {
-  const DtypeCase c = GetParam();
-  const int64_t per_block = static_cast<int64_t>(kCompressBlockBytes) / c.itemsize;
+  const DtypeCase dtype_case = GetParam();
+  const int64_t per_block = static_cast<int64_t>(kCompressBlockBytes) / dtype_case.itemsize;
   for (int64_t n : {int64_t(1), per_block - 1, per_block, per_block + 1, 2 * per_block + 5}) {
-    torch::Tensor t = trained_like(c, n, 11 + n);
+    torch::Tensor t = trained_like(dtype_case, n, 11 + n);
     const uint8_t* src = static_cast<const uint8_t*>(t.data_ptr());
-    const uint64_t bytes = static_cast<uint64_t>(n) * c.itemsize;
+    const uint64_t bytes = static_cast<uint64_t>(n) * dtype_case.itemsize;
     for (bool planes : {true, false}) {
       CodecOptions opt;
       opt.byte_planes = planes;
-      std::vector<EncodedBlock> enc = encode_tensor(src, bytes, c.itemsize, opt, 2);
+      std::vector<EncodedBlock> enc = encode_tensor(src, bytes, dtype_case.itemsize, opt, 2);
       ASSERT_EQ(enc.size(), (bytes + kCompressBlockBytes - 1) / kCompressBlockBytes);
       std::vector<uint8_t> out(bytes);
       for (size_t b = 0; b < enc.size(); ++b) {
-        BlockRef r{enc[b].bytes.data(), enc[b].bytes.size(), enc[b].modes,
-                   enc[b].plane_bytes,  enc[b].xxh3_stored,  enc[b].xxh3_raw};
+        BlockRef block_ref{enc[b].bytes.data(), enc[b].bytes.size(), enc[b].modes,
+                           enc[b].plane_bytes,  enc[b].xxh3_stored,  enc[b].xxh3_raw};
         const uint64_t off = b * kCompressBlockBytes, len = std::min(kCompressBlockBytes, bytes - off);
-        decode_block(r, out.data() + off, len, c.itemsize, "block");
+        decode_block(block_ref, out.data() + off, len, dtype_case.itemsize, "block");
         // The slow path, independent of decode_block: each plane by plain ZSTD_decompress (or
         // copied when raw), then joined element by element.
         const int k = static_cast<int>(enc[b].modes.size());
         const uint64_t m = len / k;
-        std::vector<uint8_t> pl(len), ref(len);
+        std::vector<uint8_t> plane_data(len), ref(len);
         uint64_t at = 0;
         for (int j = 0; j < k; ++j) {
-          const uint64_t sl = enc[b].plane_bytes[j];
+          const uint64_t stored_len = enc[b].plane_bytes[j];
           if (enc[b].modes[j] == 'r') {
-            ASSERT_EQ(sl, m);
-            std::memcpy(pl.data() + j * m, enc[b].bytes.data() + at, m);
+            ASSERT_EQ(stored_len, m);
+            std::memcpy(plane_data.data() + j * m, enc[b].bytes.data() + at, m);
           } else {
             ASSERT_EQ(enc[b].modes[j], 'z');
-            ASSERT_EQ(ZSTD_decompress(pl.data() + j * m, m, enc[b].bytes.data() + at, sl), m);
+            ASSERT_EQ(ZSTD_decompress(plane_data.data() + j * m, m, enc[b].bytes.data() + at, stored_len), m);
           }
-          at += sl;
+          at += stored_len;
         }
         ASSERT_EQ(at, enc[b].bytes.size());
         for (uint64_t i = 0; i < m; ++i)
-          for (int j = 0; j < k; ++j) ref[i * k + j] = pl[j * m + i];
-        EXPECT_EQ(0, std::memcmp(ref.data(), src + off, len)) << c.name << " block " << b;
+          for (int j = 0; j < k; ++j) ref[i * k + j] = plane_data[j * m + i];
+        EXPECT_EQ(0, std::memcmp(ref.data(), src + off, len)) << dtype_case.name << " block " << b;
       }
-      EXPECT_EQ(0, std::memcmp(out.data(), src, bytes)) << c.name << " n=" << n << " planes=" << planes;
+      EXPECT_EQ(0, std::memcmp(out.data(), src, bytes)) << dtype_case.name << " n=" << n << " planes=" << planes;
     }
   }
 }
 
 TEST_P(Planes, ADamagedBlockIsRefusedBeforeDecoding) {
-  const DtypeCase c = GetParam();
-  torch::Tensor t = trained_like(c, 5000, 5);
+  const DtypeCase dtype_case = GetParam();
+  torch::Tensor t = trained_like(dtype_case, 5000, 5);
   const uint8_t* src = static_cast<const uint8_t*>(t.data_ptr());
-  std::vector<EncodedBlock> enc = encode_tensor(src, 5000 * c.itemsize, c.itemsize, CodecOptions{}, 1);
+  std::vector<EncodedBlock> enc =
+      encode_tensor(src, 5000 * dtype_case.itemsize, dtype_case.itemsize, CodecOptions{}, 1);
   ASSERT_EQ(enc.size(), 1u);
   enc[0].bytes[enc[0].bytes.size() / 2] ^= 0x04;
-  BlockRef r{enc[0].bytes.data(), enc[0].bytes.size(), enc[0].modes,
-             enc[0].plane_bytes,  enc[0].xxh3_stored,  enc[0].xxh3_raw};
-  std::vector<uint8_t> out(5000 * c.itemsize);
+  BlockRef block_ref{enc[0].bytes.data(), enc[0].bytes.size(), enc[0].modes,
+                     enc[0].plane_bytes,  enc[0].xxh3_stored,  enc[0].xxh3_raw};
+  std::vector<uint8_t> out(5000 * dtype_case.itemsize);
   try {
-    decode_block(r, out.data(), out.size(), c.itemsize, "file F tensor 'K' compressed block 0 of 1");
+    decode_block(block_ref, out.data(), out.size(), dtype_case.itemsize, "file F tensor 'K' compressed block 0 of 1");
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'K' compressed block 0 of 1"), std::string::npos) << e.what();
@@ -141,25 +143,26 @@ class CompressedRoundTrip : public ::testing::TestWithParam<Mode> {};
 TEST_P(CompressedRoundTrip, LoadsBitForBit) {
   torch::set_num_threads(1);
   TmpDir root;
-  Rig a = make_rig(GetParam(), 1);
-  train(a, 3);
-  SavePolicy pol;
-  pol.compress = Compression::zstd;
-  SaveResult res = save_checkpoint(root.str(), save_input(a, pol));
-  Rig b = make_rig(GetParam(), 2);
-  load_checkpoint(root.str(), *b.model, *b.opt, b.state, save_input(a).run_config, {});
-  EXPECT_TRUE(same_state(a, b));
-  EXPECT_EQ(b.state.iteration, a.state.iteration);
-  const nlohmann::json m = nlohmann::json::parse(slurp(fs::path(res.dir) / "manifest.json"));
-  EXPECT_EQ(m["save_policy"]["compress"], "zstd");
-  for (const auto& f : m["files"]) {
+  Rig saved_rig = make_rig(GetParam(), 1);
+  train(saved_rig, 3);
+  SavePolicy save_policy;
+  save_policy.compress = Compression::zstd;
+  SaveResult save_result = save_checkpoint(root.str(), save_input(saved_rig, save_policy));
+  Rig resumed_rig = make_rig(GetParam(), 2);
+  load_checkpoint(root.str(), *resumed_rig.model, *resumed_rig.opt, resumed_rig.state, save_input(saved_rig).run_config,
+                  {});
+  EXPECT_TRUE(same_state(saved_rig, resumed_rig));
+  EXPECT_EQ(resumed_rig.state.iteration, saved_rig.state.iteration);
+  const nlohmann::json manifest = nlohmann::json::parse(slurp(fs::path(save_result.dir) / "manifest.json"));
+  EXPECT_EQ(manifest["save_policy"]["compress"], "zstd");
+  for (const auto& f : manifest["files"]) {
     EXPECT_EQ(f["compress"], "zstd");
     EXPECT_TRUE(f.contains("raw_bytes") && f.contains("stored_bytes"));
   }
-  for (const auto& t : m["tensors"]) EXPECT_TRUE(t.contains("stored_bytes")) << t["key"];
-  EXPECT_TRUE(m["disk"].contains("raw_bytes_per_param"));
+  for (const auto& t : manifest["tensors"]) EXPECT_TRUE(t.contains("stored_bytes")) << t["key"];
+  EXPECT_TRUE(manifest["disk"].contains("raw_bytes_per_param"));
   // disk.csv: bytes (on disk) add up to the directory's total, raw_bytes to the uncompressed one.
-  std::ifstream csv(fs::path(res.dir) / "disk.csv");
+  std::ifstream csv(fs::path(save_result.dir) / "disk.csv");
   std::string line;
   std::getline(csv, line);
   EXPECT_EQ(line, "file,key,kind,dtype,numel,bytes,raw_bytes");
@@ -169,16 +172,16 @@ TEST_P(CompressedRoundTrip, LoadsBitForBit) {
     on_disk += std::stoull(line.substr(prev + 1, last - prev - 1));
     raw += std::stoull(line.substr(last + 1));
   }
-  EXPECT_EQ(on_disk, res.total_bytes);
-  EXPECT_EQ(raw, m["disk"]["raw_total_bytes"].get<uint64_t>());
+  EXPECT_EQ(on_disk, save_result.total_bytes);
+  EXPECT_EQ(raw, manifest["disk"]["raw_total_bytes"].get<uint64_t>());
   EXPECT_LE(on_disk, raw);
   std::ostringstream out;
-  EXPECT_EQ(inspect_checkpoint(res.dir, out), 0) << out.str();
+  EXPECT_EQ(inspect_checkpoint(save_result.dir, out), 0) << out.str();
   EXPECT_NE(out.str().find("compression per key"), std::string::npos) << out.str();
   // The stored files are standard safetensors: each tensor a U8 blob under its own key.
-  SafetensorsFile sf = SafetensorsFile::open((fs::path(res.dir) / kShard).string());
-  EXPECT_TRUE(sf.compressed());
-  for (const auto& ti : sf.tensors()) EXPECT_EQ(ti.dtype, StDtype::U8) << ti.key;
+  SafetensorsFile shard_file = SafetensorsFile::open((fs::path(save_result.dir) / kShard).string());
+  EXPECT_TRUE(shard_file.compressed());
+  for (const auto& ti : shard_file.tensors()) EXPECT_EQ(ti.dtype, StDtype::U8) << ti.key;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CompressedRoundTrip, ::testing::ValuesIn(all_modes()),
@@ -187,11 +190,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, CompressedRoundTrip, ::testing::ValuesIn(all_mod
 // Where block `b` of tensor `key` lies in a compressed file: [begin, end) of the file.
 std::pair<uint64_t, uint64_t> block_span(const std::string& file_bytes, const std::string& key, size_t b,
                                          size_t* n_blocks) {
-  uint64_t n;
-  std::memcpy(&n, file_bytes.data(), 8);
-  const nlohmann::json h = nlohmann::json::parse(file_bytes.substr(8, n));
-  const nlohmann::json table = nlohmann::json::parse(h["__metadata__"]["rh_tensors"].get<std::string>());
-  uint64_t at = 8 + n + h[key]["data_offsets"][0].get<uint64_t>();
+  uint64_t header_len;
+  std::memcpy(&header_len, file_bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(file_bytes.substr(8, header_len));
+  const nlohmann::json table = nlohmann::json::parse(header["__metadata__"]["rh_tensors"].get<std::string>());
+  uint64_t at = 8 + header_len + header[key]["data_offsets"][0].get<uint64_t>();
   const auto& blocks = table[key]["blocks"];
   *n_blocks = blocks.size();
   for (size_t i = 0;; ++i) {
@@ -204,19 +207,19 @@ std::pair<uint64_t, uint64_t> block_span(const std::string& file_bytes, const st
 
 void reseal_checksums(const fs::path& dir, const std::string& file, const std::string& bytes) {
   spit(dir / file, bytes);
-  nlohmann::json m = nlohmann::json::parse(slurp(dir / "manifest.json"));
+  nlohmann::json manifest = nlohmann::json::parse(slurp(dir / "manifest.json"));
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(bytes.data(), bytes.size()));
   nlohmann::json blocks = nlohmann::json::array();
   for (size_t off = 0; off < bytes.size(); off += kHashBlock) {
-    char b[17];
+    char block_hex[17];
     const size_t len = std::min<size_t>(kHashBlock, bytes.size() - off);
-    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)XXH3_64bits(bytes.data() + off, len));
-    blocks.push_back(b);
+    std::snprintf(block_hex, sizeof block_hex, "%016llx", (unsigned long long)XXH3_64bits(bytes.data() + off, len));
+    blocks.push_back(block_hex);
   }
-  for (auto& f : m["files"])
+  for (auto& f : manifest["files"])
     if (f["name"] == file) f["xxh3"] = hex, f["block_xxh3"] = blocks;
-  write_manifest(dir, m);
+  write_manifest(dir, manifest);
 }
 
 // A late block of a multi-block tensor damaged: refused naming file, tensor and block; nothing
@@ -229,34 +232,35 @@ TEST_P(DamagedBlock, IsNamedAndTheLiveStateIsUntouched) {
   TmpDir root;
   const Mode mode = all_modes()[4];   // remainders + bf16 moments
   const int64_t width = 700000;       // l0.w: 3.5 M elements, several 1 MiB blocks per state
-  Rig a = make_rig(mode, 1, width);
-  train(a, 1);
-  SavePolicy pol;
-  pol.compress = Compression::zstd;
-  const fs::path dir = save_checkpoint(root.str(), save_input(a, pol)).dir;
+  Rig saved_rig = make_rig(mode, 1, width);
+  train(saved_rig, 1);
+  SavePolicy save_policy;
+  save_policy.compress = Compression::zstd;
+  const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig, save_policy)).dir;
   const std::string key = "l0.w/exp_avg_sq";
   std::string bytes = slurp(dir / kShard);
-  size_t nb = 0;
-  block_span(bytes, key, 0, &nb);
-  ASSERT_GE(nb, 3u);
-  const auto [b0, b1] = block_span(bytes, key, nb - 2, &nb);
+  size_t block_count = 0;
+  block_span(bytes, key, 0, &block_count);
+  ASSERT_GE(block_count, 3u);
+  const auto [b0, b1] = block_span(bytes, key, block_count - 2, &block_count);
   bytes[(b0 + b1) / 2] ^= 0x20;
   if (GetParam()) reseal_checksums(dir, kShard, bytes);
   else spit(dir / kShard, bytes);
 
-  Rig c = make_rig(mode, 2, width), fresh = make_rig(mode, 2, width);
+  Rig target_rig = make_rig(mode, 2, width), fresh = make_rig(mode, 2, width);
   const std::string want =
-      "tensor '" + key + "' compressed block " + std::to_string(nb - 2) + " of " + std::to_string(nb);
+      "tensor '" + key + "' compressed block " + std::to_string(block_count - 2) + " of " + std::to_string(block_count);
   try {
-    load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
+    load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, save_input(saved_rig).run_config,
+                    {});
     FAIL() << "loaded a damaged compressed block";
   } catch (const CheckpointError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find(kShard), std::string::npos) << msg;
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
   }
-  EXPECT_TRUE(same_state(c, fresh));
-  EXPECT_EQ(c.state.iteration, 0);
+  EXPECT_TRUE(same_state(target_rig, fresh));
+  EXPECT_EQ(target_rig.state.iteration, 0);
   std::ostringstream out;
   EXPECT_EQ(inspect_checkpoint(dir.string(), out), 1);
   EXPECT_NE(out.str().find(want), std::string::npos) << out.str();
@@ -269,44 +273,46 @@ INSTANTIATE_TEST_SUITE_P(Checksums, DamagedBlock, ::testing::Values(false, true)
 TEST(CompressedHostile, ATableThatDoesNotCoverTheBlobIsRefused) {
   torch::set_num_threads(1);
   TmpDir root;
-  Rig a = make_rig(all_modes()[4], 1);
-  train(a, 1);
-  SavePolicy pol;
-  pol.compress = Compression::zstd;
-  const fs::path dir = save_checkpoint(root.str(), save_input(a, pol)).dir;
+  Rig saved_rig = make_rig(all_modes()[4], 1);
+  train(saved_rig, 1);
+  SavePolicy save_policy;
+  save_policy.compress = Compression::zstd;
+  const fs::path dir = save_checkpoint(root.str(), save_input(saved_rig, save_policy)).dir;
   std::string bytes = slurp(dir / kShard);
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
-  nlohmann::json table = nlohmann::json::parse(h["__metadata__"]["rh_tensors"].get<std::string>());
+  uint64_t header_len;
+  std::memcpy(&header_len, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
+  nlohmann::json table = nlohmann::json::parse(header["__metadata__"]["rh_tensors"].get<std::string>());
   table["embed/exp_avg"]["raw_bytes"] = 1ull << 50;
-  h["__metadata__"]["rh_tensors"] = table.dump();
-  std::string hs = h.dump();
-  hs.append((8 - hs.size() % 8) % 8, ' ');
-  uint64_t n2 = hs.size();
+  header["__metadata__"]["rh_tensors"] = table.dump();
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  uint64_t new_header_len = header_text.size();
   std::string out(8, '\0');
-  std::memcpy(out.data(), &n2, 8);
-  reseal_checksums(dir, kShard, out + hs + bytes.substr(8 + n));
-  nlohmann::json m = nlohmann::json::parse(slurp(dir / "manifest.json"));
-  for (auto& f : m["files"])   // keep header_bytes and header_xxh3 consistent with the new header
+  std::memcpy(out.data(), &new_header_len, 8);
+  reseal_checksums(dir, kShard, out + header_text + bytes.substr(8 + header_len));
+  nlohmann::json manifest = nlohmann::json::parse(slurp(dir / "manifest.json"));
+  for (auto& f : manifest["files"])   // keep header_bytes and header_xxh3 consistent with the new header
     if (f["name"] == kShard) {
-      f["bytes"] = out.size() + hs.size() + bytes.size() - 8 - n;
-      f["header_bytes"] = 8 + n2;
-      char hx[17];
-      const std::string head = out + hs;
-      std::snprintf(hx, sizeof hx, "%016llx", (unsigned long long)XXH3_64bits(head.data(), head.size()));
-      f["header_xxh3"] = hx;
+      f["bytes"] = out.size() + header_text.size() + bytes.size() - 8 - header_len;
+      f["header_bytes"] = 8 + new_header_len;
+      char header_hex[17];
+      const std::string head = out + header_text;
+      std::snprintf(header_hex, sizeof header_hex, "%016llx",
+                    (unsigned long long)XXH3_64bits(head.data(), head.size()));
+      f["header_xxh3"] = header_hex;
     }
-  write_manifest(dir, m);
-  Rig c = make_rig(all_modes()[4], 2), fresh = make_rig(all_modes()[4], 2);
+  write_manifest(dir, manifest);
+  Rig target_rig = make_rig(all_modes()[4], 2), fresh = make_rig(all_modes()[4], 2);
   try {
-    load_checkpoint(root.str(), *c.model, *c.opt, c.state, save_input(a).run_config, {});
+    load_checkpoint(root.str(), *target_rig.model, *target_rig.opt, target_rig.state, save_input(saved_rig).run_config,
+                    {});
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find(kShard), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("raw_bytes"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(same_state(c, fresh));
+  EXPECT_TRUE(same_state(target_rig, fresh));
 }
 
 }   // namespace

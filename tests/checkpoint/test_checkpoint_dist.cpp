@@ -36,10 +36,10 @@ struct Hub {
   long round = 0;
   std::function<void(long)> after_round;
 
-  std::vector<std::string> gather(int rank, const std::string& s) {
-    std::unique_lock<std::mutex> l(m);
+  std::vector<std::string> gather(int rank, const std::string& payload) {
+    std::unique_lock<std::mutex> lock(m);
     const long mine = round;
-    slots[static_cast<size_t>(rank)] = s;
+    slots[static_cast<size_t>(rank)] = payload;
     if (++arrived == n) {
       result = slots;
       arrived = 0;
@@ -47,7 +47,7 @@ struct Hub {
       ++round;
       cv.notify_all();
     } else {
-      cv.wait(l, [&] { return round != mine; });
+      cv.wait(lock, [&] { return round != mine; });
     }
     return result;
   }
@@ -75,16 +75,17 @@ struct Net : torch::nn::Module {
 };
 
 struct Rank {
-  Rank(Hub& hub, int r) : group(hub, r) {
-    std::vector<rh::optim::ParamGroup> g{{"decay", {}, 0.1}};
-    for (const auto& p : net.named_parameters()) g[0].params.emplace_back(p.key(), p.value());
+  Rank(Hub& hub, int rank) : group(hub, rank) {
+    std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}};
+    for (const auto& p : net.named_parameters()) groups[0].params.emplace_back(p.key(), p.value());
     rh::optim::OptimizerConfig cfg;
     cfg.use_precision_aware_optimizer = true;
     cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = rh::optim::Dtype::fp8;
-    opt = std::make_unique<rh::optim::PrecisionAdam>(g, cfg, &group);
+    opt = std::make_unique<rh::optim::PrecisionAdam>(groups, cfg, &group);
     // A real CPU generator's state: load refuses a generator state of any other length.
-    auto gs = at::detail::createCPUGenerator(static_cast<uint64_t>(r)).get_state().contiguous();
-    state.rng_states["dropout"].assign(gs.data_ptr<uint8_t>(), gs.data_ptr<uint8_t>() + gs.numel());
+    auto generator_state = at::detail::createCPUGenerator(static_cast<uint64_t>(rank)).get_state().contiguous();
+    state.rng_states["dropout"].assign(generator_state.data_ptr<uint8_t>(),
+                                       generator_state.data_ptr<uint8_t>() + generator_state.numel());
   }
   ThreadRank group;
   Net net;
@@ -98,27 +99,32 @@ std::vector<std::string> save_both(const fs::path& root, int64_t iteration, bool
                                    std::function<void(long)> after_round = {}) {
   Hub hub(2);
   hub.after_round = std::move(after_round);
-  Rank r0(hub, 0), r1(hub, 1);
-  std::vector<std::string> err(2);
-  auto go = [&](Rank& r, int i) {
-    r.state.iteration = iteration;
-    ck::SaveInput in{&r.net, r.opt.get(), (i == 1 && rank1_bad_input) ? nullptr : &r.state, {}, {}, &r.group};
+  Rank rank0(hub, 0), rank1(hub, 1);
+  std::vector<std::string> errors(2);
+  auto go = [&](Rank& rank, int rank_index) {
+    rank.state.iteration = iteration;
+    ck::SaveInput save_input{&rank.net,
+                             rank.opt.get(),
+                             (rank_index == 1 && rank1_bad_input) ? nullptr : &rank.state,
+                             {},
+                             {},
+                             &rank.group};
     try {
-      ck::save_checkpoint(root.string(), in);
+      ck::save_checkpoint(root.string(), save_input);
     } catch (const std::exception& e) {
-      err[static_cast<size_t>(i)] = e.what();
+      errors[static_cast<size_t>(rank_index)] = e.what();
     }
   };
-  std::thread t([&] { go(r1, 1); });
-  go(r0, 0);
-  t.join();
-  return err;
+  std::thread rank1_thread([&] { go(rank1, 1); });
+  go(rank0, 0);
+  rank1_thread.join();
+  return errors;
 }
 
 fs::path fresh_root(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("rh_ckpt_dist_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  return d;
+  const fs::path root = fs::temp_directory_path() / ("rh_ckpt_dist_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(root);
+  return root;
 }
 
 bool has_temp_dirs(const fs::path& root) {
@@ -129,36 +135,36 @@ bool has_temp_dirs(const fs::path& root) {
 
 TEST(DataParallelSave, PublishesOneShardPerRankWithRanges) {
   const fs::path root = fresh_root("ok");
-  const auto err = save_both(root, 3);
-  ASSERT_EQ(err[0], "");
-  ASSERT_EQ(err[1], "");
-  const auto v = ck::detail::verify_checkpoint_dir(ck::detail::resolve_checkpoint_dir(root.string()));
-  EXPECT_EQ(v.manifest["dp_size"], 2);
-  EXPECT_EQ(v.manifest["rank_states"].size(), 2u);
+  const auto errors = save_both(root, 3);
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  const auto verified = ck::detail::verify_checkpoint_dir(ck::detail::resolve_checkpoint_dir(root.string()));
+  EXPECT_EQ(verified.manifest["dp_size"], 2);
+  EXPECT_EQ(verified.manifest["rank_states"].size(), 2u);
   // Every rank's generators, parsed once by the manifest reader: the manifest's hex, decoded here.
-  ASSERT_EQ(v.saved.rank_states.size(), 2u);
+  ASSERT_EQ(verified.saved.rank_states.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    const nlohmann::json& rs = v.manifest["rank_states"][i];
-    EXPECT_EQ(v.saved.rank_states[i].dp_rank, rs["dp_rank"].get<int64_t>());
-    ASSERT_EQ(v.saved.rank_states[i].rng_states.size(), rs["rng_states"].size());
-    ASSERT_FALSE(rs["rng_states"].empty());
-    for (const auto& [name, hex] : rs["rng_states"].items()) {
-      const std::string h = hex.get<std::string>();
+    const nlohmann::json& rank_state = verified.manifest["rank_states"][i];
+    EXPECT_EQ(verified.saved.rank_states[i].dp_rank, rank_state["dp_rank"].get<int64_t>());
+    ASSERT_EQ(verified.saved.rank_states[i].rng_states.size(), rank_state["rng_states"].size());
+    ASSERT_FALSE(rank_state["rng_states"].empty());
+    for (const auto& [name, hex] : rank_state["rng_states"].items()) {
+      const std::string hex_text = hex.get<std::string>();
       std::vector<uint8_t> bytes;
-      for (size_t k = 0; k + 1 < h.size(); k += 2)
-        bytes.push_back(static_cast<uint8_t>(std::stoi(h.substr(k, 2), nullptr, 16)));
-      EXPECT_EQ(v.saved.rank_states[i].rng_states.at(name), bytes) << name;
+      for (size_t k = 0; k + 1 < hex_text.size(); k += 2)
+        bytes.push_back(static_cast<uint8_t>(std::stoi(hex_text.substr(k, 2), nullptr, 16)));
+      EXPECT_EQ(verified.saved.rank_states[i].rng_states.at(name), bytes) << name;
     }
   }
-  EXPECT_TRUE(v.files.count("optim_rank_00000.safetensors"));
-  EXPECT_TRUE(v.files.count("optim_rank_00001.safetensors"));
+  EXPECT_TRUE(verified.files.count("optim_rank_00000.safetensors"));
+  EXPECT_TRUE(verified.files.count("optim_rank_00001.safetensors"));
   // Megatron's buffer (reverse order, starts padded to 64, end to lcm(2, 128)): "b" at [0, 5),
   // "w" at [64, 295), 384 elements, 192 a rank: "w" is split at its element 128, "b" is rank 0's.
-  const auto ix = ck::detail::shard_index(v);
-  ASSERT_EQ(ix.pieces.at("w").size(), 2u);
-  EXPECT_EQ(ix.pieces.at("w")[0].end, 128);
-  EXPECT_EQ(ix.pieces.at("b").size(), 1u);
-  EXPECT_EQ(ix.pieces.at("b")[0].file, "optim_rank_00000.safetensors");
+  const auto index = ck::detail::shard_index(verified);
+  ASSERT_EQ(index.pieces.at("w").size(), 2u);
+  EXPECT_EQ(index.pieces.at("w")[0].end, 128);
+  EXPECT_EQ(index.pieces.at("b").size(), 1u);
+  EXPECT_EQ(index.pieces.at("b")[0].file, "optim_rank_00000.safetensors");
   EXPECT_FALSE(has_temp_dirs(root));
   fs::remove_all(root);
 }
@@ -168,15 +174,15 @@ TEST(DataParallelSave, AFailedShardWriteFailsEveryRankAndKeepsThePreviousCheckpo
   ASSERT_EQ(save_both(root, 3), (std::vector<std::string>{"", ""}));
   // Make rank 1's shard file of the next save impossible to create: once rank 0 has prepared
   // the temp directory (round 0), put a directory where the file must go.
-  const auto err = save_both(root, 5, false, [&](long round) {
+  const auto errors = save_both(root, 5, false, [&](long round) {
     if (round == 0)
       fs::create_directories(root / (".tmp.iter_0000005." + std::to_string(::getpid())) /
                              "optim_rank_00001.safetensors");
   });
-  for (const auto& e : err) {
-    EXPECT_NE(e.find("failed on rank 1"), std::string::npos) << e;
-    EXPECT_NE(e.find("optim_rank_00001.safetensors"), std::string::npos) << e;
-    EXPECT_NE(e.find("the previous checkpoint stays the newest"), std::string::npos) << e;
+  for (const auto& error : errors) {
+    EXPECT_NE(error.find("failed on rank 1"), std::string::npos) << error;
+    EXPECT_NE(error.find("optim_rank_00001.safetensors"), std::string::npos) << error;
+    EXPECT_NE(error.find("the previous checkpoint stays the newest"), std::string::npos) << error;
   }
   EXPECT_EQ(ck::read_small_file((root / ck::detail::kPointerFile).string()), "3\n");
   EXPECT_FALSE(fs::exists(root / "iter_0000005"));
@@ -187,8 +193,9 @@ TEST(DataParallelSave, AFailedShardWriteFailsEveryRankAndKeepsThePreviousCheckpo
 
 TEST(DataParallelSave, OneRanksBadInputFailsEveryRankBeforeAnythingIsWritten) {
   const fs::path root = fresh_root("bad_input");
-  const auto err = save_both(root, 4, /*rank1_bad_input=*/true);
-  for (const auto& e : err) EXPECT_NE(e.find("failed on rank 1: save_checkpoint"), std::string::npos) << e;
+  const auto errors = save_both(root, 4, /*rank1_bad_input=*/true);
+  for (const auto& error : errors)
+    EXPECT_NE(error.find("failed on rank 1: save_checkpoint"), std::string::npos) << error;
   EXPECT_FALSE(fs::exists(root / ck::detail::kPointerFile));
   EXPECT_FALSE(has_temp_dirs(root));
   fs::remove_all(root);
@@ -218,24 +225,24 @@ TEST_P(InspectAgreesWithLoad, BothRefuseWithTheSameMessage) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
   };
-  nlohmann::json m = nlohmann::json::parse(read(dir / "manifest.json"));
-  GetParam().edit(m);
-  const std::string text = m.dump(1);
+  nlohmann::json manifest = nlohmann::json::parse(read(dir / "manifest.json"));
+  GetParam().edit(manifest);
+  const std::string text = manifest.dump(1);
   std::ofstream(dir / "manifest.json", std::ios::binary | std::ios::trunc) << text;
   std::ofstream(dir / ck::detail::kManifestChecksumFile, std::ios::binary | std::ios::trunc)
       << ck::detail::manifest_checksum_text(text);
   // Load into one process (a resharded load, 2 -> 1 ranks, which is supported).
   Net net;
-  std::vector<rh::optim::ParamGroup> g{{"decay", {}, 0.1}};
-  for (const auto& p : net.named_parameters()) g[0].params.emplace_back(p.key(), p.value());
+  std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}};
+  for (const auto& p : net.named_parameters()) groups[0].params.emplace_back(p.key(), p.value());
   rh::optim::OptimizerConfig cfg;
   cfg.use_precision_aware_optimizer = true;
   cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = rh::optim::Dtype::fp8;
-  rh::optim::PrecisionAdam opt(g, cfg);
-  ck::TrainState st;
+  rh::optim::PrecisionAdam opt(groups, cfg);
+  ck::TrainState train_state;
   std::string msg;
   try {
-    ck::load_checkpoint(root.string(), net, opt, st, {}, {});
+    ck::load_checkpoint(root.string(), net, opt, train_state, {}, {});
     ADD_FAILURE() << "load accepted " << GetParam().name;
   } catch (const ck::CheckpointError& e) {
     msg = e.what();
@@ -247,8 +254,8 @@ TEST_P(InspectAgreesWithLoad, BothRefuseWithTheSameMessage) {
   fs::remove_all(root);
 }
 
-nlohmann::json& range_of(nlohmann::json& m, int shard, const std::string& param) {
-  for (auto& r : m["shards"][shard]["param_ranges"])
+nlohmann::json& range_of(nlohmann::json& manifest, int shard, const std::string& param) {
+  for (auto& r : manifest["shards"][shard]["param_ranges"])
     if (r["param"] == param) return r;
   throw std::logic_error("no range of " + param);
 }

@@ -76,10 +76,10 @@ std::vector<std::vector<bool>> reference_kept(const RouterOutput& r0, int64_t E,
 
 // Per-token combine: each expert runs its kept rows as one batch (token, slot order), a dropped
 // pair contributes a zero row times weight 0, summed over slots in order.
-torch::Tensor reference_output(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r0,
+torch::Tensor reference_output(MoELayer& moe, const torch::Tensor& x, const RouterOutput& dropless_routing,
                                const std::vector<std::vector<bool>>& kept) {
   const int64_t N = x.size(0), K = moe->top_k;
-  auto idx = r0.top_idx.contiguous();
+  auto idx = dropless_routing.top_idx.contiguous();
   std::vector<torch::Tensor> y(N * K, torch::zeros({x.size(1)}, x.options()));
   for (int64_t e = 0; e < moe->n_experts; ++e) {
     std::vector<int64_t> pairs;
@@ -95,7 +95,7 @@ torch::Tensor reference_output(MoELayer& moe, const torch::Tensor& x, const Rout
   std::vector<torch::Tensor> out;
   for (int64_t n = 0; n < N; ++n) {
     auto w = [&](int64_t j) {
-      auto p = kept[n][j] ? r0.top_probs[n][j].to(torch::kFloat) : torch::zeros({}, torch::kFloat);
+      auto p = kept[n][j] ? dropless_routing.top_probs[n][j].to(torch::kFloat) : torch::zeros({}, torch::kFloat);
       return y[n * K + j].to(torch::kFloat) * p;
     };
     auto acc = w(0);
@@ -111,30 +111,31 @@ TEST_P(TokenDropTest, KeptPairsAndOutputMatchPerTokenReferenceBitwise) {
     auto moe = make_layer(cfg, 11);
     auto x = input(moe, cfg.d_model);
     torch::NoGradGuard ng;
-    auto r0 = moe->route(x, nullptr);   // dropless: the routing before dropping
+    auto dropless_routing = moe->route(x, nullptr);   // dropless: the routing before dropping
     moe->capacity_factor = factor;
-    auto r = moe->route(x, nullptr);
+    auto routing = moe->route(x, nullptr);
     const int64_t N = x.size(0), K = cfg.top_k, cap = expert_capacity(N * K, cfg.n_experts, factor);
-    auto kept = reference_kept(r0, cfg.n_experts, cap, cfg.token_drop_policy);
+    auto kept = reference_kept(dropless_routing, cfg.n_experts, cap, cfg.token_drop_policy);
     int64_t n_kept = 0;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < K; ++j) {
-        ASSERT_EQ(r.kept[n][j].item<bool>(), kept[n][j]) << "factor " << factor << " pair " << n << "," << j;
+        ASSERT_EQ(routing.kept[n][j].item<bool>(), kept[n][j]) << "factor " << factor << " pair " << n << "," << j;
         n_kept += kept[n][j];
       }
-    EXPECT_TRUE(same_bits(r.top_idx, r0.top_idx));
-    EXPECT_TRUE(same_bits(r.top_probs, r0.top_probs * r.kept.to(r0.top_probs.scalar_type())));
+    EXPECT_TRUE(same_bits(routing.top_idx, dropless_routing.top_idx));
+    EXPECT_TRUE(same_bits(routing.top_probs,
+                          dropless_routing.top_probs * routing.kept.to(dropless_routing.top_probs.scalar_type())));
     EXPECT_LE(n_kept, cap * cfg.n_experts);
     if (factor == 4.0) {
       EXPECT_EQ(n_kept, N * K);
     } else {
       EXPECT_LT(n_kept, N * K) << "factor " << factor << " should drop something";
     }
-    for (int64_t e = 0; e < cfg.n_experts; ++e) EXPECT_LE(r.tokens_per_expert[e], cap);
+    for (int64_t e = 0; e < cfg.n_experts; ++e) EXPECT_LE(routing.tokens_per_expert[e], cap);
     int64_t counted = 0;
-    for (auto c : r.tokens_per_expert) counted += c;
+    for (auto c : routing.tokens_per_expert) counted += c;
     EXPECT_EQ(counted, n_kept);
-    auto got = moe->dispatch(x, r), want = reference_output(moe, x, r0, kept);
+    auto got = moe->dispatch(x, routing), want = reference_output(moe, x, dropless_routing, kept);
     EXPECT_TRUE(same_bits(got, want)) << "factor " << factor << " max |diff| "
                                       << (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<float>();
   }
@@ -148,11 +149,11 @@ TEST_P(TokenDropTest, DroppingIsDeterministic) {
   for (int run = 0; run < 2; ++run) {
     auto moe = make_layer(cfg, 5);
     auto x = input(moe, cfg.d_model);
-    auto [y, r] = moe->forward(x, nullptr);
-    (y.to(torch::kFloat).sum() + r.aux_loss).backward();
+    auto [y, routing] = moe->forward(x, nullptr);
+    (y.to(torch::kFloat).sum() + routing.aux_loss).backward();
     outs.push_back(y);
     grads.push_back(moe->router->weight.grad());
-    kept.push_back(r.kept);
+    kept.push_back(routing.kept);
   }
   EXPECT_TRUE(same_bits(outs[0], outs[1]));
   EXPECT_TRUE(same_bits(grads[0], grads[1]));
@@ -170,9 +171,9 @@ TEST_P(TokenDropTest, ExpertBiasCounterCountsAfterDropping) {
   auto moe = make_layer(cfg, 7);
   moe->train();
   auto x = input(moe, cfg.d_model);
-  auto r = moe->route(x, nullptr);
+  auto routing = moe->route(x, nullptr);
   const auto counted = moe->local_tokens_per_expert.to(torch::kLong);
-  auto want = torch::bincount(r.top_idx.masked_select(r.kept), {}, cfg.n_experts);
+  auto want = torch::bincount(routing.top_idx.masked_select(routing.kept), {}, cfg.n_experts);
   EXPECT_TRUE(same_bits(counted, want));
   EXPECT_LT(counted.sum().item<int64_t>(), x.size(0) * cfg.top_k);
 }
@@ -186,11 +187,11 @@ struct PaddedReference {
   std::vector<std::vector<bool>> processes;   // [e][n]: expert e runs token n
   torch::Tensor output;
 };
-PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const RouterOutput& r0, int64_t cap,
-                                 const std::string& policy) {
+PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const RouterOutput& dropless_routing,
+                                 int64_t cap, const std::string& policy) {
   const int64_t N = x.size(0), K = moe->top_k, E = moe->n_experts;
-  auto idx = r0.top_idx.contiguous();
-  auto probs = r0.top_probs.to(torch::kDouble).contiguous();
+  auto idx = dropless_routing.top_idx.contiguous();
+  auto probs = dropless_routing.top_probs.to(torch::kDouble).contiguous();
   PaddedReference ref{std::vector<std::vector<bool>>(E, std::vector<bool>(N, false)), {}};
   std::vector<std::map<int64_t, torch::Tensor>> rows_out(E);   // [e][n] -> expert row
   for (int64_t e = 0; e < E; ++e) {
@@ -224,7 +225,7 @@ PaddedReference padded_reference(MoELayer& moe, const torch::Tensor& x, const Ro
     auto w = [&](int64_t j) {
       const int64_t e = idx[n][j].item<int64_t>();
       if (!ref.processes[e][n]) return torch::zeros({x.size(1)}, torch::kFloat);   // dropped
-      return rows_out[e][n].to(torch::kFloat) * r0.top_probs[n][j].to(torch::kFloat);
+      return rows_out[e][n].to(torch::kFloat) * dropless_routing.top_probs[n][j].to(torch::kFloat);
     };
     auto acc = w(0);
     for (int64_t j = 1; j < K; ++j) acc = acc + w(j);
@@ -240,26 +241,27 @@ TEST_P(TokenDropTest, PadToCapacityRunsCapacityRowsPerExpertLikeTheReference) {
     auto moe = make_layer(cfg, 11);
     auto x = input(moe, cfg.d_model);
     torch::NoGradGuard ng;
-    auto r0 = moe->route(x, nullptr);   // dropless routing
+    auto dropless_routing = moe->route(x, nullptr);   // dropless routing
     moe->capacity_factor = factor;
     auto unpadded = moe->route(x, nullptr);
     moe->pad_to_capacity = true;
-    auto r = moe->route(x, nullptr);
+    auto routing = moe->route(x, nullptr);
     const int64_t N = x.size(0), E = cfg.n_experts, cap = expert_capacity(N * cfg.top_k, E, factor);
-    auto ref = padded_reference(moe, x, r0, cap, cfg.token_drop_policy);
-    ASSERT_TRUE(r.padded_map.defined());
+    auto padded_ref = padded_reference(moe, x, dropless_routing, cap, cfg.token_drop_policy);
+    ASSERT_TRUE(routing.padded_map.defined());
     for (int64_t e = 0; e < E; ++e) {
-      EXPECT_EQ(r.tokens_per_expert[e], std::min(cap, N)) << "expert " << e << " factor " << factor;
+      EXPECT_EQ(routing.tokens_per_expert[e], std::min(cap, N)) << "expert " << e << " factor " << factor;
       for (int64_t n = 0; n < N; ++n)
-        ASSERT_EQ(r.padded_map[n][e].item<bool>(), ref.processes[e][n]) << "token " << n << " expert " << e;
+        ASSERT_EQ(routing.padded_map[n][e].item<bool>(), padded_ref.processes[e][n])
+            << "token " << n << " expert " << e;
     }
     // The routed pairs kept, and their probabilities, are those of plain dropping.
-    EXPECT_TRUE(same_bits(r.kept, unpadded.kept));
-    EXPECT_TRUE(same_bits(r.top_probs, unpadded.top_probs));
-    auto got = moe->dispatch(x, r);
-    EXPECT_TRUE(same_bits(got, ref.output))
+    EXPECT_TRUE(same_bits(routing.kept, unpadded.kept));
+    EXPECT_TRUE(same_bits(routing.top_probs, unpadded.top_probs));
+    auto got = moe->dispatch(x, routing);
+    EXPECT_TRUE(same_bits(got, padded_ref.output))
         << "factor " << factor << " max |diff| "
-        << (got.to(torch::kFloat) - ref.output.to(torch::kFloat)).abs().max().item<float>();
+        << (got.to(torch::kFloat) - padded_ref.output.to(torch::kFloat)).abs().max().item<float>();
   }
 }
 
@@ -297,25 +299,25 @@ class RouterDtypeTest : public ::testing::TestWithParam<NumericsCase> {};
 // dtype: fp32 with fp32 params, bf16 natively, and bf16 values in fp32 containers when emulating.
 TEST_P(RouterDtypeTest, LogitsAndProbsTakeTheRouterDtype) {
   torch::set_num_threads(1);
-  const auto& nc = GetParam();
+  const auto& numerics_case = GetParam();
   std::map<std::string, torch::Tensor> logits;
   for (const std::string dt : {"fp32", "fp64", "none"}) {
-    ModelConfig cfg = config_for(nc);
+    ModelConfig cfg = config_for(numerics_case);
     cfg.router_dtype = dt;
     auto moe = build(cfg, 3)->layers[0]->moe;
     auto g = cpu_gen(1);
     auto x = torch::randn({16, cfg.d_model}, g).to(moe->num.compute_dtype);
-    auto r = moe->route(x, nullptr);
-    EXPECT_EQ(r.top_probs.scalar_type(), r.logits.scalar_type()) << dt;
-    logits[dt] = r.logits;
+    auto routing = moe->route(x, nullptr);
+    EXPECT_EQ(routing.top_probs.scalar_type(), routing.logits.scalar_type()) << dt;
+    logits[dt] = routing.logits;
   }
   EXPECT_EQ(logits["fp32"].scalar_type(), torch::kFloat);
   EXPECT_EQ(logits["fp64"].scalar_type(), torch::kDouble);
   auto none = logits["none"];
-  if (nc.param_dtype == "fp32") {
+  if (numerics_case.param_dtype == "fp32") {
     EXPECT_TRUE(same_bits(none, logits["fp32"]));
   } else {
-    EXPECT_EQ(none.scalar_type(), nc.compute == "native" ? torch::kBFloat16 : torch::kFloat);
+    EXPECT_EQ(none.scalar_type(), numerics_case.compute == "native" ? torch::kBFloat16 : torch::kFloat);
     auto f = none.to(torch::kFloat);
     EXPECT_TRUE(same_bits(f, f.to(torch::kBFloat16).to(torch::kFloat)));   // bf16 values
     EXPECT_FALSE(same_bits(f, logits["fp32"]));                            // differs from the fp32 router

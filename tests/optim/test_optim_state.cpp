@@ -28,17 +28,17 @@ struct Invalid {
 class InvalidOptions : public ::testing::TestWithParam<Invalid> {};
 
 TEST_P(InvalidOptions, RefusedWithItsMessage) {
-  OptimizerConfig c;
-  GetParam().set(c);
+  OptimizerConfig config;
+  GetParam().set(config);
   try {
-    validate(c, GetParam().param_dtype);
+    validate(config, GetParam().param_dtype);
     FAIL() << "accepted an invalid combination";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(GetParam().message), std::string::npos) << e.what();
   }
   // The constructor applies the same rules.
   auto p = torch::zeros({3}, GetParam().param_dtype);
-  EXPECT_THROW(PrecisionAdam({{"g", {{"p", p}}, 0.0}}, c), std::invalid_argument);
+  EXPECT_THROW(PrecisionAdam({{"g", {{"p", p}}, 0.0}}, config), std::invalid_argument);
 }
 
 const Invalid kInvalid[] = {
@@ -111,21 +111,21 @@ TEST(Options, ParseDtype) {
 }
 
 TEST(Options, EffectiveMasterModeIsReportedNotSilentlyChanged) {
-  OptimizerConfig c;   // store_param_remainders defaults to true
-  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp32) << "needs pao";
-  c.use_precision_aware_optimizer = true;
-  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::remainders);
-  EXPECT_EQ(effective_master_mode(c, torch::kFloat), MasterMode::fp32) << "needs bf16 params";
-  c.main_params_dtype = Dtype::fp16;
-  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp16);
-  PrecisionAdam opt({{"g", {{"p", torch::zeros({2}, torch::kBFloat16)}}, 0.0}}, c);
+  OptimizerConfig config;   // store_param_remainders defaults to true
+  EXPECT_EQ(effective_master_mode(config, torch::kBFloat16), MasterMode::fp32) << "needs pao";
+  config.use_precision_aware_optimizer = true;
+  EXPECT_EQ(effective_master_mode(config, torch::kBFloat16), MasterMode::remainders);
+  EXPECT_EQ(effective_master_mode(config, torch::kFloat), MasterMode::fp32) << "needs bf16 params";
+  config.main_params_dtype = Dtype::fp16;
+  EXPECT_EQ(effective_master_mode(config, torch::kBFloat16), MasterMode::fp16);
+  PrecisionAdam opt({{"g", {{"p", torch::zeros({2}, torch::kBFloat16)}}, 0.0}}, config);
   EXPECT_EQ(opt.master_mode(), MasterMode::fp16);
   EXPECT_TRUE(opt.config().store_param_remainders) << "the option itself is left as given";
   EXPECT_EQ(opt.remainders_note(), "store_param_remainders=true NOT in effect (needs fp32 --main-params-dtype)");
   EXPECT_EQ(opt.describe().find("NOT in effect"), std::string::npos) << "the default run prints no warning";
-  c.store_param_remainders = false;
-  c.main_params_dtype = Dtype::fp32;
-  EXPECT_EQ(effective_master_mode(c, torch::kBFloat16), MasterMode::fp32);
+  config.store_param_remainders = false;
+  config.main_params_dtype = Dtype::fp32;
+  EXPECT_EQ(effective_master_mode(config, torch::kBFloat16), MasterMode::fp32);
 }
 
 // --- state access ---------------------------------------------------------------------------
@@ -137,18 +137,18 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
   auto x = torch::randn({64}) * 0.01;
   for (auto key : {StateKey::exp_avg, StateKey::exp_avg_sq}) {
     opt.set_scaled_state("a", key, x);
-    const auto& st = opt.stored("a", key);
-    const Dtype d = key == StateKey::exp_avg ? GetParam().exp_avg : GetParam().exp_avg_sq;
-    ASSERT_EQ(st.dtype, d);
-    ASSERT_EQ(st.data.scalar_type(), storage_scalar_type(d));
+    const auto& stored_state = opt.stored("a", key);
+    const Dtype stored_dtype = key == StateKey::exp_avg ? GetParam().exp_avg : GetParam().exp_avg_sq;
+    ASSERT_EQ(stored_state.dtype, stored_dtype);
+    ASSERT_EQ(stored_state.data.scalar_type(), storage_scalar_type(stored_dtype));
     auto back = opt.get_unscaled_state("a", key);
-    if (d == Dtype::fp32) {
+    if (stored_dtype == Dtype::fp32) {
       EXPECT_TRUE(torch::equal(back, x));
-    } else if (d == Dtype::bf16) {
+    } else if (stored_dtype == Dtype::bf16) {
       EXPECT_TRUE(torch::equal(back, x.to(torch::kBFloat16).to(torch::kFloat)));
     }
-    if (d == Dtype::fp16 || d == Dtype::fp8) {
-      EXPECT_EQ(*st.scale, x.abs().max().item<float>() / (d == Dtype::fp8 ? 448.0f : 32752.0f))
+    if (stored_dtype == Dtype::fp16 || stored_dtype == Dtype::fp8) {
+      EXPECT_EQ(*stored_state.scale, x.abs().max().item<float>() / (stored_dtype == Dtype::fp8 ? 448.0f : 32752.0f))
           << "set_scaled_state recomputes the scale";
       EXPECT_LE((back - x).abs().max().item<float>(), x.abs().max().item<float>() / 8);
     }
@@ -160,20 +160,20 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
   // param is never written; an fp16 master is scaled like an fp16 moment; under remainders both
   // take and return the raw int16 remainder, and an fp32 value fails upstream's dtype assertion.
   const auto w_before = opt.param("a").clone();
-  const auto& ms = opt.stored("a", StateKey::master_param);
+  const auto& master_state = opt.stored("a", StateKey::master_param);
   switch (GetParam().master) {
     case MasterMode::fp32:
       opt.set_scaled_state("a", StateKey::master_param, x);
       EXPECT_TRUE(torch::equal(opt.get_unscaled_state("a", StateKey::master_param), x));
-      EXPECT_FALSE(ms.scale.has_value()) << "an fp32 master has no scale";
+      EXPECT_FALSE(master_state.scale.has_value()) << "an fp32 master has no scale";
       break;
     case MasterMode::fp16: {
       opt.set_scaled_state("a", StateKey::master_param, x);
-      ASSERT_TRUE(ms.scale.has_value()) << "an fp16 master is scaled like an fp16 moment";
-      EXPECT_EQ(*ms.scale, x.abs().max().item<float>() / 32752.0f);
-      EXPECT_FALSE(ms.scale_inv.has_value());
-      auto m = opt.get_unscaled_state("a", StateKey::master_param);
-      EXPECT_LE(((m - x).abs() / x.abs().max()).max().item<float>(), 1.0f / 2048);
+      ASSERT_TRUE(master_state.scale.has_value()) << "an fp16 master is scaled like an fp16 moment";
+      EXPECT_EQ(*master_state.scale, x.abs().max().item<float>() / 32752.0f);
+      EXPECT_FALSE(master_state.scale_inv.has_value());
+      auto master_value = opt.get_unscaled_state("a", StateKey::master_param);
+      EXPECT_LE(((master_value - x).abs() / x.abs().max()).max().item<float>(), 1.0f / 2048);
       break;
     }
     case MasterMode::remainders: {
@@ -184,11 +184,11 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
         EXPECT_NE(std::string(e.what()).find("upstream TransformerEngine fails an assertion"), std::string::npos)
             << e.what();
       }
-      auto r = torch::randint(-32768, 32768, {64}, torch::kLong).to(torch::kShort);
-      opt.set_scaled_state("a", StateKey::master_param, r);
+      auto remainder = torch::randint(-32768, 32768, {64}, torch::kLong).to(torch::kShort);
+      opt.set_scaled_state("a", StateKey::master_param, remainder);
       auto back = opt.get_unscaled_state("a", StateKey::master_param);
       EXPECT_EQ(back.scalar_type(), torch::kShort);
-      EXPECT_TRUE(torch::equal(back, r)) << "the raw int16 remainder in and out";
+      EXPECT_TRUE(torch::equal(back, remainder)) << "the raw int16 remainder in and out";
       break;
     }
   }
@@ -199,35 +199,35 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
 // optimizer restored from them must continue exactly as the original (bitwise, 10 more steps).
 TEST_P(StateAccess, StoredRoundTripContinuesBitForBit) {
   const auto specs = testutil::small_specs();
-  Rig a(GetParam(), specs, 21);
-  for (int s = 0; s < 10; ++s) a.step(s, 1e-3);
+  Rig saved_rig(GetParam(), specs, 21);
+  for (int s = 0; s < 10; ++s) saved_rig.step(s, 1e-3);
   std::vector<StoredState> saved;
   std::vector<torch::Tensor> weights;
   for (const auto& sp : specs) {
-    weights.push_back(a.opt->param(sp.name).clone());
+    weights.push_back(saved_rig.opt->param(sp.name).clone());
     for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
-      auto st = a.opt->stored(sp.name, key);
-      st.data = st.data.clone();
-      saved.push_back(st);
+      auto stored_state = saved_rig.opt->stored(sp.name, key);
+      stored_state.data = stored_state.data.clone();
+      saved.push_back(stored_state);
     }
   }
-  Rig b(GetParam(), specs, 99);   // different init: everything must come from the restore
-  EXPECT_FALSE(torch::equal(b.opt->param("a"), a.opt->param("a"))) << "negative control";
-  size_t k = 0;
+  Rig resumed_rig(GetParam(), specs, 99);   // different init: everything must come from the restore
+  EXPECT_FALSE(torch::equal(resumed_rig.opt->param("a"), saved_rig.opt->param("a"))) << "negative control";
+  size_t saved_index = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    b.params[i].detach().copy_(weights[i]);
+    resumed_rig.params[i].detach().copy_(weights[i]);
     for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq})
-      b.opt->set_stored(specs[i].name, key, saved[k++]);
+      resumed_rig.opt->set_stored(specs[i].name, key, saved[saved_index++]);
   }
-  for (size_t g = 0; g < 2; ++g) b.opt->set_step_count(g, a.opt->step_count(g));
+  for (size_t g = 0; g < 2; ++g) resumed_rig.opt->set_step_count(g, saved_rig.opt->step_count(g));
   torch::manual_seed(1234);
-  for (int s = 10; s < 20; ++s) a.step(s, 1e-3);
+  for (int s = 10; s < 20; ++s) saved_rig.step(s, 1e-3);
   torch::manual_seed(1234);
-  for (int s = 10; s < 20; ++s) b.step(s, 1e-3);
+  for (int s = 10; s < 20; ++s) resumed_rig.step(s, 1e-3);
   for (const auto& sp : specs) {
-    EXPECT_TRUE(torch::equal(a.opt->param(sp.name), b.opt->param(sp.name))) << sp.name;
+    EXPECT_TRUE(torch::equal(saved_rig.opt->param(sp.name), resumed_rig.opt->param(sp.name))) << sp.name;
     for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
-      const auto &x = a.opt->stored(sp.name, key), &y = b.opt->stored(sp.name, key);
+      const auto &x = saved_rig.opt->stored(sp.name, key), &y = resumed_rig.opt->stored(sp.name, key);
       EXPECT_TRUE(torch::equal(x.data, y.data)) << sp.name << " " << key_name(key);
       EXPECT_EQ(x.scale, y.scale) << sp.name << " " << key_name(key);
       EXPECT_EQ(x.scale_inv, y.scale_inv) << sp.name << " " << key_name(key);
@@ -238,9 +238,9 @@ TEST_P(StateAccess, StoredRoundTripContinuesBitForBit) {
 TEST_P(StateAccess, SetStoredValidates) {
   Rig rig(GetParam(), {{"a", {8}, 0, 1, 0}});
   auto& opt = *rig.opt;
-  auto expect_msg = [&](StateKey key, StoredState s, const std::string& msg) {
+  auto expect_msg = [&](StateKey key, StoredState state, const std::string& msg) {
     try {
-      opt.set_stored("a", key, s);
+      opt.set_stored("a", key, state);
       FAIL() << "accepted: " << msg;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << e.what();
@@ -249,46 +249,46 @@ TEST_P(StateAccess, SetStoredValidates) {
   };
   for (auto key : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
     const StoredState good = opt.stored("a", key);
-    StoredState s = good;
-    s.dtype = good.dtype == Dtype::fp32 ? Dtype::bf16 : Dtype::fp32;
-    expect_msg(key, s, "is held as " + to_string(good.dtype));
-    s = good;
-    s.data = good.data.to(good.data.scalar_type() == torch::kFloat ? torch::kDouble : torch::kFloat);
-    expect_msg(key, s, "expects data of type");
-    s = good;
-    s.data = torch::zeros({9}, good.data.scalar_type());
-    expect_msg(key, s, "expects shape [8]");
-    s = good;
-    s.scale = s.scale ? std::nullopt : std::optional<float>(1.0f);
-    expect_msg(key, s, good.scale ? "needs a scale" : "takes no scale");
+    StoredState altered = good;
+    altered.dtype = good.dtype == Dtype::fp32 ? Dtype::bf16 : Dtype::fp32;
+    expect_msg(key, altered, "is held as " + to_string(good.dtype));
+    altered = good;
+    altered.data = good.data.to(good.data.scalar_type() == torch::kFloat ? torch::kDouble : torch::kFloat);
+    expect_msg(key, altered, "expects data of type");
+    altered = good;
+    altered.data = torch::zeros({9}, good.data.scalar_type());
+    expect_msg(key, altered, "expects shape [8]");
+    altered = good;
+    altered.scale = altered.scale ? std::nullopt : std::optional<float>(1.0f);
+    expect_msg(key, altered, good.scale ? "needs a scale" : "takes no scale");
     if (good.scale) {
       // scale = amax / range is never negative; fp8's scale_inv must be frcp(1/scale).
-      s = good;
-      s.scale = -0.5f;
-      expect_msg(key, s, "is negative");
-      s = good;
-      s.scale = 0.0f;   // an all-zero tensor: upstream's own state, accepted
-      if (good.dtype == Dtype::fp8) s.scale_inv = 0.0f;
-      EXPECT_NO_THROW(opt.check_stored("a", key, s)) << key_name(key);
+      altered = good;
+      altered.scale = -0.5f;
+      expect_msg(key, altered, "is negative");
+      altered = good;
+      altered.scale = 0.0f;   // an all-zero tensor: upstream's own state, accepted
+      if (good.dtype == Dtype::fp8) altered.scale_inv = 0.0f;
+      EXPECT_NO_THROW(opt.check_stored("a", key, altered)) << key_name(key);
     }
     if (good.dtype == Dtype::fp8) {
-      s = good;
-      s.scale_inv.reset();
-      expect_msg(key, s, "needs a scale_inv");
-      s = good;
-      s.scale = 0.25f;
-      s.scale_inv = 4.5f;
-      expect_msg(key, s, "does not belong to scale");
+      altered = good;
+      altered.scale_inv.reset();
+      expect_msg(key, altered, "needs a scale_inv");
+      altered = good;
+      altered.scale = 0.25f;
+      altered.scale_inv = 4.5f;
+      expect_msg(key, altered, "does not belong to scale");
     } else {
-      s = good;
-      s.scale_inv = 1.0f;
-      expect_msg(key, s, "takes no scale_inv");
+      altered = good;
+      altered.scale_inv = 1.0f;
+      expect_msg(key, altered, "takes no scale_inv");
     }
     if (key == StateKey::master_param && good.dtype != Dtype::int16) {
       // An int16 remainder offered to an optimizer without remainders is refused (upstream
       // would silently take the integers as master values).
-      s = StoredState{torch::zeros({8}, torch::kShort), Dtype::int16, std::nullopt, std::nullopt};
-      expect_msg(key, s, "is held as " + to_string(good.dtype) + ", got int16");
+      altered = StoredState{torch::zeros({8}, torch::kShort), Dtype::int16, std::nullopt, std::nullopt};
+      expect_msg(key, altered, "is held as " + to_string(good.dtype) + ", got int16");
     }
     EXPECT_NO_THROW(opt.set_stored("a", key, good));
   }
@@ -327,11 +327,11 @@ TEST(Steps, EveryGroupAdvancesEvenWithoutGradients) {
 }
 
 TEST(Grads, NormZerosScaleAndAccumulate) {
-  OptimizerConfig c;
-  c.use_precision_aware_optimizer = true;
-  c.main_grads_dtype = Dtype::bf16;
+  OptimizerConfig config;
+  config.use_precision_aware_optimizer = true;
+  config.main_grads_dtype = Dtype::bf16;
   auto p = torch::zeros({5000}, torch::kBFloat16), q = torch::zeros({7}, torch::kBFloat16);
-  PrecisionAdam opt({{"g", {{"p", p}, {"q", q}}, 0.0}}, c);
+  PrecisionAdam opt({{"g", {{"p", p}, {"q", q}}, 0.0}}, config);
   torch::manual_seed(2);
   auto g1 = torch::randn({5000}).to(torch::kBFloat16), g2 = torch::randn({5000}).to(torch::kBFloat16);
   g1.index_put_({torch::indexing::Slice(0, 100)}, 0);
@@ -350,9 +350,9 @@ TEST(Grads, NormZerosScaleAndAccumulate) {
   const double norm = want.to(torch::kDouble).norm().item<double>();
   EXPECT_NEAR(opt.grad_norm(), norm, norm * 1e-5);
   torch::set_num_threads(2);   // the norm's summation order does not depend on threads
-  const double n2 = opt.grad_norm();
+  const double norm_with_two_threads = opt.grad_norm();
   torch::set_num_threads(1);
-  EXPECT_EQ(opt.grad_norm(), n2);
+  EXPECT_EQ(opt.grad_norm(), norm_with_two_threads);
   opt.scale_grads(0.5f);
   EXPECT_TRUE(torch::equal(opt.main_grad("p"), (want.to(torch::kFloat) * 0.5).to(torch::kBFloat16)));
   opt.zero_grads();
@@ -391,51 +391,51 @@ class AgreeFakeGroup final : public Collectives {
 // Every rank's Agreement for these outcomes: first what each rank sends (agree is a function of
 // its outcome), then each rank's agree over all of it.
 std::vector<Agreement> agree_all(const std::vector<RankOutcome>& outcomes) {
-  const size_t n = outcomes.size();
-  std::vector<std::string> wire(n);
-  for (size_t r = 0; r < n; ++r) {
-    AgreeFakeGroup g(static_cast<int>(r), std::vector<std::string>(n));
-    (void)agree(&g, outcomes[r]);
-    wire[r] = g.sent;
+  const size_t rank_count = outcomes.size();
+  std::vector<std::string> wire(rank_count);
+  for (size_t r = 0; r < rank_count; ++r) {
+    AgreeFakeGroup group(static_cast<int>(r), std::vector<std::string>(rank_count));
+    (void)agree(&group, outcomes[r]);
+    wire[r] = group.sent;
   }
   std::vector<Agreement> out;
-  for (size_t r = 0; r < n; ++r) {
-    AgreeFakeGroup g(static_cast<int>(r), wire);
-    out.push_back(agree(&g, outcomes[r]));
-    EXPECT_EQ(g.calls, 1) << "one collective per agreement";
+  for (size_t r = 0; r < rank_count; ++r) {
+    AgreeFakeGroup group(static_cast<int>(r), wire);
+    out.push_back(agree(&group, outcomes[r]));
+    EXPECT_EQ(group.calls, 1) << "one collective per agreement";
   }
   return out;
 }
 
 RankOutcome agree_ok(const std::string& payload) {
-  RankOutcome o;
-  o.payload = payload;
-  return o;
+  RankOutcome outcome;
+  outcome.payload = payload;
+  return outcome;
 }
 RankOutcome agree_failed(const std::string& error, bool flag) {
-  RankOutcome o;
-  o.ok = false;
-  o.error = error;
-  o.flag = flag;
-  return o;
+  RankOutcome outcome;
+  outcome.ok = false;
+  outcome.error = error;
+  outcome.flag = flag;
+  return outcome;
 }
 
 TEST(RankAgreement, AllSucceedEveryRankGetsEveryPayloadInRankOrder) {
-  for (const Agreement& a : agree_all({agree_ok("a"), agree_ok(""), agree_ok("ok:err:\n")})) {
-    EXPECT_TRUE(a.ok());
-    EXPECT_EQ(a.payloads, (std::vector<std::string>{"a", "", "ok:err:\n"}));
+  for (const Agreement& agreement : agree_all({agree_ok("a"), agree_ok(""), agree_ok("ok:err:\n")})) {
+    EXPECT_TRUE(agreement.ok());
+    EXPECT_EQ(agreement.payloads, (std::vector<std::string>{"a", "", "ok:err:\n"}));
   }
 }
 
 TEST(RankAgreement, AFailingRankIsNamedWithItsFlagOnEveryRank) {
   const auto all = agree_all({agree_ok("p0"), agree_failed("disk full", true), agree_failed("later", false)});
-  for (const Agreement& a : all) {
-    EXPECT_FALSE(a.ok());
-    EXPECT_EQ(a.failed_rank, 1);   // the first failure in rank order
-    EXPECT_EQ(a.error, "disk full");
-    EXPECT_TRUE(a.flag);
-    EXPECT_EQ(a.failure(), "rank 1: disk full");
-    EXPECT_TRUE(a.payloads.empty());
+  for (const Agreement& agreement : all) {
+    EXPECT_FALSE(agreement.ok());
+    EXPECT_EQ(agreement.failed_rank, 1);   // the first failure in rank order
+    EXPECT_EQ(agreement.error, "disk full");
+    EXPECT_TRUE(agreement.flag);
+    EXPECT_EQ(agreement.failure(), "rank 1: disk full");
+    EXPECT_TRUE(agreement.payloads.empty());
   }
   const auto unflagged = agree_all({agree_failed("refused", false), agree_ok("p1")});
   EXPECT_EQ(unflagged[1].failure(), "rank 0: refused");

@@ -52,14 +52,14 @@ std::string case_text(const Case& c) {
          (c.shared ? "_shared" : "_pershard") + "_bucket" + std::to_string(c.bucket) + "_dp" + std::to_string(c.world);
 }
 
-Case parse_case(const std::string& s) {
-  Case c{};
-  c.moments = rh::optim::parse_dtype(s.substr(0, s.find('_')), "case");
-  c.remainders = s.find("_remainders") != std::string::npos;
-  c.shared = s.find("_shared") != std::string::npos;
-  c.bucket = std::stoll(s.substr(s.find("_bucket") + 7));
-  c.world = std::stoi(s.substr(s.rfind("_dp") + 3));
-  return c;
+Case parse_case(const std::string& text) {
+  Case parsed{};
+  parsed.moments = rh::optim::parse_dtype(text.substr(0, text.find('_')), "case");
+  parsed.remainders = text.find("_remainders") != std::string::npos;
+  parsed.shared = text.find("_shared") != std::string::npos;
+  parsed.bucket = std::stoll(text.substr(text.find("_bucket") + 7));
+  parsed.world = std::stoi(text.substr(text.rfind("_dp") + 3));
+  return parsed;
 }
 
 bool scaled(Dtype d) { return d == Dtype::fp16 || d == Dtype::fp8; }
@@ -74,13 +74,13 @@ struct OptRun {
   std::vector<double> norms;
 };
 
-rh::optim::OptimizerConfig config_of(const Case& c) {
+rh::optim::OptimizerConfig config_of(const Case& test_case) {
   rh::optim::OptimizerConfig cfg;
   cfg.use_precision_aware_optimizer = true;
-  cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = c.moments;
-  cfg.store_param_remainders = c.remainders;
-  cfg.shared_dp_scale = c.shared;
-  cfg.ddp_bucket_size = c.bucket;
+  cfg.exp_avg_dtype = cfg.exp_avg_sq_dtype = test_case.moments;
+  cfg.store_param_remainders = test_case.remainders;
+  cfg.shared_dp_scale = test_case.shared;
+  cfg.ddp_bucket_size = test_case.bucket;
   return cfg;
 }
 
@@ -92,9 +92,9 @@ rh::optim::ShardLayout layout_of(const Case& c, const std::vector<int64_t>& nume
 // Three steps of the same deterministic gradients; rank > 0 contributes zeros. With `pieces`
 // (a single process only), every param is replaced by its pieces of the data-parallel layout,
 // each its own 1-D param "p<i>.r<rank>" in the same group, with the same slices of the grads.
-OptRun run_steps(const Case& c, rh::optim::Collectives* comm, bool pieces = false) {
+OptRun run_steps(const Case& test_case, rh::optim::Collectives* comm, bool pieces = false) {
   torch::NoGradGuard guard;
-  OptRun r;
+  OptRun run;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   std::vector<rh::optim::ParamGroup> groups{{"decay", {}, 0.1}, {"no_decay", {}, 0.0}};
   std::vector<torch::Tensor> full;
@@ -106,7 +106,7 @@ OptRun run_steps(const Case& c, rh::optim::Collectives* comm, bool pieces = fals
       if ((kShapes[i].size() >= 2) == (gi == 0)) opt_order.push_back(i);
   std::vector<int64_t> numels;
   for (size_t i : opt_order) numels.push_back(full[i].numel());
-  const auto layout = layout_of(c, numels);
+  const auto layout = layout_of(test_case, numels);
   std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> slice_of;   // param -> (orig, [b, e))
   for (size_t k = 0; k < opt_order.size(); ++k) {
     const size_t i = opt_order[k];
@@ -114,64 +114,64 @@ OptRun run_steps(const Case& c, rh::optim::Collectives* comm, bool pieces = fals
     if (!pieces) {
       auto p = full[i];
       p.set_requires_grad(true);
-      r.params.push_back(p);
+      run.params.push_back(p);
       slice_of.push_back({i, {0, p.numel()}});
       groups[gi].params.emplace_back("p" + std::to_string(i), p);
       continue;
     }
-    for (int rk = 0; rk < c.world; ++rk) {
+    for (int rk = 0; rk < test_case.world; ++rk) {
       const auto [b, e] = layout.piece(k, rk);
       if (b == e) continue;
       auto p = full[i].reshape({-1}).narrow(0, b, e - b).clone();
       p.set_requires_grad(true);
-      r.params.push_back(p);
+      run.params.push_back(p);
       slice_of.push_back({i, {b, e}});
       groups[gi].params.emplace_back("p" + std::to_string(i) + ".r" + std::to_string(rk), p);
     }
   }
-  r.opt = std::make_unique<PrecisionAdam>(groups, config_of(c), comm);
+  run.opt = std::make_unique<PrecisionAdam>(groups, config_of(test_case), comm);
   const int rank = comm ? comm->rank() : 0;
   for (int t = 1; t <= 3; ++t) {
     auto ggen = at::make_generator<at::CPUGeneratorImpl>(100 + t);
     std::vector<torch::Tensor> grads;
     for (size_t i = 0; i < kShapes.size(); ++i)
       grads.push_back((torch::randn(kShapes[i], ggen) * 0.01).to(torch::kBFloat16));
-    for (size_t j = 0; j < r.params.size(); ++j) {
-      auto& p = r.params[j];
+    for (size_t j = 0; j < run.params.size(); ++j) {
+      auto& p = run.params[j];
       const auto& [i, be] = slice_of[j];
       auto g = grads[i].reshape({-1}).narrow(0, be.first, be.second - be.first).reshape(p.sizes()).clone();
       p.mutable_grad() = rank == 0 ? g : torch::zeros_like(g);
     }
-    r.opt->accumulate_grads();
-    r.opt->reduce_grads();
-    r.norms.push_back(r.opt->grad_norm());
-    r.opt->scale_grads(0.5f);
-    r.opt->step(1e-2 * t);
-    r.opt->zero_grads();
+    run.opt->accumulate_grads();
+    run.opt->reduce_grads();
+    run.norms.push_back(run.opt->grad_norm());
+    run.opt->scale_grads(0.5f);
+    run.opt->step(1e-2 * t);
+    run.opt->zero_grads();
   }
-  return r;
+  return run;
 }
 
 // What a rank writes: norms, every param, and per param and key its owned state (+ scale).
-std::vector<torch::Tensor> flatten(const OptRun& r) {
-  std::vector<torch::Tensor> out{torch::tensor(r.norms, torch::kDouble)};
-  for (const auto& p : r.params) out.push_back(p.detach().clone());
-  for (const auto& name : r.opt->param_names())
+std::vector<torch::Tensor> flatten(const OptRun& run) {
+  std::vector<torch::Tensor> out{torch::tensor(run.norms, torch::kDouble)};
+  for (const auto& p : run.params) out.push_back(p.detach().clone());
+  for (const auto& name : run.opt->param_names())
     for (auto k : {StateKey::master_param, StateKey::exp_avg, StateKey::exp_avg_sq}) {
-      const auto& st = r.opt->stored(name, k);
-      out.push_back(st.data.reshape({-1}).clone());
-      out.push_back(torch::tensor({st.scale.value_or(-1.0f)}, torch::kFloat));
+      const auto& stored_state = run.opt->stored(name, k);
+      out.push_back(stored_state.data.reshape({-1}).clone());
+      out.push_back(torch::tensor({stored_state.scale.value_or(-1.0f)}, torch::kFloat));
     }
   return out;
 }
 
 int worker_main() {
   try {
-    const Case c = parse_case(std::getenv("RH_DIST_CASE"));
+    const Case test_case = parse_case(std::getenv("RH_DIST_CASE"));
     rh::dist::Group group(rh::dist::placement_from_environment(), std::chrono::seconds(60));
-    OptRun r = run_steps(c, &group);
-    auto t = flatten(r);
-    torch::save(t, std::string(std::getenv("RH_DIST_OUT")) + "." + std::to_string(group.rank()));
+    OptRun run = run_steps(test_case, &group);
+    auto tensors = flatten(run);
+    torch::save(tensors, std::string(std::getenv("RH_DIST_OUT")) + "." + std::to_string(group.rank()));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker: %s\n", e.what());
@@ -180,18 +180,18 @@ int worker_main() {
 }
 
 // Starts `world` copies of this binary as ranks; returns their exit codes (-1 on a timeout).
-std::vector<int> spawn_ranks(const Case& c, const std::string& out) {
+std::vector<int> spawn_ranks(const Case& test_case, const std::string& out) {
   const int port = rh::dist::free_local_port();
   const std::string exe = rh::self_executable();
   std::vector<pid_t> pids;
-  for (int r = 0; r < c.world; ++r) {
+  for (int rank = 0; rank < test_case.world; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
       setenv("RH_DIST_WORKER", "1", 1);
-      setenv("RH_DIST_CASE", case_text(c).c_str(), 1);
+      setenv("RH_DIST_CASE", case_text(test_case).c_str(), 1);
       setenv("RH_DIST_OUT", out.c_str(), 1);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(c.world).c_str(), 1);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(test_case.world).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
@@ -226,51 +226,53 @@ bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
 class DistributedUpdate : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
-  const Case c = GetParam();
-  const fs::path dir = fs::temp_directory_path() / ("rh_test_dist_" + std::to_string(::getpid()) + "_" + case_text(c));
+  const Case test_case = GetParam();
+  const fs::path dir =
+      fs::temp_directory_path() / ("rh_test_dist_" + std::to_string(::getpid()) + "_" + case_text(test_case));
   fs::create_directories(dir);
   const std::string out = (dir / "state").string();
-  const auto codes = spawn_ranks(c, out);
-  for (int r = 0; r < c.world; ++r) ASSERT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r << " failed";
+  const auto codes = spawn_ranks(test_case, out);
+  for (int r = 0; r < test_case.world; ++r) ASSERT_EQ(codes[static_cast<size_t>(r)], 0) << "rank " << r << " failed";
 
-  OptRun single = run_steps(c, nullptr);
+  OptRun single = run_steps(test_case, nullptr);
   const auto want = flatten(single);
-  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(c.world));
-  for (int r = 0; r < c.world; ++r) torch::load(got[static_cast<size_t>(r)], out + "." + std::to_string(r));
-  const size_t np = kShapes.size();
-  const bool like_single = c.shared || !scaled(c.moments);
-  for (int r = 0; r < c.world; ++r) {
-    const auto& g = got[static_cast<size_t>(r)];
-    ASSERT_EQ(g.size(), want.size());
-    EXPECT_TRUE(same_bits(g[0], want[0])) << "grad norms of rank " << r;
+  std::vector<std::vector<torch::Tensor>> got(static_cast<size_t>(test_case.world));
+  for (int r = 0; r < test_case.world; ++r) torch::load(got[static_cast<size_t>(r)], out + "." + std::to_string(r));
+  const size_t param_count = kShapes.size();
+  const bool like_single = test_case.shared || !scaled(test_case.moments);
+  for (int r = 0; r < test_case.world; ++r) {
+    const auto& rank_state = got[static_cast<size_t>(r)];
+    ASSERT_EQ(rank_state.size(), want.size());
+    EXPECT_TRUE(same_bits(rank_state[0], want[0])) << "grad norms of rank " << r;
     if (like_single) {   // per-shard scaled states: params checked against the pieces below
-      for (size_t i = 0; i < np; ++i)
-        EXPECT_TRUE(same_bits(g[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
+      for (size_t i = 0; i < param_count; ++i)
+        EXPECT_TRUE(same_bits(rank_state[1 + i], want[1 + i])) << "param " << i << " on rank " << r;
     }
   }
   // Joined in rank order, the owned parts are the single process's state (fp32/bf16, or shared
   // scales). (States are written in optimizer order: group, then param.)
   auto layout = [&] {
-    std::vector<int64_t> n;
+    std::vector<int64_t> numels;
     for (const auto& name : single.opt->param_names())
-      n.push_back(single.opt->param(name).numel());   // optimizer order
-    return layout_of(c, n);
+      numels.push_back(single.opt->param(name).numel());   // optimizer order
+    return layout_of(test_case, numels);
   }();
   EXPECT_FALSE(layout.split_params().empty()) << "the case must split a param across ranks";
-  for (size_t i = 0; i < np; ++i)
+  for (size_t i = 0; i < param_count; ++i)
     for (size_t k = 0; k < 3; ++k) {
-      const size_t idx = 1 + np + 2 * (3 * i + k);
+      const size_t idx = 1 + param_count + 2 * (3 * i + k);
       std::vector<torch::Tensor> parts;
-      for (int r = 0; r < c.world; ++r) {
-        const auto& g = got[static_cast<size_t>(r)];
-        if (g[idx].numel() > 0) {
-          parts.push_back(g[idx]);
+      for (int r = 0; r < test_case.world; ++r) {
+        const auto& rank_state = got[static_cast<size_t>(r)];
+        if (rank_state[idx].numel() > 0) {
+          parts.push_back(rank_state[idx]);
           if (like_single) {
-            EXPECT_TRUE(same_bits(g[idx + 1], want[idx + 1])) << "scale of p" << i << " key " << k << " on rank " << r;
+            EXPECT_TRUE(same_bits(rank_state[idx + 1], want[idx + 1]))
+                << "scale of p" << i << " key " << k << " on rank " << r;
           }
         }
-        const auto pc = layout.piece(i, r);
-        EXPECT_EQ(g[idx].numel(), pc.second - pc.first) << "p" << i << " on rank " << r;
+        const auto piece_range = layout.piece(i, r);
+        EXPECT_EQ(rank_state[idx].numel(), piece_range.second - piece_range.first) << "p" << i << " on rank " << r;
       }
       if (like_single) {
         EXPECT_TRUE(same_bits(torch::cat(parts), want[idx])) << "state of p" << i << " key " << k;
@@ -279,28 +281,30 @@ TEST_P(DistributedUpdate, EqualsOneProcessBitForBit) {
   if (!like_single) {
     // Per shard: rank r's state of param i (and its scale) is what one process holding only the
     // pieces as params has for piece (i, r); the model params are those pieces joined.
-    const OptRun pieces = run_steps(c, nullptr, /*pieces=*/true);
+    const OptRun pieces = run_steps(test_case, nullptr, /*pieces=*/true);
     const auto names = single.opt->param_names();
     bool some_scale_differs = false;
-    for (size_t i = 0; i < np; ++i) {
-      for (int r = 0; r < c.world; ++r) {
-        const auto& g = got[static_cast<size_t>(r)];
+    for (size_t i = 0; i < param_count; ++i) {
+      for (int r = 0; r < test_case.world; ++r) {
+        const auto& rank_state = got[static_cast<size_t>(r)];
         if (layout.piece(i, r).first == layout.piece(i, r).second) continue;
         const std::string piece = names[i] + ".r" + std::to_string(r);
         for (size_t k = 0; k < 3; ++k) {
-          const size_t idx = 1 + np + 2 * (3 * i + k);
-          const auto& st = pieces.opt->stored(piece, static_cast<StateKey>(k));
-          EXPECT_TRUE(same_bits(g[idx], st.data.reshape({-1}))) << "state of " << piece << " key " << k;
-          EXPECT_TRUE(same_bits(g[idx + 1], torch::tensor({st.scale.value_or(-1.0f)}, torch::kFloat)))
+          const size_t idx = 1 + param_count + 2 * (3 * i + k);
+          const auto& stored_state = pieces.opt->stored(piece, static_cast<StateKey>(k));
+          EXPECT_TRUE(same_bits(rank_state[idx], stored_state.data.reshape({-1})))
+              << "state of " << piece << " key " << k;
+          EXPECT_TRUE(
+              same_bits(rank_state[idx + 1], torch::tensor({stored_state.scale.value_or(-1.0f)}, torch::kFloat)))
               << "scale of " << piece << " key " << k;
-          some_scale_differs = some_scale_differs || !same_bits(g[idx + 1], want[idx + 1]);
+          some_scale_differs = some_scale_differs || !same_bits(rank_state[idx + 1], want[idx + 1]);
         }
       }
     }
     EXPECT_TRUE(some_scale_differs) << "per-shard scales all equal the whole tensors': the case shows nothing";
-    for (size_t i = 0; i < np; ++i) {
+    for (size_t i = 0; i < param_count; ++i) {
       std::vector<torch::Tensor> parts;
-      for (int r = 0; r < c.world; ++r)
+      for (int r = 0; r < test_case.world; ++r)
         if (layout.piece(i, r).first != layout.piece(i, r).second)
           parts.push_back(pieces.opt->param(names[i] + ".r" + std::to_string(r)).detach().reshape({-1}));
       // flatten() writes the params in optimizer order, as names.
@@ -329,17 +333,17 @@ TEST(Placement, ReadsTorchrunAndSlurmVariables) {
   setenv("SLURM_LOCALID", "1", 1);
   setenv("MASTER_ADDR", "node7", 1);
   setenv("MASTER_PORT", "29555", 1);
-  auto p = rh::dist::placement_from_environment();
-  EXPECT_EQ(p.world_size, 4);
-  EXPECT_EQ(p.rank, 3);
-  EXPECT_EQ(p.local_rank, 1);
-  EXPECT_EQ(p.master_addr, "node7");
-  EXPECT_EQ(p.master_port, 29555);
+  auto placement = rh::dist::placement_from_environment();
+  EXPECT_EQ(placement.world_size, 4);
+  EXPECT_EQ(placement.rank, 3);
+  EXPECT_EQ(placement.local_rank, 1);
+  EXPECT_EQ(placement.master_addr, "node7");
+  EXPECT_EQ(placement.master_port, 29555);
   setenv("WORLD_SIZE", "2", 1);   // torchrun's variables win over SLURM's
   setenv("RANK", "1", 1);
-  p = rh::dist::placement_from_environment();
-  EXPECT_EQ(p.world_size, 2);
-  EXPECT_EQ(p.rank, 1);
+  placement = rh::dist::placement_from_environment();
+  EXPECT_EQ(placement.world_size, 2);
+  EXPECT_EQ(placement.rank, 1);
   setenv("RANK", "2", 1);   // outside [0, WORLD_SIZE)
   try {
     rh::dist::placement_from_environment();

@@ -28,11 +28,11 @@ using namespace rh::report;
 using report_fixture::slurp;
 
 // Replaces line `line` (1-based) of a file.
-void replace_line(const fs::path& p, int line, const std::string& text) {
-  std::istringstream in(slurp(p));
-  std::string out, l;
-  for (int i = 1; std::getline(in, l); ++i) out += (i == line ? text : l) + "\n";
-  report_fixture::write(p, out);
+void replace_line(const fs::path& file_path, int line, const std::string& text) {
+  std::istringstream in(slurp(file_path));
+  std::string out, original_line;
+  for (int i = 1; std::getline(in, original_line); ++i) out += (i == line ? text : original_line) + "\n";
+  report_fixture::write(file_path, out);
 }
 
 // Runs without plots: the tests here are about tables and errors, and /bin/false is quick.
@@ -53,18 +53,18 @@ struct Malformed {
 class MalformedCsv : public NoPlots, public ::testing::WithParamInterface<Malformed> {};
 
 TEST_P(MalformedCsv, ErrorNamesFileAndLine) {
-  const auto& m = GetParam();
-  const auto dir = report_fixture::temp_dir(std::string("bad_") + m.name);
+  const auto& malformed = GetParam();
+  const auto dir = report_fixture::temp_dir(std::string("bad_") + malformed.name);
   report_fixture::write_run(dir);
-  replace_line(dir / m.file, m.line, m.text);
-  const std::string where = (dir / m.file).string() + ":" + std::to_string(m.line) + ":";
+  replace_line(dir / malformed.file, malformed.line, malformed.text);
+  const std::string where = (dir / malformed.file).string() + ":" + std::to_string(malformed.line) + ":";
   try {
     std::ostringstream log;
     generate_report(dir.string(), "", log);
-    FAIL() << "no error for " << m.file;
+    FAIL() << "no error for " << malformed.file;
   } catch (const ReportError& e) {
     EXPECT_EQ(std::string(e.what()).rfind(where, 0), 0u) << e.what();
-    EXPECT_NE(std::string(e.what()).find(m.expect), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(malformed.expect), std::string::npos) << e.what();
   }
   std::ostringstream out;
   testing::internal::CaptureStderr();
@@ -234,9 +234,9 @@ struct TwoRuns {
 };
 
 TEST(ReportCompare, OneVerdictRegressed) {
-  TwoRuns r;
+  TwoRuns two_runs;
   std::ostringstream out;
-  EXPECT_EQ(compare_runs(r.a.string(), r.b.string(), out), 1);
+  EXPECT_EQ(compare_runs(two_runs.a.string(), two_runs.b.string(), out), 1);
   const std::string md = out.str();
   EXPECT_NE(md.find("- 1 regression(s) (passed in A, fail in B), 0 fixed"), std::string::npos) << md;
   EXPECT_NE(md.find("| states/exp_avg=bf16,policy=per_key | PASS (identical) | FAIL (diverged) | regression |"),
@@ -250,87 +250,89 @@ TEST(ReportCompare, OneVerdictRegressed) {
 }
 
 TEST(ReportCompare, FixedIsNotARegressionAndSameRunHasNoChanges) {
-  TwoRuns r;
+  TwoRuns two_runs;
   std::ostringstream back, same;
-  EXPECT_EQ(compare_runs(r.b.string(), r.a.string(), back), 0);
+  EXPECT_EQ(compare_runs(two_runs.b.string(), two_runs.a.string(), back), 0);
   EXPECT_NE(back.str().find("| FAIL (diverged) | PASS (identical) | fixed |"), std::string::npos) << back.str();
-  EXPECT_EQ(compare_runs(r.a.string(), r.a.string(), same), 0);
+  EXPECT_EQ(compare_runs(two_runs.a.string(), two_runs.a.string(), same), 0);
   EXPECT_NE(same.str().find("No differences in verdicts, first divergences or checkpoint bytes."), std::string::npos);
 }
 
 TEST(ReportCompare, AddedAndRemovedScenariosAreListed) {
-  TwoRuns r;
-  replace_line(r.b / "summary.csv", 6,
+  TwoRuns two_runs;
+  replace_line(two_runs.b / "summary.csv", 6,
                "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
                "native,none,bf16,bf16,fp32,1");
   std::ostringstream out;
-  compare_runs(r.a.string(), r.b.string(), out);
+  compare_runs(two_runs.a.string(), two_runs.b.string(), out);
   EXPECT_NE(out.str().find("### Only in A (removed)\n\n- faults/crash: FAIL (error)"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("### Only in B (added)\n\n- faults/new: PASS (identical)"), std::string::npos);
 }
 
 // --json: the same changes as the Markdown, as values a CI script reads without parsing a table.
 TEST(ReportCompare, JsonHoldsTheSameChangesAsValues) {
-  TwoRuns r;
-  replace_line(r.b / "summary.csv", 6,
+  TwoRuns two_runs;
+  replace_line(two_runs.b / "summary.csv", 6,
                "faults/new,exact,1,identical,PASS: bit-exact resume,,0,0,0,,0,0,,1800,18,100,"
                "native,none,bf16,bf16,fp32,1");
   std::ostringstream out;
-  EXPECT_EQ(compare_runs(r.a.string(), r.b.string(), out, /*json=*/true), 1);
-  const nlohmann::json j = nlohmann::json::parse(out.str());
-  EXPECT_EQ(j["schema_version"], 1);
-  EXPECT_EQ(j["a"]["dir"], r.a.string());
-  EXPECT_EQ(j["a"]["scenarios"], 5);
-  EXPECT_EQ(j["a"]["failed"], 1);   // faults/crash
-  EXPECT_EQ(j["b"]["scenarios"], 5);
-  EXPECT_EQ(j["b"]["failed"], 1);   // the regression; faults/crash is gone
-  EXPECT_EQ(j["regressions"], 1);
-  EXPECT_EQ(j["fixed"], 0);
-  ASSERT_EQ(j["verdicts"].size(), 1u) << j.dump(2);
-  const auto& v = j["verdicts"][0];
-  EXPECT_EQ(v["scenario"], "states/exp_avg=bf16,policy=per_key");
-  EXPECT_EQ(v["change"], "regression");
-  EXPECT_EQ(v["a"]["passed"], true);
-  EXPECT_EQ(v["a"]["outcome"], "identical");
-  EXPECT_EQ(v["b"]["passed"], false);
-  EXPECT_EQ(v["b"]["outcome"], "diverged");
-  EXPECT_NE(v["b"]["verdict"].get<std::string>().find("FAIL: expected bit-exact resume"), std::string::npos);
-  ASSERT_EQ(j["first_divergences"].size(), 1u);
-  EXPECT_TRUE(j["first_divergences"][0]["a"].is_null());
-  EXPECT_EQ(j["first_divergences"][0]["b"], "iteration 5: metric lm_loss");
-  ASSERT_EQ(j["checkpoint_bytes"].size(), 1u);
-  EXPECT_EQ(j["checkpoint_bytes"][0]["a"], 1800);
-  EXPECT_EQ(j["checkpoint_bytes"][0]["b"], 1900);
-  EXPECT_NEAR(j["checkpoint_bytes"][0]["change_percent"].get<double>(), 100.0 / 18.0, 1e-9);
-  ASSERT_EQ(j["only_in_a"].size(), 1u);
-  EXPECT_EQ(j["only_in_a"][0]["scenario"], "faults/crash");
-  EXPECT_EQ(j["only_in_a"][0]["outcome"], "error");
-  ASSERT_EQ(j["only_in_b"].size(), 1u);
-  EXPECT_EQ(j["only_in_b"][0]["scenario"], "faults/new");
-  EXPECT_EQ(j["only_in_b"][0]["passed"], true);
+  EXPECT_EQ(compare_runs(two_runs.a.string(), two_runs.b.string(), out, /*json=*/true), 1);
+  const nlohmann::json comparison = nlohmann::json::parse(out.str());
+  EXPECT_EQ(comparison["schema_version"], 1);
+  EXPECT_EQ(comparison["a"]["dir"], two_runs.a.string());
+  EXPECT_EQ(comparison["a"]["scenarios"], 5);
+  EXPECT_EQ(comparison["a"]["failed"], 1);   // faults/crash
+  EXPECT_EQ(comparison["b"]["scenarios"], 5);
+  EXPECT_EQ(comparison["b"]["failed"], 1);   // the regression; faults/crash is gone
+  EXPECT_EQ(comparison["regressions"], 1);
+  EXPECT_EQ(comparison["fixed"], 0);
+  ASSERT_EQ(comparison["verdicts"].size(), 1u) << comparison.dump(2);
+  const auto& verdict_change = comparison["verdicts"][0];
+  EXPECT_EQ(verdict_change["scenario"], "states/exp_avg=bf16,policy=per_key");
+  EXPECT_EQ(verdict_change["change"], "regression");
+  EXPECT_EQ(verdict_change["a"]["passed"], true);
+  EXPECT_EQ(verdict_change["a"]["outcome"], "identical");
+  EXPECT_EQ(verdict_change["b"]["passed"], false);
+  EXPECT_EQ(verdict_change["b"]["outcome"], "diverged");
+  EXPECT_NE(verdict_change["b"]["verdict"].get<std::string>().find("FAIL: expected bit-exact resume"),
+            std::string::npos);
+  ASSERT_EQ(comparison["first_divergences"].size(), 1u);
+  EXPECT_TRUE(comparison["first_divergences"][0]["a"].is_null());
+  EXPECT_EQ(comparison["first_divergences"][0]["b"], "iteration 5: metric lm_loss");
+  ASSERT_EQ(comparison["checkpoint_bytes"].size(), 1u);
+  EXPECT_EQ(comparison["checkpoint_bytes"][0]["a"], 1800);
+  EXPECT_EQ(comparison["checkpoint_bytes"][0]["b"], 1900);
+  EXPECT_NEAR(comparison["checkpoint_bytes"][0]["change_percent"].get<double>(), 100.0 / 18.0, 1e-9);
+  ASSERT_EQ(comparison["only_in_a"].size(), 1u);
+  EXPECT_EQ(comparison["only_in_a"][0]["scenario"], "faults/crash");
+  EXPECT_EQ(comparison["only_in_a"][0]["outcome"], "error");
+  ASSERT_EQ(comparison["only_in_b"].size(), 1u);
+  EXPECT_EQ(comparison["only_in_b"][0]["scenario"], "faults/new");
+  EXPECT_EQ(comparison["only_in_b"][0]["passed"], true);
 
   std::ostringstream same;
-  EXPECT_EQ(compare_runs(r.a.string(), r.a.string(), same, /*json=*/true), 0);
-  const nlohmann::json s = nlohmann::json::parse(same.str());
-  EXPECT_EQ(s["regressions"], 0);
+  EXPECT_EQ(compare_runs(two_runs.a.string(), two_runs.a.string(), same, /*json=*/true), 0);
+  const nlohmann::json same_comparison = nlohmann::json::parse(same.str());
+  EXPECT_EQ(same_comparison["regressions"], 0);
   for (const char* k : {"verdicts", "first_divergences", "checkpoint_bytes", "only_in_a", "only_in_b"})
-    EXPECT_TRUE(s[k].is_array() && s[k].empty()) << k;
+    EXPECT_TRUE(same_comparison[k].is_array() && same_comparison[k].empty()) << k;
 }
 
 // The command line: report --compare A B --json prints the object on stdout with the same exit
 // code; --json without --compare is refused in one line.
 TEST(ReportCli, CompareJsonOnStdoutWithTheSameExitCode) {
-  TwoRuns r;
+  TwoRuns two_runs;
   const fs::path logs = rh::testutil::fresh_dir("report_cli", "json");
-  const auto compare = rh::testutil::run_tool_split({"report", "--compare", r.a.string(), r.b.string(), "--json"},
-                                                    logs / "compare.json", logs / "compare.err");
+  const auto compare =
+      rh::testutil::run_tool_split({"report", "--compare", two_runs.a.string(), two_runs.b.string(), "--json"},
+                                   logs / "compare.json", logs / "compare.err");
   const std::string& text = compare.log;
   EXPECT_EQ(compare.code, 1) << text << compare.err;
-  const nlohmann::json j = nlohmann::json::parse(text);
-  EXPECT_EQ(j["regressions"], 1);
-  EXPECT_EQ(j["verdicts"][0]["change"], "regression");
-  const auto alone =
-      rh::testutil::run_logged(rh::testutil::tool_argv({"report", r.a.string(), "--json"}), logs / "json_alone.log");
+  const nlohmann::json comparison = nlohmann::json::parse(text);
+  EXPECT_EQ(comparison["regressions"], 1);
+  EXPECT_EQ(comparison["verdicts"][0]["change"], "regression");
+  const auto alone = rh::testutil::run_logged(rh::testutil::tool_argv({"report", two_runs.a.string(), "--json"}),
+                                              logs / "json_alone.log");
   EXPECT_EQ(alone.code, 2);
   EXPECT_EQ(alone.log, "resume-harness: error: report: --json needs --compare RUN_A RUN_B\n");
   fs::remove_all(logs);
@@ -338,18 +340,18 @@ TEST(ReportCli, CompareJsonOnStdoutWithTheSameExitCode) {
 
 // The command line: report RUN_DIR, report --compare A B, and exit codes 0 / 1 / 2.
 TEST(ReportCli, ExitCodes) {
-  TwoRuns r;
+  TwoRuns two_runs;
   const fs::path logs = rh::testutil::fresh_dir("report_cli", "exit_codes");
   auto run = [&logs](std::vector<std::string> args) {
     args.insert(args.begin(), "report");
     return rh::testutil::run_logged(rh::testutil::tool_argv(args), logs / "log", 600, {{"RH_PYTHON", "/bin/false"}})
         .code;
   };
-  EXPECT_EQ(run({r.a.string()}), 0);
-  EXPECT_TRUE(fs::exists(r.a / "report.html"));
-  EXPECT_EQ(run({"--compare", r.a.string(), r.b.string()}), 1);
-  EXPECT_EQ(run({"--compare", r.a.string(), r.a.string()}), 0);
-  EXPECT_EQ(run({(r.a / "missing").string()}), 2);
+  EXPECT_EQ(run({two_runs.a.string()}), 0);
+  EXPECT_TRUE(fs::exists(two_runs.a / "report.html"));
+  EXPECT_EQ(run({"--compare", two_runs.a.string(), two_runs.b.string()}), 1);
+  EXPECT_EQ(run({"--compare", two_runs.a.string(), two_runs.a.string()}), 0);
+  EXPECT_EQ(run({(two_runs.a / "missing").string()}), 2);
   EXPECT_EQ(run({}), 2);
   fs::remove_all(logs);
 }
@@ -429,11 +431,11 @@ class HostileSummaryJson : public NoPlots, public ::testing::WithParamInterface<
 TEST_P(HostileSummaryJson, IsRefusedNamingTheFileAndTheDir) {
   const auto dir = report_fixture::temp_dir(std::string("summary_") + GetParam().name);
   report_fixture::write_run(dir);
-  std::string js = slurp(dir / "summary.json");
-  const size_t at = js.find(GetParam().from);
+  std::string summary_text = slurp(dir / "summary.json");
+  const size_t at = summary_text.find(GetParam().from);
   ASSERT_NE(at, std::string::npos);
-  js.replace(at, GetParam().from.size(), GetParam().to);
-  report_fixture::write(dir / "summary.json", js);
+  summary_text.replace(at, GetParam().from.size(), GetParam().to);
+  report_fixture::write(dir / "summary.json", summary_text);
   try {
     (void)load_run(dir.string());
     ADD_FAILURE() << "accepted " << GetParam().to;

@@ -15,40 +15,40 @@
 namespace {
 
 TEST(Corpus, SampleIsTheSameWhetherReachedFromZeroOrDirectly) {
-  rh::SyntheticCorpus c(42, 256, 64);
-  std::vector<int64_t> tok(64 * 40), tgt(64 * 40);
-  c.fill(0, 40, tok.data(), tgt.data());
+  rh::SyntheticCorpus corpus(42, 256, 64);
+  std::vector<int64_t> tokens(64 * 40), targets(64 * 40);
+  corpus.fill(0, 40, tokens.data(), targets.data());
   for (int64_t i : {0, 7, 39}) {
-    std::vector<int64_t> t1(64), t2(64);
-    c.fill(i, 1, t1.data(), t2.data());
+    std::vector<int64_t> sample_tokens(64), sample_targets(64);
+    corpus.fill(i, 1, sample_tokens.data(), sample_targets.data());
     for (int64_t t = 0; t < 64; ++t) {
-      ASSERT_EQ(t1[t], tok[i * 64 + t]) << "sample " << i << " token " << t;
-      ASSERT_EQ(t2[t], tgt[i * 64 + t]);
+      ASSERT_EQ(sample_tokens[t], tokens[i * 64 + t]) << "sample " << i << " token " << t;
+      ASSERT_EQ(sample_targets[t], targets[i * 64 + t]);
     }
   }
   // A second corpus object with the same seed reproduces the samples; another seed does not.
   rh::SyntheticCorpus same(42, 256, 64), other(43, 256, 64);
-  EXPECT_EQ(same.sample(1000), c.sample(1000));
-  EXPECT_NE(other.sample(1000), c.sample(1000));
+  EXPECT_EQ(same.sample(1000), corpus.sample(1000));
+  EXPECT_NE(other.sample(1000), corpus.sample(1000));
 }
 
 TEST(Corpus, TargetsAreInputsShiftedAndStructureIsLearnable) {
-  rh::SyntheticCorpus c(1, 64, 32, /*branching=*/4, /*noise=*/0.1);
-  auto s = c.sample(3);
-  std::vector<int64_t> tok(32), tgt(32);
-  c.fill(3, 1, tok.data(), tgt.data());
-  for (int t = 0; t < 31; ++t) EXPECT_EQ(tgt[t], tok[t + 1]);
+  rh::SyntheticCorpus corpus(1, 64, 32, /*branching=*/4, /*noise=*/0.1);
+  auto third_sample = corpus.sample(3);
+  std::vector<int64_t> tokens(32), targets(32);
+  corpus.fill(3, 1, tokens.data(), targets.data());
+  for (int t = 0; t < 31; ++t) EXPECT_EQ(targets[t], tokens[t + 1]);
   // Count distinct successors per token over many samples: the structure limits them.
-  std::vector<std::set<int64_t>> succ(64);
+  std::vector<std::set<int64_t>> successors(64);
   for (int64_t i = 0; i < 200; ++i) {
-    auto x = c.sample(i);
-    for (size_t t = 1; t < x.size(); ++t) succ[x[t - 1]].insert(x[t]);
+    auto sample = corpus.sample(i);
+    for (size_t t = 1; t < sample.size(); ++t) successors[sample[t - 1]].insert(sample[t]);
   }
   size_t total = 0;
-  for (auto& s2 : succ) total += s2.size();
+  for (auto& s2 : successors) total += s2.size();
   EXPECT_LT(total, 64u * 20u) << "successor sets look uniform: no learnable structure";
   EXPECT_THROW(rh::SyntheticCorpus(1, 1, 32), std::invalid_argument);
-  EXPECT_THROW(c.sample(-1), std::out_of_range);
+  EXPECT_THROW(corpus.sample(-1), std::out_of_range);
 }
 
 TEST(RunConfig, JsonRoundTripsEveryField) {
@@ -59,9 +59,9 @@ TEST(RunConfig, JsonRoundTripsEveryField) {
   cfg.optim.exp_avg_dtype = rh::optim::Dtype::bf16;
   cfg.train.lr = 0.123456789012345;
   cfg.train.seed = 18446744073709551615ull;
-  auto j = rh::to_json(cfg);
-  auto back = rh::run_config_from_json(j, "test");
-  EXPECT_EQ(rh::to_json(back), j);
+  auto config_json = rh::to_json(cfg);
+  auto back = rh::run_config_from_json(config_json, "test");
+  EXPECT_EQ(rh::to_json(back), config_json);
   EXPECT_EQ(back.train.seed, cfg.train.seed);
   EXPECT_EQ(back.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
 }
@@ -108,9 +108,10 @@ TEST(RunConfig, OneSettingNamedTwiceOrMisspelledIsRefused) {
     rh::run_config_from_json(nlohmann::json::parse(R"({"train": {"iterations": 7, "train_iters": 8}})"), "twice.json");
     FAIL() << "accepted a setting given under both names";
   } catch (const std::invalid_argument& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("twice.json"), std::string::npos) << m;
-    EXPECT_NE(m.find("'train.iterations' and 'train.train_iters' name one setting"), std::string::npos) << m;
+    const std::string message = e.what();
+    EXPECT_NE(message.find("twice.json"), std::string::npos) << message;
+    EXPECT_NE(message.find("'train.iterations' and 'train.train_iters' name one setting"), std::string::npos)
+        << message;
   }
   try {
     rh::run_config_from_json(nlohmann::json::parse(R"({"train": {"train_itres": 7}})"), "typo.json");
@@ -210,72 +211,74 @@ std::string validate_error(const rh::RunConfig& cfg) {
 }
 
 nlohmann::json one_setting(const BoundCase& b, const nlohmann::json& v) {
-  nlohmann::json j;
-  j[b.section][b.key] = v;
-  return j;
+  nlohmann::json setting;
+  setting[b.section][b.key] = v;
+  return setting;
 }
 
 class FieldBounds : public ::testing::TestWithParam<BoundCase> {};
 
 TEST_P(FieldBounds, ValidateAndFilesRefuseJustOutsideAndAcceptTheEnds) {
-  const BoundCase& b = GetParam();
+  const BoundCase& bound = GetParam();
   // Just outside: validate names the field, its flag, the range and the value.
   std::vector<std::pair<double, std::string>> outside;
-  if (b.integer) {
-    outside = {{b.lo - 1, int_text(b.lo - 1)}, {b.hi + 1, int_text(b.hi + 1)}};
+  if (bound.integer) {
+    outside = {{bound.lo - 1, int_text(bound.lo - 1)}, {bound.hi + 1, int_text(bound.hi + 1)}};
   } else {
-    outside = {{b.lo - 1, int_text(b.lo - 1)}, {kInf, "inf"}, {std::nan(""), "nan"}};
+    outside = {{bound.lo - 1, int_text(bound.lo - 1)}, {kInf, "inf"}, {std::nan(""), "nan"}};
   }
   for (const auto& [v, shown] : outside) {
     rh::RunConfig cfg;
-    b.set(cfg, v);
-    EXPECT_EQ(validate_error(cfg), validate_message(b, shown)) << shown;
+    bound.set(cfg, v);
+    EXPECT_EQ(validate_error(cfg), validate_message(bound, shown)) << shown;
   }
-  if (!b.integer) {   // the smallest step below lo
+  if (!bound.integer) {   // the smallest step below lo
     rh::RunConfig cfg;
-    b.set(cfg, std::nextafter(b.lo, -kInf));
-    EXPECT_EQ(validate_error(cfg).rfind(validate_message(b, ""), 0), 0u) << validate_error(cfg);
+    bound.set(cfg, std::nextafter(bound.lo, -kInf));
+    EXPECT_EQ(validate_error(cfg).rfind(validate_message(bound, ""), 0), 0u) << validate_error(cfg);
   }
   // The ends: accepted by the field's own check (the whole config too where one can be valid).
-  const double hi = b.hi == kInf ? std::numeric_limits<double>::max() : b.hi;
-  for (const double v : {b.lo, hi}) {
+  const double hi = bound.hi == kInf ? std::numeric_limits<double>::max() : bound.hi;
+  for (const double v : {bound.lo, hi}) {
     rh::RunConfig cfg;
-    b.isolate(cfg);
-    b.set(cfg, v);
+    bound.isolate(cfg);
+    bound.set(cfg, v);
     const std::string err = validate_error(cfg);
-    EXPECT_EQ(err.find(validate_message(b, "")), std::string::npos) << v << ": " << err;
-    if (b.whole_config_at_ends) {
+    EXPECT_EQ(err.find(validate_message(bound, "")), std::string::npos) << v << ": " << err;
+    if (bound.whole_config_at_ends) {
       EXPECT_EQ(err, "") << v;
     }
     // From a file: the same value read back.
-    const nlohmann::json value = b.integer ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v);
-    const rh::RunConfig read = rh::run_config_from_json(one_setting(b, value), "cfg.json");
-    EXPECT_EQ(rh::to_json(read)[b.section][b.key], value);
+    const nlohmann::json value = bound.integer ? nlohmann::json(static_cast<int64_t>(v)) : nlohmann::json(v);
+    const rh::RunConfig read = rh::run_config_from_json(one_setting(bound, value), "cfg.json");
+    EXPECT_EQ(rh::to_json(read)[bound.section][bound.key], value);
   }
   // From a file, just outside: refused when read, naming the file, the key, the range and the value.
   const std::vector<std::pair<nlohmann::json, std::string>> file_outside =
-      b.integer
-          ? std::vector<std::pair<nlohmann::json, std::string>>{{static_cast<int64_t>(b.lo - 1), int_text(b.lo - 1)},
-                                                                {static_cast<int64_t>(b.hi + 1), int_text(b.hi + 1)}}
-          : std::vector<std::pair<nlohmann::json, std::string>>{{b.lo - 1, int_text(b.lo - 1) + ".0"}};
+      bound.integer
+          ? std::vector<std::pair<nlohmann::json, std::string>>{{static_cast<int64_t>(bound.lo - 1),
+                                                                 int_text(bound.lo - 1)},
+                                                                {static_cast<int64_t>(bound.hi + 1),
+                                                                 int_text(bound.hi + 1)}}
+          : std::vector<std::pair<nlohmann::json, std::string>>{{bound.lo - 1, int_text(bound.lo - 1) + ".0"}};
   for (const auto& [v, shown] : file_outside) {
     try {
       rh::RunConfig cfg;
-      rh::apply_json(cfg, one_setting(b, v), "cfg.json");
+      rh::apply_json(cfg, one_setting(bound, v), "cfg.json");
       ADD_FAILURE() << "cfg.json accepted " << shown;
     } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()), file_message(b, "cfg.json", shown));
+      EXPECT_EQ(std::string(e.what()), file_message(bound, "cfg.json", shown));
     }
   }
   // A TOML file can give inf and nan, which JSON cannot.
-  if (!b.integer) {
+  if (!bound.integer) {
     for (const auto& [v, shown] : {std::pair{kInf, "inf"}, std::pair{std::nan(""), "nan"}}) {
       try {
         rh::RunConfig cfg;
-        rh::SectionSettings(cfg, b.section, "s.toml:3").set(b.key, rh::SettingValue{v, shown}, "s.toml:4");
+        rh::SectionSettings(cfg, bound.section, "s.toml:3").set(bound.key, rh::SettingValue{v, shown}, "s.toml:4");
         ADD_FAILURE() << "s.toml accepted " << shown;
       } catch (const std::invalid_argument& e) {
-        EXPECT_EQ(std::string(e.what()), file_message(b, "s.toml:4", shown));
+        EXPECT_EQ(std::string(e.what()), file_message(bound, "s.toml:4", shown));
       }
     }
   }

@@ -44,48 +44,50 @@ uint64_t bits(double d) {
   return u;
 }
 
-rh::RunConfig config_of(const nlohmann::json& c) {
+rh::RunConfig config_of(const nlohmann::json& reference_case) {
   rh::RunConfig cfg;
-  cfg.train.lr = c.at("max_lr");
-  cfg.train.min_lr = c.at("min_lr");
-  cfg.train.lr_warmup_init = c.at("init_lr");
-  cfg.train.global_batch = c.at("gb");
-  cfg.train.micro_batch = c.at("gb");
-  cfg.train.lr_warmup_iters = c.at("warmup_iters");
-  cfg.train.lr_decay_iters = c.at("decay_iters");
-  cfg.train.iterations = c.at("train_iters");
-  cfg.train.lr_wsd_decay_iters = c.at("wsd_iters");
-  cfg.train.lr_decay_style = c.at("style");
-  cfg.train.lr_wsd_decay_style = c.at("wsd_style");
-  cfg.train.weight_decay_incr_style = c.at("wd_style");
+  cfg.train.lr = reference_case.at("max_lr");
+  cfg.train.min_lr = reference_case.at("min_lr");
+  cfg.train.lr_warmup_init = reference_case.at("init_lr");
+  cfg.train.global_batch = reference_case.at("gb");
+  cfg.train.micro_batch = reference_case.at("gb");
+  cfg.train.lr_warmup_iters = reference_case.at("warmup_iters");
+  cfg.train.lr_decay_iters = reference_case.at("decay_iters");
+  cfg.train.iterations = reference_case.at("train_iters");
+  cfg.train.lr_wsd_decay_iters = reference_case.at("wsd_iters");
+  cfg.train.lr_decay_style = reference_case.at("style");
+  cfg.train.lr_wsd_decay_style = reference_case.at("wsd_style");
+  cfg.train.weight_decay_incr_style = reference_case.at("wd_style");
   if (cfg.train.weight_decay_incr_style == "constant") {   // upstream: start/end unset, = weight_decay
-    cfg.optim.weight_decay = c.at("start_wd");
+    cfg.optim.weight_decay = reference_case.at("start_wd");
   } else {
-    cfg.train.start_weight_decay = c.at("start_wd");
-    cfg.train.end_weight_decay = c.at("end_wd");
+    cfg.train.start_weight_decay = reference_case.at("start_wd");
+    cfg.train.end_weight_decay = reference_case.at("end_wd");
   }
   return cfg;
 }
 
 TEST(Schedule, EveryStyleMatchesAnIndependentPythonComputationBitForBit) {
-  size_t n = 0;
-  for (const auto& c : schedule_reference().at("cases")) {
-    const auto cfg = config_of(c);
-    ASSERT_NO_THROW(rh::validate(cfg)) << c.at("name");
-    auto s = rh::scheduler_from_config(cfg);
-    const auto a = rh::scheduler_args_from_config(cfg);
-    for (const auto& v : c.at("values")) {
-      s.num_steps = v.at("num_steps");
-      const double lr = std::strtod(v.at("lr").get<std::string>().c_str(), nullptr);
-      const double wd = std::strtod(v.at("wd").get<std::string>().c_str(), nullptr);
-      EXPECT_EQ(bits(rh::scheduler_lr(s, a)), bits(lr))
-          << c.at("name") << " lr at num_steps " << s.num_steps << ": " << rh::scheduler_lr(s, a) << " vs " << lr;
-      EXPECT_EQ(bits(rh::scheduler_wd(s)), bits(wd))
-          << c.at("name") << " wd at num_steps " << s.num_steps << ": " << rh::scheduler_wd(s) << " vs " << wd;
-      ++n;
+  size_t values_checked = 0;
+  for (const auto& reference_case : schedule_reference().at("cases")) {
+    const auto cfg = config_of(reference_case);
+    ASSERT_NO_THROW(rh::validate(cfg)) << reference_case.at("name");
+    auto scheduler = rh::scheduler_from_config(cfg);
+    const auto scheduler_args = rh::scheduler_args_from_config(cfg);
+    for (const auto& reference_value : reference_case.at("values")) {
+      scheduler.num_steps = reference_value.at("num_steps");
+      const double lr = std::strtod(reference_value.at("lr").get<std::string>().c_str(), nullptr);
+      const double wd = std::strtod(reference_value.at("wd").get<std::string>().c_str(), nullptr);
+      EXPECT_EQ(bits(rh::scheduler_lr(scheduler, scheduler_args)), bits(lr))
+          << reference_case.at("name") << " lr at num_steps " << scheduler.num_steps << ": "
+          << rh::scheduler_lr(scheduler, scheduler_args) << " vs " << lr;
+      EXPECT_EQ(bits(rh::scheduler_wd(scheduler)), bits(wd))
+          << reference_case.at("name") << " wd at num_steps " << scheduler.num_steps << ": "
+          << rh::scheduler_wd(scheduler) << " vs " << wd;
+      ++values_checked;
     }
   }
-  EXPECT_GT(n, 200u);
+  EXPECT_GT(values_checked, 200u);
 }
 
 // Hand-worked from upstream's formulas (max 1e-2, min 1e-3, warmup 2 iterations, decay 20, 16
@@ -94,38 +96,38 @@ TEST(Schedule, EveryStyleMatchesAnIndependentPythonComputationBitForBit) {
 TEST(Schedule, HandWorkedValues) {
   rh::RunConfig cfg;
   cfg.train.lr_decay_style = "linear";
-  auto s = rh::scheduler_from_config(cfg);
-  const auto a = rh::scheduler_args_from_config(cfg);
-  EXPECT_EQ(s.lr_warmup_steps, 32);
-  EXPECT_EQ(s.lr_decay_steps, 320);
-  EXPECT_EQ(s.wd_incr_steps, 320);
-  EXPECT_EQ(s.start_wd, cfg.optim.weight_decay);   // --start/--end-weight-decay default to --weight-decay
-  s.num_steps = 0;
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.0);
-  s.num_steps = 16;
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.005);
-  s.num_steps = 32;
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.01);
-  s.num_steps = 176;   // (176 - 32) / 288 = 0.5
-  EXPECT_NEAR(rh::scheduler_lr(s, a), 0.0055, 1e-17);
-  s.num_steps = 320;
-  EXPECT_NEAR(rh::scheduler_lr(s, a), 0.001, 1e-18);
-  s.num_steps = 321;
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.001);
-  s.lr_decay_style = "constant";
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.01);   // constant ignores the end of decay
-  s.lr_decay_style = "inverse-square-root";
-  s.num_steps = 128;   // 1e-2 * sqrt(32) / sqrt(128) = 5e-3
-  EXPECT_EQ(rh::scheduler_lr(s, a), 0.005);
-  s.num_steps = 160;
-  s.start_wd = 0.0;
-  s.end_wd = 0.1;
-  s.wd_incr_style = "linear";
-  EXPECT_EQ(rh::scheduler_wd(s), 0.05);
-  s.wd_incr_style = "cosine";   // 0.5 * (cos(pi / 2) + 1) * 0.1
-  EXPECT_NEAR(rh::scheduler_wd(s), 0.05, 1e-17);
-  s.num_steps = 400;
-  EXPECT_EQ(rh::scheduler_wd(s), 0.1);
+  auto scheduler = rh::scheduler_from_config(cfg);
+  const auto scheduler_args = rh::scheduler_args_from_config(cfg);
+  EXPECT_EQ(scheduler.lr_warmup_steps, 32);
+  EXPECT_EQ(scheduler.lr_decay_steps, 320);
+  EXPECT_EQ(scheduler.wd_incr_steps, 320);
+  EXPECT_EQ(scheduler.start_wd, cfg.optim.weight_decay);   // --start/--end-weight-decay default to --weight-decay
+  scheduler.num_steps = 0;
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.0);
+  scheduler.num_steps = 16;
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.005);
+  scheduler.num_steps = 32;
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.01);
+  scheduler.num_steps = 176;   // (176 - 32) / 288 = 0.5
+  EXPECT_NEAR(rh::scheduler_lr(scheduler, scheduler_args), 0.0055, 1e-17);
+  scheduler.num_steps = 320;
+  EXPECT_NEAR(rh::scheduler_lr(scheduler, scheduler_args), 0.001, 1e-18);
+  scheduler.num_steps = 321;
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.001);
+  scheduler.lr_decay_style = "constant";
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.01);   // constant ignores the end of decay
+  scheduler.lr_decay_style = "inverse-square-root";
+  scheduler.num_steps = 128;   // 1e-2 * sqrt(32) / sqrt(128) = 5e-3
+  EXPECT_EQ(rh::scheduler_lr(scheduler, scheduler_args), 0.005);
+  scheduler.num_steps = 160;
+  scheduler.start_wd = 0.0;
+  scheduler.end_wd = 0.1;
+  scheduler.wd_incr_style = "linear";
+  EXPECT_EQ(rh::scheduler_wd(scheduler), 0.05);
+  scheduler.wd_incr_style = "cosine";   // 0.5 * (cos(pi / 2) + 1) * 0.1
+  EXPECT_NEAR(rh::scheduler_wd(scheduler), 0.05, 1e-17);
+  scheduler.num_steps = 400;
+  EXPECT_EQ(rh::scheduler_wd(scheduler), 0.1);
 }
 
 TEST(Schedule, BadStylesAndUpstreamAssertsAreBadInput) {
@@ -190,65 +192,67 @@ TEST(Schedule, LoadChecksEveryKeyOrTakesTheSideTheFlagsName) {
   rh::RunConfig cfg;
   auto saved = rh::scheduler_from_config(cfg);
   saved.num_steps = 160;
-  auto cls = rh::scheduler_from_config(cfg);
-  auto a = rh::scheduler_args_from_config(cfg);
+  auto run_scheduler = rh::scheduler_from_config(cfg);
+  auto scheduler_args = rh::scheduler_args_from_config(cfg);
   // Same values: the saved state comes back whole, num_steps included.
-  auto got = rh::load_scheduler_state(cls, saved, a, "ckpt");
-  EXPECT_EQ(got.num_steps, 160);
-  EXPECT_EQ(got.lr_decay_style, "cosine");
+  auto loaded = rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt");
+  EXPECT_EQ(loaded.num_steps, 160);
+  EXPECT_EQ(loaded.lr_decay_style, "cosine");
   // A different decay style in this run: refused naming the key (upstream's assert).
-  cls.lr_decay_style = "linear";
+  run_scheduler.lr_decay_style = "linear";
   try {
-    rh::load_scheduler_state(cls, saved, a, "ckpt");
+    rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt");
     ADD_FAILURE() << "a mismatch was accepted";
   } catch (const std::invalid_argument& e) {
-    const std::string w = e.what();
-    EXPECT_NE(w.find("ckpt: opt_param_scheduler.lr_decay_style"), std::string::npos) << w;
-    EXPECT_NE(w.find("class input value linear and checkpoint value cosine for learning rate decay style do not match"),
+    const std::string message = e.what();
+    EXPECT_NE(message.find("ckpt: opt_param_scheduler.lr_decay_style"), std::string::npos) << message;
+    EXPECT_NE(message.find(
+                  "class input value linear and checkpoint value cosine for learning rate decay style do not match"),
               std::string::npos)
-        << w;
+        << message;
   }
-  a.use_checkpoint_opt_param_scheduler = true;
-  EXPECT_EQ(rh::load_scheduler_state(cls, saved, a, "ckpt").lr_decay_style, "cosine");
-  a.use_checkpoint_opt_param_scheduler = false;
-  a.override_opt_param_scheduler = true;
-  got = rh::load_scheduler_state(cls, saved, a, "ckpt");
-  EXPECT_EQ(got.lr_decay_style, "linear");
-  EXPECT_EQ(got.num_steps, 160);   // num_steps is never overridden: step(increment=num_steps)
-  a.use_checkpoint_opt_param_scheduler = true;
-  EXPECT_THROW(rh::load_scheduler_state(cls, saved, a, "ckpt"), std::invalid_argument);
+  scheduler_args.use_checkpoint_opt_param_scheduler = true;
+  EXPECT_EQ(rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt").lr_decay_style, "cosine");
+  scheduler_args.use_checkpoint_opt_param_scheduler = false;
+  scheduler_args.override_opt_param_scheduler = true;
+  loaded = rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt");
+  EXPECT_EQ(loaded.lr_decay_style, "linear");
+  EXPECT_EQ(loaded.num_steps, 160);   // num_steps is never overridden: step(increment=num_steps)
+  scheduler_args.use_checkpoint_opt_param_scheduler = true;
+  EXPECT_THROW(rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt"), std::invalid_argument);
   // Every other key is checked too.
-  a = rh::scheduler_args_from_config(cfg);
+  scheduler_args = rh::scheduler_args_from_config(cfg);
   for (int k = 0; k < 8; ++k) {
-    auto c2 = rh::scheduler_from_config(cfg);
+    auto mismatched = rh::scheduler_from_config(cfg);
     switch (k) {
-      case 0: c2.max_lr *= 2; break;
-      case 1: c2.min_lr *= 2; break;
-      case 2: c2.lr_warmup_steps += 1; break;
-      case 3: c2.lr_decay_steps += 1; break;
-      case 4: c2.start_wd = 0; break;
-      case 5: c2.end_wd = 1; break;
-      case 6: c2.wd_incr_steps += 1; break;
-      case 7: c2.wd_incr_style = "linear"; break;
+      case 0: mismatched.max_lr *= 2; break;
+      case 1: mismatched.min_lr *= 2; break;
+      case 2: mismatched.lr_warmup_steps += 1; break;
+      case 3: mismatched.lr_decay_steps += 1; break;
+      case 4: mismatched.start_wd = 0; break;
+      case 5: mismatched.end_wd = 1; break;
+      case 6: mismatched.wd_incr_steps += 1; break;
+      case 7: mismatched.wd_incr_style = "linear"; break;
     }
-    EXPECT_THROW(rh::load_scheduler_state(c2, saved, a, "ckpt"), std::invalid_argument) << "key " << k;
+    EXPECT_THROW(rh::load_scheduler_state(mismatched, saved, scheduler_args, "ckpt"), std::invalid_argument)
+        << "key " << k;
   }
 }
 
 TEST(Schedule, LoadComparesTheKeysInUpstreamsOrderNamingEach) {
   rh::RunConfig cfg;
   const auto saved = rh::scheduler_from_config(cfg);
-  auto cls = saved;
-  cls.max_lr *= 2;
-  cls.min_lr *= 2;
-  cls.lr_warmup_steps += 1;
-  cls.lr_decay_steps += 1;
-  cls.lr_decay_style = "linear";
-  cls.start_wd = 0.5;
-  cls.end_wd = 0.5;
-  cls.wd_incr_steps += 1;
-  cls.wd_incr_style = "linear";
-  cls.num_steps = 7;   // added, never compared
+  auto run_scheduler = saved;
+  run_scheduler.max_lr *= 2;
+  run_scheduler.min_lr *= 2;
+  run_scheduler.lr_warmup_steps += 1;
+  run_scheduler.lr_decay_steps += 1;
+  run_scheduler.lr_decay_style = "linear";
+  run_scheduler.start_wd = 0.5;
+  run_scheduler.end_wd = 0.5;
+  run_scheduler.wd_incr_steps += 1;
+  run_scheduler.wd_incr_style = "linear";
+  run_scheduler.num_steps = 7;   // added, never compared
   // OptimizerParamScheduler.load_state_dict's order and _check_and_set's names.
   const std::vector<std::pair<std::string, std::string>> order = {{"max_lr", "learning rate"},
                                                                   {"min_lr", "minimum learning rate"},
@@ -260,38 +264,38 @@ TEST(Schedule, LoadComparesTheKeysInUpstreamsOrderNamingEach) {
                                                                   {"wd_incr_steps",
                                                                    "total number of weight decay iterations"},
                                                                   {"wd_incr_style", "weight decay incr style"}};
-  const auto a = rh::scheduler_args_from_config(cfg);
+  const auto scheduler_args = rh::scheduler_args_from_config(cfg);
   for (size_t i = 0; i < order.size(); ++i) {
     try {
-      rh::load_scheduler_state(cls, saved, a, "ckpt");
+      rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt");
       ADD_FAILURE() << order[i].first << " was not compared";
     } catch (const std::invalid_argument& e) {
-      const std::string w = e.what();
-      EXPECT_EQ(w.rfind("ckpt: opt_param_scheduler." + order[i].first + ": ", 0), 0u) << w;
-      EXPECT_NE(w.find(" for " + order[i].second + " do not match"), std::string::npos) << w;
+      const std::string message = e.what();
+      EXPECT_EQ(message.rfind("ckpt: opt_param_scheduler." + order[i].first + ": ", 0), 0u) << message;
+      EXPECT_NE(message.find(" for " + order[i].second + " do not match"), std::string::npos) << message;
     }
     switch (i) {   // this key agrees now: the next one is named
-      case 0: cls.max_lr = saved.max_lr; break;
-      case 1: cls.min_lr = saved.min_lr; break;
-      case 2: cls.lr_warmup_steps = saved.lr_warmup_steps; break;
-      case 3: cls.lr_decay_steps = saved.lr_decay_steps; break;
-      case 4: cls.lr_decay_style = saved.lr_decay_style; break;
-      case 5: cls.start_wd = saved.start_wd; break;
-      case 6: cls.end_wd = saved.end_wd; break;
-      case 7: cls.wd_incr_steps = saved.wd_incr_steps; break;
-      case 8: cls.wd_incr_style = saved.wd_incr_style; break;
+      case 0: run_scheduler.max_lr = saved.max_lr; break;
+      case 1: run_scheduler.min_lr = saved.min_lr; break;
+      case 2: run_scheduler.lr_warmup_steps = saved.lr_warmup_steps; break;
+      case 3: run_scheduler.lr_decay_steps = saved.lr_decay_steps; break;
+      case 4: run_scheduler.lr_decay_style = saved.lr_decay_style; break;
+      case 5: run_scheduler.start_wd = saved.start_wd; break;
+      case 6: run_scheduler.end_wd = saved.end_wd; break;
+      case 7: run_scheduler.wd_incr_steps = saved.wd_incr_steps; break;
+      case 8: run_scheduler.wd_incr_style = saved.wd_incr_style; break;
     }
   }
-  EXPECT_EQ(rh::load_scheduler_state(cls, saved, a, "ckpt").num_steps, 7 + saved.num_steps);
+  EXPECT_EQ(rh::load_scheduler_state(run_scheduler, saved, scheduler_args, "ckpt").num_steps, 7 + saved.num_steps);
 }
 
 rh::RunConfig small_scheduled_config();
 
 TEST(Schedule, FingerprintsNameEverySchedulerKeyInStateDictOrder) {
   rh::RunConfig cfg = small_scheduled_config();
-  rh::Trainer tr(cfg);
+  rh::Trainer trainer(cfg);
   std::vector<std::string> got;
-  for (const auto& [k, h] : tr.fingerprints())
+  for (const auto& [k, h] : trainer.fingerprints())
     if (k.rfind("state/opt_param_scheduler.", 0) == 0) got.push_back(k.substr(26));
   EXPECT_EQ(got, (std::vector<std::string>{"max_lr", "lr_warmup_steps", "num_steps", "lr_decay_style", "lr_decay_steps",
                                            "min_lr", "start_wd", "end_wd", "wd_incr_style", "wd_incr_steps"}));
@@ -319,17 +323,18 @@ rh::RunConfig small_scheduled_config() {
 TEST(ScheduleInTrainer, EachStepUsesTheSchedulersLrAndWeightDecay) {
   rh::configure_determinism(1);
   const auto cfg = small_scheduled_config();
-  rh::Trainer t(cfg);
-  auto s = rh::scheduler_from_config(cfg);
-  const auto a = rh::scheduler_args_from_config(cfg);
-  size_t decay = 0;
-  while (t.optimizer().group_name(decay) != "decay") ++decay;
+  rh::Trainer trainer(cfg);
+  auto scheduler = rh::scheduler_from_config(cfg);
+  const auto scheduler_args = rh::scheduler_args_from_config(cfg);
+  size_t decay_group = 0;
+  while (trainer.optimizer().group_name(decay_group) != "decay") ++decay_group;
   for (int i = 1; i <= 6; ++i) {
-    const auto m = t.train_iteration();
-    EXPECT_EQ(bits(m.lr), bits(rh::scheduler_lr(s, a))) << "iteration " << i;
-    EXPECT_EQ(bits(t.optimizer().weight_decay(decay)), bits(rh::scheduler_wd(s))) << "iteration " << i;
-    s.num_steps += cfg.train.global_batch;
-    EXPECT_EQ(t.state().opt_param_scheduler.num_steps, s.num_steps);
+    const auto metrics = trainer.train_iteration();
+    EXPECT_EQ(bits(metrics.lr), bits(rh::scheduler_lr(scheduler, scheduler_args))) << "iteration " << i;
+    EXPECT_EQ(bits(trainer.optimizer().weight_decay(decay_group)), bits(rh::scheduler_wd(scheduler)))
+        << "iteration " << i;
+    scheduler.num_steps += cfg.train.global_batch;
+    EXPECT_EQ(trainer.state().opt_param_scheduler.num_steps, scheduler.num_steps);
   }
 }
 
@@ -340,27 +345,27 @@ bool same_loss_norm_lr_bits(const rh::IterMetrics& x, const rh::IterMetrics& y) 
 TEST(ScheduleInTrainer, RestoredSchedulerContinuesIdenticallyAndAResetOneDoesNot) {
   rh::configure_determinism(1);
   const auto cfg = small_scheduled_config();
-  rh::Trainer a(cfg), b(cfg), c(cfg);
-  for (auto* t : {&a, &b, &c})
+  rh::Trainer uninterrupted(cfg), restored(cfg), reset(cfg);
+  for (auto* t : {&uninterrupted, &restored, &reset})
     for (int i = 0; i < 3; ++i) t->train_iteration();
-  const auto st = a.state();
-  const auto next = a.train_iteration();
-  b.set_state(st);
-  EXPECT_TRUE(same_loss_norm_lr_bits(b.train_iteration(), next));
-  auto broken = st;   // reset_wd_schedule: a constant optimizer.weight_decay instead of the increment
+  const auto saved_state = uninterrupted.state();
+  const auto next = uninterrupted.train_iteration();
+  restored.set_state(saved_state);
+  EXPECT_TRUE(same_loss_norm_lr_bits(restored.train_iteration(), next));
+  auto broken = saved_state;   // reset_wd_schedule: a constant optimizer.weight_decay instead of the increment
   broken.opt_param_scheduler.start_wd = broken.opt_param_scheduler.end_wd = cfg.optim.weight_decay;
   broken.opt_param_scheduler.wd_incr_style = "constant";
-  c.set_state(broken);
-  const auto m = c.train_iteration();
-  EXPECT_EQ(bits(m.lr), bits(next.lr));   // the LR part is intact; the step's weight decay is not
+  reset.set_state(broken);
+  const auto reset_metrics = reset.train_iteration();
+  EXPECT_EQ(bits(reset_metrics.lr), bits(next.lr));   // the LR part is intact; the step's weight decay is not
   auto weights = [](const rh::Trainer& t) {
-    std::vector<std::pair<std::string, uint64_t>> w;
+    std::vector<std::pair<std::string, uint64_t>> model_fingerprints;
     for (const auto& [k, h] : t.fingerprints())
-      if (k.rfind("model/", 0) == 0) w.emplace_back(k, h);
-    return w;
+      if (k.rfind("model/", 0) == 0) model_fingerprints.emplace_back(k, h);
+    return model_fingerprints;
   };
-  EXPECT_EQ(weights(b), weights(a));
-  EXPECT_NE(weights(c), weights(a));
+  EXPECT_EQ(weights(restored), weights(uninterrupted));
+  EXPECT_NE(weights(reset), weights(uninterrupted));
 }
 
 // Through the tool, in fresh processes: a checkpoint saved with a cosine schedule, resumed by a
@@ -393,60 +398,66 @@ int tool(std::vector<std::string> more, const fs::path& log) {
 
 // The lr_hex column of iterations from..6 in a metrics.csv.
 std::vector<std::string> lrs(const fs::path& metrics, int from) {
-  std::ifstream f(metrics);
+  std::ifstream metrics_file(metrics);
   std::string line;
-  std::getline(f, line);
+  std::getline(metrics_file, line);
   std::vector<std::string> cols;
   {
-    std::stringstream h(line);
-    std::string c;
-    while (std::getline(h, c, ',')) cols.push_back(c);
+    std::stringstream header(line);
+    std::string field;
+    while (std::getline(header, field, ',')) cols.push_back(field);
   }
   const size_t at = std::find(cols.begin(), cols.end(), "lr_hex") - cols.begin();
   std::vector<std::string> out;
-  while (std::getline(f, line)) {
-    std::stringstream r(line);
-    std::vector<std::string> v;
-    std::string c;
-    while (std::getline(r, c, ',')) v.push_back(c);
-    if (std::stoi(v.at(0)) >= from) out.push_back(v.at(at));
+  while (std::getline(metrics_file, line)) {
+    std::stringstream row(line);
+    std::vector<std::string> fields;
+    std::string field;
+    while (std::getline(row, field, ',')) fields.push_back(field);
+    if (std::stoi(fields.at(0)) >= from) out.push_back(fields.at(at));
   }
   return out;
 }
 
 TEST(ScheduleCli, ADifferentDecayStyleOnResumeIsRefusedUnlessAFlagSaysWhichSideWins) {
-  const fs::path d = fs::temp_directory_path() / ("rh_sched_cli_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  ASSERT_EQ(tool({"--out", (d / "full").string()}, d / "full.log"), 0) << slurp(d / "full.log");
-  ASSERT_EQ(tool({"--stop-at", "3", "--save", (d / "ck").string(), "--out", (d / "a").string()}, d / "a.log"), 0)
-      << slurp(d / "a.log");
-  const std::vector<std::string> resume = {"--load", (d / "ck").string(), "--lr-decay-style", "linear"};
+  const fs::path work_dir = fs::temp_directory_path() / ("rh_sched_cli_" + std::to_string(::getpid()));
+  fs::remove_all(work_dir);
+  fs::create_directories(work_dir);
+  ASSERT_EQ(tool({"--out", (work_dir / "full").string()}, work_dir / "full.log"), 0) << slurp(work_dir / "full.log");
+  ASSERT_EQ(tool({"--stop-at", "3", "--save", (work_dir / "ck").string(), "--out", (work_dir / "a").string()},
+                 work_dir / "a.log"),
+            0)
+      << slurp(work_dir / "a.log");
+  const std::vector<std::string> resume = {"--load", (work_dir / "ck").string(), "--lr-decay-style", "linear"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), resume.begin(), resume.end());
     return more;
   };
-  EXPECT_EQ(tool(with({"--out", (d / "refused").string()}), d / "refused.log"), 2);
-  EXPECT_NE(slurp(d / "refused.log")
+  EXPECT_EQ(tool(with({"--out", (work_dir / "refused").string()}), work_dir / "refused.log"), 2);
+  EXPECT_NE(slurp(work_dir / "refused.log")
                 .find("opt_param_scheduler.lr_decay_style: OptimizerParamScheduler: class input "
                       "value linear and checkpoint value cosine"),
             std::string::npos)
-      << slurp(d / "refused.log");
-  ASSERT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--out", (d / "ckpt").string()}), d / "ckpt.log"), 0)
-      << slurp(d / "ckpt.log");
-  ASSERT_EQ(tool(with({"--override-opt_param-scheduler", "--out", (d / "over").string()}), d / "over.log"), 0)
-      << slurp(d / "over.log");
-  const auto full = lrs(d / "full" / "metrics.csv", 4);
+      << slurp(work_dir / "refused.log");
+  ASSERT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--out", (work_dir / "ckpt").string()}),
+                 work_dir / "ckpt.log"),
+            0)
+      << slurp(work_dir / "ckpt.log");
+  ASSERT_EQ(tool(with({"--override-opt_param-scheduler", "--out", (work_dir / "over").string()}),
+                 work_dir / "over.log"),
+            0)
+      << slurp(work_dir / "over.log");
+  const auto full = lrs(work_dir / "full" / "metrics.csv", 4);
   ASSERT_EQ(full.size(), 3u);
-  EXPECT_EQ(lrs(d / "ckpt" / "metrics.csv", 4), full);   // the checkpoint's cosine
-  EXPECT_NE(lrs(d / "over" / "metrics.csv", 4), full);   // this run's linear
+  EXPECT_EQ(lrs(work_dir / "ckpt" / "metrics.csv", 4), full);   // the checkpoint's cosine
+  EXPECT_NE(lrs(work_dir / "over" / "metrics.csv", 4), full);   // this run's linear
   EXPECT_EQ(tool(with({"--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler", "--out",
-                       (d / "both").string()}),
-                 d / "both.log"),
+                       (work_dir / "both").string()}),
+                 work_dir / "both.log"),
             2);
-  EXPECT_NE(slurp(d / "both.log").find("both override and use-checkpoint are set."), std::string::npos)
-      << slurp(d / "both.log");
-  fs::remove_all(d);
+  EXPECT_NE(slurp(work_dir / "both.log").find("both override and use-checkpoint are set."), std::string::npos)
+      << slurp(work_dir / "both.log");
+  fs::remove_all(work_dir);
 }
 
 }   // namespace cli

@@ -134,13 +134,13 @@ class Check : public ::testing::Test {
     fs::remove_all(dir_);
   }
   rh::CheckResult run(const std::string& name) {
-    for (const auto& s : *all_)
-      if (s.name == name) {
-        rh::CheckOptions o;
-        o.tool = RH_TOOL;
-        o.work_dir = (dir_ / rh::safe_name(name)).string();
-        o.timeout_s = 300;
-        return rh::run_check(s, o);
+    for (const auto& scenario : *all_)
+      if (scenario.name == name) {
+        rh::CheckOptions options;
+        options.tool = RH_TOOL;
+        options.work_dir = (dir_ / rh::safe_name(name)).string();
+        options.timeout_s = 300;
+        return rh::run_check(scenario, options);
       }
     throw std::runtime_error("no scenario " + name);
   }
@@ -152,16 +152,16 @@ std::vector<rh::Scenario>* Check::all_ = nullptr;
 
 TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
   for (const char* name : {"exact", "exact-per-key-remainders"}) {
-    auto r = run(name);
-    EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, rh::Outcome::identical) << name;
-    EXPECT_TRUE(r.first_divergence.empty()) << r.first_divergence;
-    EXPECT_TRUE(r.control_fresh_differs);
-    EXPECT_TRUE(r.control_k_differs);
-    EXPECT_EQ(r.metric_diffs.size(), 3u * 6u);   // iterations 4..6 x 6 metrics
-    EXPECT_GT(r.checkpoint_bytes, 0u);
-    EXPECT_GT(r.bytes_per_param, 2.0);
-    for (const auto& d : r.after_load) EXPECT_TRUE(d.identical()) << d.key;
+    auto result = run(name);
+    EXPECT_TRUE(result.passed) << name << ": " << result.verdict;
+    EXPECT_EQ(result.outcome, rh::Outcome::identical) << name;
+    EXPECT_TRUE(result.first_divergence.empty()) << result.first_divergence;
+    EXPECT_TRUE(result.control_fresh_differs);
+    EXPECT_TRUE(result.control_k_differs);
+    EXPECT_EQ(result.metric_diffs.size(), 3u * 6u);   // iterations 4..6 x 6 metrics
+    EXPECT_GT(result.checkpoint_bytes, 0u);
+    EXPECT_GT(result.bytes_per_param, 2.0);
+    for (const auto& d : result.after_load) EXPECT_TRUE(d.identical()) << d.key;
     const fs::path out = dir_ / rh::safe_name(name);
     for (const char* f : {"result.json", "metrics_compare.csv", "state_compare.csv", "disk.csv", "baseline/metrics.csv",
                           "resumed/metrics.csv"})
@@ -170,27 +170,28 @@ TEST_F(Check, ExactResumeIsBitExactAndWritesItsFiles) {
 }
 
 TEST_F(Check, ToleranceCaseDiffersButStaysWithinItsDeclaredEnvelope) {
-  auto r = run("tolerance");
-  EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, rh::Outcome::within_tolerance) << r.verdict;
-  EXPECT_FALSE(r.first_divergence.empty());
-  EXPECT_LT(r.bit_equal_after_load.at("exp_avg_sq"), 1.0);
+  auto result = run("tolerance");
+  EXPECT_TRUE(result.passed) << result.verdict;
+  EXPECT_EQ(result.outcome, rh::Outcome::within_tolerance) << result.verdict;
+  EXPECT_FALSE(result.first_divergence.empty());
+  EXPECT_LT(result.bit_equal_after_load.at("exp_avg_sq"), 1.0);
 }
 
 TEST_F(Check, AFaultDeclaredExactFails) {
-  auto r = run("fault-declared-exact");
-  EXPECT_FALSE(r.passed) << r.verdict;
-  EXPECT_NE(r.first_divergence.find("opt_param_scheduler.num_steps"), std::string::npos) << r.first_divergence;
+  auto result = run("fault-declared-exact");
+  EXPECT_FALSE(result.passed) << result.verdict;
+  EXPECT_NE(result.first_divergence.find("opt_param_scheduler.num_steps"), std::string::npos)
+      << result.first_divergence;
 }
 
 // The scheduler's faults are caught, and the first divergence names the key they broke.
 TEST_F(Check, SchedulerFaultsAreCaughtNamingTheKey) {
   for (auto [fault, key] : {std::pair{"reset_wd_schedule", "state/opt_param_scheduler.start_wd"},
                             std::pair{"wrong_lr_decay_style", "state/opt_param_scheduler.lr_decay_style"}}) {
-    auto r = run(std::string("sched-faults/fault=") + fault);
-    EXPECT_TRUE(r.passed) << fault << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, rh::Outcome::diverged) << fault;
-    EXPECT_NE(r.first_divergence.find(key), std::string::npos) << fault << ": " << r.first_divergence;
+    auto result = run(std::string("sched-faults/fault=") + fault);
+    EXPECT_TRUE(result.passed) << fault << ": " << result.verdict;
+    EXPECT_EQ(result.outcome, rh::Outcome::diverged) << fault;
+    EXPECT_NE(result.first_divergence.find(key), std::string::npos) << fault << ": " << result.first_divergence;
   }
 }
 
@@ -198,32 +199,33 @@ TEST_F(Check, ExpertBiasResumesBitForBitAndASkippedRestoreIsNamed) {
   auto ok = run("expert-bias/fault=none");
   EXPECT_TRUE(ok.passed) << ok.verdict;
   EXPECT_EQ(ok.outcome, rh::Outcome::identical);
-  auto r = run("expert-bias/fault=skip_expert_bias_restore");
-  EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, rh::Outcome::diverged);
-  EXPECT_NE(r.first_divergence.find("model/layers.0.moe.router.expert_bias"), std::string::npos) << r.first_divergence;
+  auto result = run("expert-bias/fault=skip_expert_bias_restore");
+  EXPECT_TRUE(result.passed) << result.verdict;
+  EXPECT_EQ(result.outcome, rh::Outcome::diverged);
+  EXPECT_NE(result.first_divergence.find("model/layers.0.moe.router.expert_bias"), std::string::npos)
+      << result.first_divergence;
 }
 
 TEST_F(Check, EveryDecayStyleResumesBitForBit) {
   for (const char* name : {"sched/lr=constant", "sched/lr=linear", "sched/lr=inverse-square-root", "sched/lr=WSD"}) {
-    auto r = run(name);
-    EXPECT_TRUE(r.passed) << name << ": " << r.verdict;
-    EXPECT_EQ(r.outcome, rh::Outcome::identical) << name;
+    auto result = run(name);
+    EXPECT_TRUE(result.passed) << name << ": " << result.verdict;
+    EXPECT_EQ(result.outcome, rh::Outcome::identical) << name;
   }
 }
 
 // The resumed process says why it refused in load_result.json (no log is read): the check's
 // load_error is that file's message, and the file names the kind of error.
 TEST_F(Check, ARefusedLoadIsReadFromLoadResultJson) {
-  auto r = run("refused");
-  EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, rh::Outcome::load_refused);
-  const auto lr = rh::read_load_result((dir_ / "refused" / "resumed" / rh::kLoadResultFile).string());
-  EXPECT_FALSE(lr.loaded);
-  EXPECT_EQ(lr.error_kind, "checkpoint");
-  EXPECT_FALSE(lr.message.empty());
-  EXPECT_EQ(r.load_error, lr.message);
-  EXPECT_NE(lr.message.find("exp_avg_sq"), std::string::npos) << lr.message;
+  auto result = run("refused");
+  EXPECT_TRUE(result.passed) << result.verdict;
+  EXPECT_EQ(result.outcome, rh::Outcome::load_refused);
+  const auto load_result = rh::read_load_result((dir_ / "refused" / "resumed" / rh::kLoadResultFile).string());
+  EXPECT_FALSE(load_result.loaded);
+  EXPECT_EQ(load_result.error_kind, "checkpoint");
+  EXPECT_FALSE(load_result.message.empty());
+  EXPECT_EQ(result.load_error, load_result.message);
+  EXPECT_NE(load_result.message.find("exp_avg_sq"), std::string::npos) << load_result.message;
   // A load that succeeds says so, with the iteration it resumed from.
   auto ok = run("exact");
   const auto done = rh::read_load_result((dir_ / "exact" / "resumed" / rh::kLoadResultFile).string());
@@ -239,18 +241,19 @@ TEST_F(Check, AGoldenMismatchIsInResultJsonAndTheSummaries) {
   std::vector<rh::IterMetrics> rows(6);
   for (int i = 0; i < 6; ++i) rows[static_cast<size_t>(i)].iteration = i + 1;
   rh::write_metrics_csv((golden / "exact.csv").string(), rows);   // not what training gives
-  rh::MatrixOptions mo;
-  mo.file = (dir_ / "tiny.toml").string();
-  mo.filter = "exact";
-  mo.run_dir = (dir_ / "golden-run").string();
-  mo.golden_dir = golden.string();
-  mo.tool = RH_TOOL;
+  rh::MatrixOptions matrix_options;
+  matrix_options.file = (dir_ / "tiny.toml").string();
+  matrix_options.filter = "exact";
+  matrix_options.run_dir = (dir_ / "golden-run").string();
+  matrix_options.golden_dir = golden.string();
+  matrix_options.tool = RH_TOOL;
   std::ostringstream log;
-  const auto m = rh::run_matrix(mo, log);
-  ASSERT_EQ(m.results.size(), 1u);
-  EXPECT_FALSE(m.results[0].passed);
-  EXPECT_EQ(m.results[0].outcome, rh::Outcome::identical);   // the resume itself was exact
-  EXPECT_NE(m.results[0].verdict.find("baseline differs from golden"), std::string::npos) << m.results[0].verdict;
+  const auto matrix_run = rh::run_matrix(matrix_options, log);
+  ASSERT_EQ(matrix_run.results.size(), 1u);
+  EXPECT_FALSE(matrix_run.results[0].passed);
+  EXPECT_EQ(matrix_run.results[0].outcome, rh::Outcome::identical);   // the resume itself was exact
+  EXPECT_NE(matrix_run.results[0].verdict.find("baseline differs from golden"), std::string::npos)
+      << matrix_run.results[0].verdict;
   auto read_json = [](const fs::path& p) {
     std::ifstream f(p);
     return nlohmann::json::parse(f);
@@ -258,7 +261,7 @@ TEST_F(Check, AGoldenMismatchIsInResultJsonAndTheSummaries) {
   const auto result = read_json(dir_ / "golden-run" / "scenarios" / "exact" / "result.json");
   const auto summary = read_json(dir_ / "golden-run" / "summary.json");
   EXPECT_EQ(result["passed"], false);
-  EXPECT_EQ(result["verdict"], m.results[0].verdict);
+  EXPECT_EQ(result["verdict"], matrix_run.results[0].verdict);
   EXPECT_EQ(summary["scenarios"][0]["passed"], false);
   EXPECT_EQ(summary["scenarios"][0]["verdict"], result["verdict"]);
   EXPECT_EQ(summary["failed"], 1);
@@ -272,17 +275,17 @@ TEST_F(Check, AGoldenMismatchIsInResultJsonAndTheSummaries) {
 // Cells that differ only at load share one baseline in a matrix; their results are the same as
 // each checked on its own with its own baseline.
 TEST_F(Check, ASharedBaselineGivesTheSameResultsAsSeparateOnes) {
-  rh::MatrixOptions mo;
-  mo.file = (dir_ / "tiny.toml").string();
-  mo.filter = "sched-faults/*";
-  mo.run_dir = (dir_ / "shared-run").string();
-  mo.tool = RH_TOOL;
-  mo.jobs = 2;
+  rh::MatrixOptions matrix_options;
+  matrix_options.file = (dir_ / "tiny.toml").string();
+  matrix_options.filter = "sched-faults/*";
+  matrix_options.run_dir = (dir_ / "shared-run").string();
+  matrix_options.tool = RH_TOOL;
+  matrix_options.jobs = 2;
   std::ostringstream log;
-  const auto m = rh::run_matrix(mo, log);
-  ASSERT_EQ(m.results.size(), 2u);
+  const auto matrix_run = rh::run_matrix(matrix_options, log);
+  ASSERT_EQ(matrix_run.results.size(), 2u);
   EXPECT_NE(log.str().find("1 baselines for 2 scenarios"), std::string::npos) << log.str();
-  for (const auto& shared : m.results) {
+  for (const auto& shared : matrix_run.results) {
     const auto alone = run(shared.name);
     EXPECT_EQ(shared.passed, alone.passed) << shared.name;
     EXPECT_EQ(shared.outcome, alone.outcome) << shared.name;
@@ -299,10 +302,10 @@ TEST_F(Check, ASharedBaselineGivesTheSameResultsAsSeparateOnes) {
 class CheckFault : public Check, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CheckFault, IsCaughtAndNamed) {
-  auto r = run("faults/fault=" + GetParam());
-  EXPECT_TRUE(r.passed) << r.verdict;
-  EXPECT_EQ(r.outcome, rh::Outcome::diverged);
-  EXPECT_FALSE(r.first_divergence.empty());
+  auto result = run("faults/fault=" + GetParam());
+  EXPECT_TRUE(result.passed) << result.verdict;
+  EXPECT_EQ(result.outcome, rh::Outcome::diverged);
+  EXPECT_FALSE(result.first_divergence.empty());
 }
 
 // Through the tool: `matrix` and `check` with a scenario named "..", "." or ""
@@ -319,9 +322,10 @@ TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
           std::vector<std::string>{"check", "--file", (dir / "bad.toml").string(), "a"}}) {
       std::vector<std::string> args = sub;
       args.insert(args.end(), {"--run-dir", (dir / "run").string()});
-      const auto r = rh::testutil::run_logged(rh::testutil::tool_argv(args), dir / "out.txt");
-      EXPECT_EQ(r.code, 2) << sub[0] << " " << name;
-      EXPECT_NE(r.log.find((dir / "bad.toml").string() + ":2: scenario.name"), std::string::npos) << r.log;
+      const auto tool_run = rh::testutil::run_logged(rh::testutil::tool_argv(args), dir / "out.txt");
+      EXPECT_EQ(tool_run.code, 2) << sub[0] << " " << name;
+      EXPECT_NE(tool_run.log.find((dir / "bad.toml").string() + ":2: scenario.name"), std::string::npos)
+          << tool_run.log;
       EXPECT_TRUE(fs::exists(dir / "run" / "keep.txt")) << sub[0] << " " << name;
     }
   }
@@ -341,38 +345,38 @@ TEST(CheckPlan, CellsThatDifferOnlyAtSaveOrLoadShareABaseline) {
       if (all[c.scenario].name == name) return c;
     throw std::runtime_error("no cell " + name);
   };
-  const auto a = cell("states/moments=bf16,master=fp32,policy=native");
-  const auto b = cell("states/moments=bf16,master=fp32,policy=per_key");
-  EXPECT_EQ(a.baseline, b.baseline);
-  EXPECT_NE(a.save, b.save);   // two checkpoints of one state
-  const auto f1 = cell("faults/fault=skip_rng_restore");
-  const auto f2 = cell("faults/fault=drop_remainders");
-  EXPECT_EQ(f1.baseline, f2.baseline);
-  EXPECT_EQ(f1.save, f2.save);   // the same checkpoint: faults act on load
-  EXPECT_NE(cell("states/moments=bf16,master=remainders,policy=native").baseline, a.baseline);
-  const auto r = cell("reshard/sizes=1to2");
-  EXPECT_NE(r.reference, r.baseline);
-  EXPECT_EQ(plan.baselines[r.reference].dp_size, 2);
-  for (const auto& c : plan.cells) {
-    const auto& s = all[c.scenario];
-    const auto& base = plan.baselines[c.baseline];
-    EXPECT_EQ(rh::to_json(base.cfg), rh::to_json(s.cfg)) << s.name;
-    EXPECT_EQ(base.dp_size, s.dp_size) << s.name;
-    EXPECT_EQ(base.save_at, s.save_at) << s.name;
+  const auto native_cell = cell("states/moments=bf16,master=fp32,policy=native");
+  const auto per_key_cell = cell("states/moments=bf16,master=fp32,policy=per_key");
+  EXPECT_EQ(native_cell.baseline, per_key_cell.baseline);
+  EXPECT_NE(native_cell.save, per_key_cell.save);   // two checkpoints of one state
+  const auto rng_fault_cell = cell("faults/fault=skip_rng_restore");
+  const auto remainders_fault_cell = cell("faults/fault=drop_remainders");
+  EXPECT_EQ(rng_fault_cell.baseline, remainders_fault_cell.baseline);
+  EXPECT_EQ(rng_fault_cell.save, remainders_fault_cell.save);   // the same checkpoint: faults act on load
+  EXPECT_NE(cell("states/moments=bf16,master=remainders,policy=native").baseline, native_cell.baseline);
+  const auto reshard_cell = cell("reshard/sizes=1to2");
+  EXPECT_NE(reshard_cell.reference, reshard_cell.baseline);
+  EXPECT_EQ(plan.baselines[reshard_cell.reference].dp_size, 2);
+  for (const auto& planned_cell : plan.cells) {
+    const auto& scenario = all[planned_cell.scenario];
+    const auto& base = plan.baselines[planned_cell.baseline];
+    EXPECT_EQ(rh::to_json(base.cfg), rh::to_json(scenario.cfg)) << scenario.name;
+    EXPECT_EQ(base.dp_size, scenario.dp_size) << scenario.name;
+    EXPECT_EQ(base.save_at, scenario.save_at) << scenario.name;
   }
 }
 
 TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
-  const fs::path d = fs::temp_directory_path() / ("rh_save_plan_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  rh::SaveTarget a{(d / "a").string(), {}}, b{(d / "b").string(), {}};
-  b.policy.kind = rh::ckpt::SavePolicyKind::per_key;
-  b.policy.compress = rh::ckpt::Compression::zstd;
-  b.policy.overrides["exp_avg_sq"] = rh::optim::Dtype::bf16;
-  rh::write_save_plan((d / "plan.json").string(), {a, b});
-  const auto back = rh::read_save_plan((d / "plan.json").string());
+  const fs::path work_dir = fs::temp_directory_path() / ("rh_save_plan_" + std::to_string(::getpid()));
+  fs::create_directories(work_dir);
+  rh::SaveTarget native_target{(work_dir / "a").string(), {}}, per_key_target{(work_dir / "b").string(), {}};
+  per_key_target.policy.kind = rh::ckpt::SavePolicyKind::per_key;
+  per_key_target.policy.compress = rh::ckpt::Compression::zstd;
+  per_key_target.policy.overrides["exp_avg_sq"] = rh::optim::Dtype::bf16;
+  rh::write_save_plan((work_dir / "plan.json").string(), {native_target, per_key_target});
+  const auto back = rh::read_save_plan((work_dir / "plan.json").string());
   ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(back[1].root, b.root);
+  EXPECT_EQ(back[1].root, per_key_target.root);
   EXPECT_EQ(back[1].policy.kind, rh::ckpt::SavePolicyKind::per_key);
   EXPECT_EQ(back[1].policy.compress, rh::ckpt::Compression::zstd);
   EXPECT_EQ(back[1].policy.overrides.at("exp_avg_sq"), rh::optim::Dtype::bf16);
@@ -383,16 +387,16 @@ TEST(SavePlan, RoundTripsAndRefusesBadEntriesNamingThem) {
         std::pair{R"({"schema_version": "1", "saves": []})", "field /schema_version: expected an integer"},
         std::pair{R"({"schema_version": 1, "saves": [{"root": "a\u0000b"}]})", "field /saves/0/root: NUL byte"},
         std::pair{R"({"schema_version": 1, "schema_version": 1, "saves": []})", "duplicate key 'schema_version'"}}) {
-    std::ofstream(d / "bad.json") << text;
+    std::ofstream(work_dir / "bad.json") << text;
     try {
-      rh::read_save_plan((d / "bad.json").string());
+      rh::read_save_plan((work_dir / "bad.json").string());
       ADD_FAILURE() << "accepted " << text;
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find((d / "bad.json").string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find((work_dir / "bad.json").string()), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
-  fs::remove_all(d);
+  fs::remove_all(work_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, CheckFault,

@@ -29,10 +29,10 @@ namespace {
 using rh::testutil::slurp;
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("rh_external_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  const fs::path dir = fs::temp_directory_path() / ("rh_external_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
 }
 
 
@@ -47,16 +47,16 @@ struct PlaceholderCase {
 class Placeholders : public ::testing::TestWithParam<PlaceholderCase> {};
 
 TEST_P(Placeholders, ExpandOrRefuse) {
-  const auto& c = GetParam();
+  const auto& placeholder_case = GetParam();
   const std::map<std::string, std::string> vars = {{"iterations", "20"}, {"save_dir", "/s"}, {"iteration", "10"}};
-  if (c.expanded) {
-    EXPECT_EQ(expand_placeholders(c.text, vars), c.expanded);
+  if (placeholder_case.expanded) {
+    EXPECT_EQ(expand_placeholders(placeholder_case.text, vars), placeholder_case.expanded);
   } else {
     try {
-      expand_placeholders(c.text, vars);
-      FAIL() << "expanded " << c.text;
+      expand_placeholders(placeholder_case.text, vars);
+      FAIL() << "expanded " << placeholder_case.text;
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(placeholder_case.error), std::string::npos) << e.what();
     }
   }
 }
@@ -90,18 +90,19 @@ TEST(ExternalMetrics, StdoutRegexRowsByIteration) {
   const std::string log =
       "starting\n iter 1: loss 4.125000 lr 1.0e-03\niter 2: loss 4.000000 lr 2.0e-03\nwarning\r\niter 2: loss 4.000000 "
       "lr 2.0e-03\r\n";
-  const auto m = parse_stdout_metrics(log, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+) lr (?<lr>\S+))", "stdout");
-  ASSERT_EQ(m.rows.size(), 3u);
-  EXPECT_EQ(m.rows[0].iteration, 1);
-  EXPECT_EQ(m.rows[0].line, 2u);
-  ASSERT_EQ(m.rows[0].values.size(), 2u);
-  EXPECT_EQ(m.rows[0].values[0], (std::pair<std::string, std::string>{"loss", "4.125000"}));
-  EXPECT_EQ(m.rows[0].values[1], (std::pair<std::string, std::string>{"lr", "1.0e-03"}));
-  EXPECT_EQ(m.rows[2].values[1].second, "2.0e-03");   // \r stripped
-  EXPECT_EQ(m.find(2), &m.rows[1]);                   // the first row of an iteration
-  EXPECT_EQ(m.find(3), nullptr);
-  EXPECT_EQ(m.resolution.at("loss"), "6 decimals: a difference below 5e-07 cannot be seen");
-  EXPECT_EQ(m.resolution.at("lr"), "2 significant digits: a relative difference below 5e-02 cannot be seen");
+  const auto metrics =
+      parse_stdout_metrics(log, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+) lr (?<lr>\S+))", "stdout");
+  ASSERT_EQ(metrics.rows.size(), 3u);
+  EXPECT_EQ(metrics.rows[0].iteration, 1);
+  EXPECT_EQ(metrics.rows[0].line, 2u);
+  ASSERT_EQ(metrics.rows[0].values.size(), 2u);
+  EXPECT_EQ(metrics.rows[0].values[0], (std::pair<std::string, std::string>{"loss", "4.125000"}));
+  EXPECT_EQ(metrics.rows[0].values[1], (std::pair<std::string, std::string>{"lr", "1.0e-03"}));
+  EXPECT_EQ(metrics.rows[2].values[1].second, "2.0e-03");   // \r stripped
+  EXPECT_EQ(metrics.find(2), &metrics.rows[1]);             // the first row of an iteration
+  EXPECT_EQ(metrics.find(3), nullptr);
+  EXPECT_EQ(metrics.resolution.at("loss"), "6 decimals: a difference below 5e-07 cannot be seen");
+  EXPECT_EQ(metrics.resolution.at("lr"), "2 significant digits: a relative difference below 5e-02 cannot be seen");
 }
 
 TEST(ExternalMetrics, BadIterationNamesTheLine) {
@@ -118,9 +119,9 @@ TEST(ExternalMetrics, BadIterationNamesTheLine) {
 
 TEST(ExternalMetrics, LongLinesAreNotMatched) {
   const std::string huge = "iter 5: loss " + std::string(kMaxMetricLineBytes, '1') + "\niter 6: loss 2\n";
-  const auto m = parse_stdout_metrics(huge, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+))", "stdout");
-  ASSERT_EQ(m.rows.size(), 1u);
-  EXPECT_EQ(m.rows[0].iteration, 6);
+  const auto metrics = parse_stdout_metrics(huge, R"(iter (?P<iteration>\d+): loss (?P<loss>\S+))", "stdout");
+  ASSERT_EQ(metrics.rows.size(), 1u);
+  EXPECT_EQ(metrics.rows[0].iteration, 6);
 }
 
 TEST(ExternalMetrics, RegexProblems) {
@@ -131,15 +132,17 @@ TEST(ExternalMetrics, RegexProblems) {
 }
 
 TEST(ExternalMetrics, CsvAndJsonLines) {
-  const auto c = parse_metrics_file("loss,iteration,note\n0.5,1,\"a, \"\"b\"\"\"\n0x1.8p-1,2,x\n", "csv", "m.csv");
-  ASSERT_EQ(c.rows.size(), 2u);
-  EXPECT_EQ(c.rows[0].iteration, 1);
-  EXPECT_EQ(c.rows[0].values[1].second, "a, \"b\"");
-  EXPECT_EQ(c.resolution.at("loss"), "1 decimals: a difference below 5e-02 cannot be seen");
-  const auto j = parse_metrics_file("{\"iteration\": 3, \"loss\": 0.1, \"tokens\": 7}\n\n", "jsonl", "m.jsonl");
-  ASSERT_EQ(j.rows.size(), 1u);
-  EXPECT_EQ(j.rows[0].values[0].second, "0.10000000000000001");   // the parsed double, exactly
-  EXPECT_EQ(j.resolution.at("loss"), "");
+  const auto csv_metrics =
+      parse_metrics_file("loss,iteration,note\n0.5,1,\"a, \"\"b\"\"\"\n0x1.8p-1,2,x\n", "csv", "m.csv");
+  ASSERT_EQ(csv_metrics.rows.size(), 2u);
+  EXPECT_EQ(csv_metrics.rows[0].iteration, 1);
+  EXPECT_EQ(csv_metrics.rows[0].values[1].second, "a, \"b\"");
+  EXPECT_EQ(csv_metrics.resolution.at("loss"), "1 decimals: a difference below 5e-02 cannot be seen");
+  const auto jsonl_metrics =
+      parse_metrics_file("{\"iteration\": 3, \"loss\": 0.1, \"tokens\": 7}\n\n", "jsonl", "m.jsonl");
+  ASSERT_EQ(jsonl_metrics.rows.size(), 1u);
+  EXPECT_EQ(jsonl_metrics.rows[0].values[0].second, "0.10000000000000001");   // the parsed double, exactly
+  EXPECT_EQ(jsonl_metrics.resolution.at("loss"), "");
   for (const char* bad : {"{\"loss\": 1}\n", "[1]\n", "{\"iteration\": -1}\n", "{\"iteration\": 1\n"})
     EXPECT_THROW(parse_metrics_file(bad, "jsonl", "m.jsonl"), std::invalid_argument) << bad;
   EXPECT_THROW(parse_metrics_file("loss\n1\n", "csv", "m.csv"), std::invalid_argument);
@@ -155,58 +158,58 @@ TEST(ExternalMetrics, PrintedResolution) {
 
 // ---- the captured runner ----
 
-CapturedSpec spec_in(const fs::path& d, std::vector<std::string> argv) {
-  CapturedSpec c;
-  c.argv = std::move(argv);
-  c.cwd = d.string();
-  c.stdout_path = (d / "out.log").string();
-  c.stderr_path = (d / "err.log").string();
-  c.timeout_s = 30;
-  return c;
+CapturedSpec spec_in(const fs::path& dir, std::vector<std::string> argv) {
+  CapturedSpec spec;
+  spec.argv = std::move(argv);
+  spec.cwd = dir.string();
+  spec.stdout_path = (dir / "out.log").string();
+  spec.stderr_path = (dir / "err.log").string();
+  spec.timeout_s = 30;
+  return spec;
 }
 
 TEST(RunCaptured, ArgvIsNeverAShellCommandAndRunsInCwd) {
-  const fs::path d = temp_dir("argv");
-  auto c = spec_in(d, {"sh", "-c", "pwd; echo \"$1\"; echo err >&2", "x", "; touch pwned"});
-  c.env = {{"RH_TEST_VAR", "1"}};
-  const auto e = run_captured(c);
-  EXPECT_TRUE(e.ok()) << e.describe();
-  EXPECT_EQ(slurp(d / "out.log"), d.string() + "\n; touch pwned\n");
-  EXPECT_EQ(slurp(d / "err.log"), "err\n");
-  EXPECT_FALSE(fs::exists(d / "pwned"));
-  EXPECT_THROW(run_captured(spec_in(d, {"no-such-command-rh"})), std::runtime_error);
+  const fs::path work_dir = temp_dir("argv");
+  auto spec = spec_in(work_dir, {"sh", "-c", "pwd; echo \"$1\"; echo err >&2", "x", "; touch pwned"});
+  spec.env = {{"RH_TEST_VAR", "1"}};
+  const auto run_exit = run_captured(spec);
+  EXPECT_TRUE(run_exit.ok()) << run_exit.describe();
+  EXPECT_EQ(slurp(work_dir / "out.log"), work_dir.string() + "\n; touch pwned\n");
+  EXPECT_EQ(slurp(work_dir / "err.log"), "err\n");
+  EXPECT_FALSE(fs::exists(work_dir / "pwned"));
+  EXPECT_THROW(run_captured(spec_in(work_dir, {"no-such-command-rh"})), std::runtime_error);
 }
 
 TEST(RunCaptured, TimeoutKillsTheWholeProcessGroup) {
-  const fs::path d = temp_dir("timeout");
-  auto c = spec_in(d, {"sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"});
+  const fs::path work_dir = temp_dir("timeout");
+  auto spec = spec_in(work_dir, {"sh", "-c", "sleep 300 & echo $! > grandchild.pid; wait"});
   // 5 s, not 1: under load the shell had not yet written grandchild.pid when the timeout struck,
   // and std::stoi("") ended the test with an exception.
-  c.timeout_s = 5;
+  spec.timeout_s = 5;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto e = run_captured(c);
+  const auto run_exit = run_captured(spec);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
-  EXPECT_TRUE(e.timed_out);
-  EXPECT_FALSE(e.ok());
-  const std::string pid_text = slurp(d / "grandchild.pid");
+  EXPECT_TRUE(run_exit.timed_out);
+  EXPECT_FALSE(run_exit.ok());
+  const std::string pid_text = slurp(work_dir / "grandchild.pid");
   ASSERT_FALSE(pid_text.empty()) << "the shell did not start its grandchild within the timeout";
-  const pid_t gc = std::stoi(pid_text);
+  const pid_t grandchild_pid = std::stoi(pid_text);
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {
-    gone = ::kill(gc, 0) != 0;
+    gone = ::kill(grandchild_pid, 0) != 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_TRUE(gone) << "the grandchild " << gc << " outlived the timeout";
+  EXPECT_TRUE(gone) << "the grandchild " << grandchild_pid << " outlived the timeout";
 }
 
 TEST(RunCaptured, OutputBeyondTheCapStopsTheRun) {
-  const fs::path d = temp_dir("cap");
-  auto c = spec_in(d, {"yes"});
-  c.output_cap_bytes = 1 << 20;
-  const auto e = run_captured(c);
-  EXPECT_TRUE(e.output_capped);
-  EXPECT_FALSE(e.ok());
-  EXPECT_EQ(fs::file_size(d / "out.log"), 1u << 20);
+  const fs::path work_dir = temp_dir("cap");
+  auto spec = spec_in(work_dir, {"yes"});
+  spec.output_cap_bytes = 1 << 20;
+  const auto run_exit = run_captured(spec);
+  EXPECT_TRUE(run_exit.output_capped);
+  EXPECT_FALSE(run_exit.ok());
+  EXPECT_EQ(fs::file_size(work_dir / "out.log"), 1u << 20);
 }
 
 // ---- the [trainer] table ----
@@ -232,10 +235,10 @@ TEST_P(TrainerTable, RefusedWithFileLineAndKey) {
     load_scenarios_text(GetParam().text, "ext.toml");
     FAIL() << "accepted";
   } catch (const ScenarioError& e) {
-    const std::string m = e.what();
-    EXPECT_EQ(m.rfind("ext.toml:", 0), 0u) << m;
-    EXPECT_NE(m.find(GetParam().error), std::string::npos) << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    const std::string message = e.what();
+    EXPECT_EQ(message.rfind("ext.toml:", 0), 0u) << message;
+    EXPECT_NE(message.find(GetParam().error), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
 }
 
@@ -292,49 +295,51 @@ struct CellCase {
   const char* divergence;   // text the first divergence (or error) must contain
 };
 
-std::string cell_toml(const CellCase& c) {
+std::string cell_toml(const CellCase& cell_case) {
   const std::string src = RH_SOURCE_DIR;
-  std::string t =
+  std::string toml =
       "[defaults]\nsave_at = 10\n[defaults.trainer]\niterations = 20\ntimeout_s = 5\noutput_cap_mb = 1\n"
       "command = [\"/usr/bin/python3\", \"" +
       src +
       "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
       "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--mode\", \"" +
-      c.mode +
+      cell_case.mode +
       "\"]\n"
       "resume_command = [\"/usr/bin/python3\", \"" +
       src +
       "/tests/external/fake_trainer.py\", \"--iters\", \"{iterations}\", "
       "\"--save-every\", \"{save_at}\", \"--out\", \"{save_dir}\", \"--load\", \"{load_dir}\", \"--mode\", \"" +
-      c.mode + "\"]\n";
-  if (std::string(c.mode) == "csv" || std::string(c.mode) == "jsonl")
-    t += "metrics = { file = \"{run_dir}/metrics." + std::string(c.mode) + "\", format = \"" + c.mode + "\" }\n";
-  else t += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
-  if (std::string(c.level) == "checkpoints")
-    t += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
-  if (std::string(c.level) == "torch") t += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
-  return t + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+      cell_case.mode + "\"]\n";
+  if (std::string(cell_case.mode) == "csv" || std::string(cell_case.mode) == "jsonl")
+    toml += "metrics = { file = \"{run_dir}/metrics." + std::string(cell_case.mode) + "\", format = \"" +
+            cell_case.mode + "\" }\n";
+  else toml += "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n";
+  if (std::string(cell_case.level) == "checkpoints")
+    toml += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
+  if (std::string(cell_case.level) == "torch") toml += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
+  return toml + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
 }
 
 class ExternalCell : public ::testing::TestWithParam<CellCase> {};
 
 TEST_P(ExternalCell, VerdictAndDiagnosis) {
-  const auto& c = GetParam();
-  const fs::path d = temp_dir(std::string("cell_") + c.name);
-  const auto s = load_scenarios_text(cell_toml(c), (d / "ext.toml").string()).front();
-  CheckOptions o;
-  o.tool = RH_TOOL;
-  o.work_dir = (d / "cell").string();
-  const auto r = run_check(s, o);
-  EXPECT_EQ(to_string(r.outcome), std::string(to_string(c.outcome))) << r.first_divergence << " | " << r.explanation;
-  EXPECT_EQ(r.diagnosis, c.diagnosis) << r.first_divergence;
-  EXPECT_NE(r.first_divergence.find(c.divergence), std::string::npos) << r.first_divergence;
-  EXPECT_EQ(r.first_divergence.find('\n'), std::string::npos) << r.first_divergence;
-  EXPECT_TRUE(fs::exists(d / "cell" / "result.json"));
-  EXPECT_GT(r.trainer_seconds, 0);
-  const std::string mode = c.mode;
-  EXPECT_EQ(r.bad_input, mode == "bad_iteration" || mode.rfind("garbage", 0) == 0) << r.first_divergence;
-  fs::remove_all(d);
+  const auto& cell_case = GetParam();
+  const fs::path work_dir = temp_dir(std::string("cell_") + cell_case.name);
+  const auto scenario = load_scenarios_text(cell_toml(cell_case), (work_dir / "ext.toml").string()).front();
+  CheckOptions options;
+  options.tool = RH_TOOL;
+  options.work_dir = (work_dir / "cell").string();
+  const auto result = run_check(scenario, options);
+  EXPECT_EQ(to_string(result.outcome), std::string(to_string(cell_case.outcome)))
+      << result.first_divergence << " | " << result.explanation;
+  EXPECT_EQ(result.diagnosis, cell_case.diagnosis) << result.first_divergence;
+  EXPECT_NE(result.first_divergence.find(cell_case.divergence), std::string::npos) << result.first_divergence;
+  EXPECT_EQ(result.first_divergence.find('\n'), std::string::npos) << result.first_divergence;
+  EXPECT_TRUE(fs::exists(work_dir / "cell" / "result.json"));
+  EXPECT_GT(result.trainer_seconds, 0);
+  const std::string mode = cell_case.mode;
+  EXPECT_EQ(result.bad_input, mode == "bad_iteration" || mode.rfind("garbage", 0) == 0) << result.first_divergence;
+  fs::remove_all(work_dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(

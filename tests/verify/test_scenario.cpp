@@ -29,15 +29,15 @@ namespace {
 fs::path temp_file(const std::string& name, const std::string& body) {
   auto dir = fs::temp_directory_path() / ("rh_scenario_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  auto p = dir / name;
-  std::ofstream(p) << body;
-  return p;
+  auto file_path = dir / name;
+  std::ofstream(file_path) << body;
+  return file_path;
 }
 
-const rh::Scenario& by_name(const std::vector<rh::Scenario>& v, const std::string& n) {
-  for (const auto& s : v)
-    if (s.name == n) return s;
-  throw std::runtime_error("no scenario " + n);
+const rh::Scenario& by_name(const std::vector<rh::Scenario>& scenarios, const std::string& name) {
+  for (const auto& s : scenarios)
+    if (s.name == name) return s;
+  throw std::runtime_error("no scenario " + name);
 }
 
 TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
@@ -53,32 +53,32 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   EXPECT_EQ(by_name(all, "formats/policy=dp_reshardable,master=remainders").policy.kind,
             rh::ckpt::SavePolicyKind::dp_reshardable);
   for (const char* policy : {"probs", "position"}) {
-    const auto& td = by_name(all, std::string("token-drop/drop=") + policy);
-    EXPECT_EQ(td.cfg.model.capacity_factor, 0.5);
-    EXPECT_EQ(td.cfg.model.token_drop_policy, policy);
-    EXPECT_EQ(td.expect.kind, rh::Expectation::Kind::exact);
+    const auto& token_drop = by_name(all, std::string("token-drop/drop=") + policy);
+    EXPECT_EQ(token_drop.cfg.model.capacity_factor, 0.5);
+    EXPECT_EQ(token_drop.cfg.model.token_drop_policy, policy);
+    EXPECT_EQ(token_drop.expect.kind, rh::Expectation::Kind::exact);
   }
-  const auto& eb = by_name(all, "expert-bias/dp=2,moments=bf16");
-  EXPECT_TRUE(eb.cfg.model.enable_expert_bias);
-  EXPECT_EQ(eb.cfg.model.score_function, "sigmoid");
-  EXPECT_EQ(eb.dp_size, 2);
+  const auto& expert_bias = by_name(all, "expert-bias/dp=2,moments=bf16");
+  EXPECT_TRUE(expert_bias.cfg.model.enable_expert_bias);
+  EXPECT_EQ(expert_bias.cfg.model.score_function, "sigmoid");
+  EXPECT_EQ(expert_bias.dp_size, 2);
   EXPECT_EQ(by_name(all, "expert-bias/fault=skip_expert_bias_restore").fault, rh::Fault::skip_expert_bias_restore);
   const auto& wsd = by_name(all, "schedule/lr=WSD");
   EXPECT_EQ(wsd.cfg.train.lr_decay_style, "WSD");
   EXPECT_EQ(wsd.cfg.train.lr_wsd_decay_iters, 12);
   EXPECT_EQ(wsd.cfg.train.weight_decay_incr_style, "cosine");
   EXPECT_EQ(by_name(all, "faults/fault=reset_wd_schedule").cfg.train.weight_decay_incr_style, "linear");
-  const auto& z = by_name(all, "compressed/dp=2,moments=fp8");
-  EXPECT_EQ(z.policy.compress, rh::ckpt::Compression::zstd);
-  EXPECT_EQ(z.policy.kind, rh::ckpt::SavePolicyKind::native);
-  EXPECT_TRUE(z.cfg.optim.store_param_remainders);
-  EXPECT_EQ(z.expect.kind, rh::Expectation::Kind::exact);
+  const auto& compressed = by_name(all, "compressed/dp=2,moments=fp8");
+  EXPECT_EQ(compressed.policy.compress, rh::ckpt::Compression::zstd);
+  EXPECT_EQ(compressed.policy.kind, rh::ckpt::SavePolicyKind::native);
+  EXPECT_TRUE(compressed.cfg.optim.store_param_remainders);
+  EXPECT_EQ(compressed.expect.kind, rh::Expectation::Kind::exact);
   EXPECT_EQ(by_name(all, "seed-protocol").policy.compress, rh::ckpt::Compression::none);
-  const auto& s = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
-  EXPECT_EQ(s.policy.kind, rh::ckpt::SavePolicyKind::per_key);
-  EXPECT_EQ(s.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
-  EXPECT_TRUE(s.cfg.optim.store_param_remainders);
-  EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact);
+  const auto& states_cell = by_name(all, "states/moments=bf16,master=remainders,policy=per_key");
+  EXPECT_EQ(states_cell.policy.kind, rh::ckpt::SavePolicyKind::per_key);
+  EXPECT_EQ(states_cell.cfg.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
+  EXPECT_TRUE(states_cell.cfg.optim.store_param_remainders);
+  EXPECT_EQ(states_cell.expect.kind, rh::Expectation::Kind::exact);
   EXPECT_THROW(by_name(all, "states/moments=fp32,master=remainders,policy=native"), std::runtime_error);
   const auto& lossy = by_name(all, "scaled/moments=fp8,policy=per_key");
   EXPECT_EQ(lossy.expect.kind, rh::Expectation::Kind::diverge);
@@ -105,20 +105,20 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
   EXPECT_EQ(rh::select_scenarios(all, "formats/").size(), 54u);
   EXPECT_EQ(rh::select_scenarios(all, "states/").size(), 24u);
   // compressed: every master mode (fp32, remainders, fp16) x every moment dtype, all exact.
-  const auto z = rh::select_scenarios(all, "compressed/");
-  EXPECT_EQ(z.size(), 12u);
-  for (const auto& s : z) {
+  const auto compressed = rh::select_scenarios(all, "compressed/");
+  EXPECT_EQ(compressed.size(), 12u);
+  for (const auto& s : compressed) {
     EXPECT_EQ(s.policy.compress, rh::ckpt::Compression::zstd) << s.name;
     EXPECT_EQ(s.expect.kind, rh::Expectation::Kind::exact) << s.name;
   }
   // every LR decay style, WSD anneal style used, and weight-decay increment style at least once
-  std::set<std::string> lr, wd;
+  std::set<std::string> lr_styles, wd_styles;
   for (const auto& s : all) {
-    lr.insert(s.cfg.train.lr_decay_style);
-    wd.insert(s.cfg.train.weight_decay_incr_style);
+    lr_styles.insert(s.cfg.train.lr_decay_style);
+    wd_styles.insert(s.cfg.train.weight_decay_incr_style);
   }
-  EXPECT_EQ(lr, (std::set<std::string>{"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
-  EXPECT_EQ(wd, (std::set<std::string>{"constant", "linear", "cosine"}));
+  EXPECT_EQ(lr_styles, (std::set<std::string>{"constant", "linear", "cosine", "inverse-square-root", "WSD"}));
+  EXPECT_EQ(wd_styles, (std::set<std::string>{"constant", "linear", "cosine"}));
   EXPECT_EQ(rh::select_scenarios(all, "schedule/").size(), 15u);
   EXPECT_EQ(rh::select_scenarios(all, "expert-bias/").size(), 8u + 2u);
   EXPECT_TRUE(by_name(all, "expert-bias/reshard=2to1").resharded());
@@ -136,18 +136,18 @@ TEST(Scenarios, DefaultMatrixCoversEveryFaultAndPolicy) {
 // Megatron's format names and the earlier "fp32" alias; the refused expectation and the
 // exact_master_conversion key; a refused cell needs its reason.
 TEST(Scenarios, FormatsRefusedExpectationAndMasterConversionKey) {
-  const auto s = rh::load_scenarios_text(
+  const auto scenarios = rh::load_scenarios_text(
       "[[scenario]]\nname = \"a\"\nsave_policy = \"fp32\"\n"
       "[[scenario]]\nname = \"b\"\nsave_policy = \"fully_reshardable\"\nexpect = \"refused\"\nreason = \"TE asserts\"\n"
       "exact_master_conversion = true\n",
       "formats.toml");
-  ASSERT_EQ(s.size(), 2u);
-  EXPECT_EQ(s[0].policy.kind, rh::ckpt::SavePolicyKind::dp_reshardable);
-  EXPECT_FALSE(s[0].exact_master_conversion);
-  EXPECT_EQ(s[1].policy.kind, rh::ckpt::SavePolicyKind::fully_reshardable);
-  EXPECT_EQ(s[1].expect.kind, rh::Expectation::Kind::refused);
-  EXPECT_TRUE(s[1].exact_master_conversion);
-  EXPECT_EQ(rh::ckpt::to_string(s[0].policy.kind), "dp_reshardable");
+  ASSERT_EQ(scenarios.size(), 2u);
+  EXPECT_EQ(scenarios[0].policy.kind, rh::ckpt::SavePolicyKind::dp_reshardable);
+  EXPECT_FALSE(scenarios[0].exact_master_conversion);
+  EXPECT_EQ(scenarios[1].policy.kind, rh::ckpt::SavePolicyKind::fully_reshardable);
+  EXPECT_EQ(scenarios[1].expect.kind, rh::Expectation::Kind::refused);
+  EXPECT_TRUE(scenarios[1].exact_master_conversion);
+  EXPECT_EQ(rh::ckpt::to_string(scenarios[0].policy.kind), "dp_reshardable");
   EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"c\"\nexpect = \"refused\"\n", "x.toml"),
                rh::ScenarioError);
   EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"d\"\nexact_master_conversion = 1\n", "x.toml"),
@@ -180,20 +180,20 @@ TEST(Scenarios, MegatronNamesInTablesPresetsAndAxisKeys) {
   ASSERT_EQ(named.size(), 2u);
   ASSERT_EQ(keyed.size(), 2u);
   for (size_t i = 0; i < 2; ++i) EXPECT_EQ(rh::to_json(named[i].cfg), rh::to_json(keyed[i].cfg)) << named[i].name;
-  const auto& a = named[0].cfg;
-  EXPECT_EQ(a.train.iterations, 12);
-  EXPECT_EQ(a.train.micro_batch, 4);
-  EXPECT_EQ(a.model.d_model, 48);
-  EXPECT_EQ(a.model.top_k, 1);
-  EXPECT_EQ(a.optim.beta2, 0.9);
-  EXPECT_EQ(a.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
+  const auto& first_config = named[0].cfg;
+  EXPECT_EQ(first_config.train.iterations, 12);
+  EXPECT_EQ(first_config.train.micro_batch, 4);
+  EXPECT_EQ(first_config.model.d_model, 48);
+  EXPECT_EQ(first_config.model.top_k, 1);
+  EXPECT_EQ(first_config.optim.beta2, 0.9);
+  EXPECT_EQ(first_config.optim.exp_avg_dtype, rh::optim::Dtype::bf16);
   EXPECT_EQ(named[1].name, "m/lr=0.5,decay=9,width=w");
-  const auto& m = named[1].cfg;
-  EXPECT_EQ(m.train.lr, 0.5);
-  EXPECT_EQ(m.train.lr_decay_iters, 9);
-  EXPECT_EQ(m.model.d_model, 64);
-  EXPECT_EQ(m.model.n_heads, 4);
-  EXPECT_EQ(m.train.iterations, 12);   // from [defaults]
+  const auto& matrix_config = named[1].cfg;
+  EXPECT_EQ(matrix_config.train.lr, 0.5);
+  EXPECT_EQ(matrix_config.train.lr_decay_iters, 9);
+  EXPECT_EQ(matrix_config.model.d_model, 64);
+  EXPECT_EQ(matrix_config.model.n_heads, 4);
+  EXPECT_EQ(matrix_config.train.iterations, 12);   // from [defaults]
 }
 
 TEST(Scenarios, SelectionByNameSubstringAndGlob) {
@@ -215,15 +215,15 @@ struct BadFile {
 class ScenarioErrors : public ::testing::TestWithParam<BadFile> {};
 
 TEST_P(ScenarioErrors, NameFileLineAndKey) {
-  const auto& c = GetParam();
-  auto p = temp_file(std::string(c.label) + ".toml", c.body);
+  const auto& bad_file = GetParam();
+  auto scenario_path = temp_file(std::string(bad_file.label) + ".toml", bad_file.body);
   try {
-    rh::load_scenarios(p.string());
-    FAIL() << "accepted " << c.label;
+    rh::load_scenarios(scenario_path.string());
+    FAIL() << "accepted " << bad_file.label;
   } catch (const rh::ScenarioError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find(p.string() + ":" + std::to_string(c.line)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+    EXPECT_NE(msg.find(scenario_path.string() + ":" + std::to_string(bad_file.line)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(bad_file.needle), std::string::npos) << msg;
     static const std::regex doubled(R"((\b[A-Za-z_.]+): \1: )");   // "save_policy: save_policy: ..."
     EXPECT_FALSE(std::regex_search(msg, doubled)) << "a doubled prefix: " << msg;
   }
@@ -352,9 +352,9 @@ TEST(Scenarios, SafeNameRefusesNamesThatLeaveTheScenariosDirectory) {
 }
 
 TEST(Scenarios, NamesMappingToOneDirectoryAreRefused) {
-  auto p = temp_file("collide.toml", "[[scenario]]\nname = \"a+b\"\n[[scenario]]\nname = \"a,b\"\n");
+  auto scenario_path = temp_file("collide.toml", "[[scenario]]\nname = \"a+b\"\n[[scenario]]\nname = \"a,b\"\n");
   try {
-    rh::load_scenarios(p.string());
+    rh::load_scenarios(scenario_path.string());
     FAIL() << "accepted two scenarios sharing a directory";
   } catch (const rh::ScenarioError& e) {
     EXPECT_NE(std::string(e.what()).find("would share the directory 'a+b'"), std::string::npos) << e.what();
@@ -368,31 +368,31 @@ TEST(Scenarios, MatrixWithADotDotScenarioRemovesNothing) {
   std::ofstream(run / "keep.txt") << "unrelated\n";
   std::ofstream(run / "scenarios" / "other" / "result.json") << "{}\n";
   for (const char* name : {"..", ".", ""}) {
-    auto p = temp_file("dotdot.toml", std::string("[[scenario]]\nname = \"") + name +
-                                          "\"\nsave_at = 3\n"
-                                          "[scenario.train]\niterations = 6\n");
-    rh::MatrixOptions o;
-    o.file = p.string();
-    o.run_dir = run.string();
-    o.tool = RH_TOOL;
+    auto scenario_path = temp_file("dotdot.toml", std::string("[[scenario]]\nname = \"") + name +
+                                                      "\"\nsave_at = 3\n"
+                                                      "[scenario.train]\niterations = 6\n");
+    rh::MatrixOptions matrix_options;
+    matrix_options.file = scenario_path.string();
+    matrix_options.run_dir = run.string();
+    matrix_options.tool = RH_TOOL;
     std::ostringstream log;
-    EXPECT_THROW(rh::run_matrix(o, log), rh::ScenarioError) << name;
+    EXPECT_THROW(rh::run_matrix(matrix_options, log), rh::ScenarioError) << name;
     EXPECT_TRUE(fs::exists(run / "keep.txt")) << name;
     EXPECT_TRUE(fs::exists(run / "scenarios" / "other" / "result.json")) << name;
   }
-  rh::Scenario s;
-  rh::CheckOptions co;
-  co.work_dir = (run / "scenarios" / "..").string();
-  EXPECT_THROW(rh::run_check(s, co), std::invalid_argument);
+  rh::Scenario scenario;
+  rh::CheckOptions check_options;
+  check_options.work_dir = (run / "scenarios" / "..").string();
+  EXPECT_THROW(rh::run_check(scenario, check_options), std::invalid_argument);
   EXPECT_TRUE(fs::exists(run / "keep.txt"));
   fs::remove_all(run);
 }
 
 #ifndef RH_WITH_CUDA
 TEST(Scenarios, CudaWithoutACudaBuildIsBadInputAtParse) {
-  auto p = temp_file("cuda.toml", "[[scenario]]\nname = \"a\"\n[scenario.train]\ndevice = \"cuda\"\n");
+  auto scenario_path = temp_file("cuda.toml", "[[scenario]]\nname = \"a\"\n[scenario.train]\ndevice = \"cuda\"\n");
   try {
-    rh::load_scenarios(p.string());
+    rh::load_scenarios(scenario_path.string());
     FAIL() << "accepted device = cuda in a build without CUDA";
   } catch (const rh::ScenarioError& e) {
     EXPECT_NE(std::string(e.what()).find("this build has no CUDA"), std::string::npos) << e.what();
@@ -426,17 +426,18 @@ TEST(HostileFiles, ScenarioAndConfigFifosAreRefusedWithoutBlocking) {
 
 // A --config of 100k nested '[' crashed (stack overflow) in parsing and dump().
 TEST(HostileFiles, DeeplyNestedConfigIsRefusedNotACrash) {
-  auto p = temp_file("deep.json",
-                     "{\"train\": {\"iterations\": " + std::string(100000, '[') + std::string(100000, ']') + "}}");
+  auto deep_path = temp_file("deep.json", "{\"train\": {\"iterations\": " + std::string(100000, '[') +
+                                              std::string(100000, ']') + "}}");
   try {
-    rh::load_run_config_file(p.string());
+    rh::load_run_config_file(deep_path.string());
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("nesting deeper than 64 levels"), std::string::npos) << e.what();
   }
-  auto q = temp_file("longval.json", "{\"train\": {\"device\": [\"" + std::string(1 << 20, 'x') + "\"]}}");
+  auto long_value_path =
+      temp_file("longval.json", "{\"train\": {\"device\": [\"" + std::string(1 << 20, 'x') + "\"]}}");
   try {
-    rh::load_run_config_file(q.string());
+    rh::load_run_config_file(long_value_path.string());
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_LT(std::string(e.what()).size(), 600u);   // the value is quoted, capped
@@ -451,12 +452,12 @@ TEST(Scenarios, DataParallelKeysAndResharding) {
   EXPECT_EQ(same.resume_dp(), 4);
   EXPECT_FALSE(same.resharded());
   EXPECT_EQ(same.expect.kind, rh::Expectation::Kind::exact);
-  const auto& re = by_name(all, "reshard/sizes=2to4,moments=bf16");
-  EXPECT_EQ(re.dp_size, 2);
-  EXPECT_EQ(re.resume_dp(), 4);
-  EXPECT_TRUE(re.resharded());
-  EXPECT_EQ(re.expect.kind, rh::Expectation::Kind::tolerance);
-  EXPECT_EQ(re.expect.tolerances.at("lm_loss").atol, 1e-3);
+  const auto& reshard = by_name(all, "reshard/sizes=2to4,moments=bf16");
+  EXPECT_EQ(reshard.dp_size, 2);
+  EXPECT_EQ(reshard.resume_dp(), 4);
+  EXPECT_TRUE(reshard.resharded());
+  EXPECT_EQ(reshard.expect.kind, rh::Expectation::Kind::tolerance);
+  EXPECT_EQ(reshard.expect.tolerances.at("lm_loss").atol, 1e-3);
   std::set<std::pair<int64_t, int64_t>> sizes;
   for (const auto& s : all)
     if (s.resharded()) sizes.insert({s.dp_size, s.resume_dp()});
@@ -464,16 +465,16 @@ TEST(Scenarios, DataParallelKeysAndResharding) {
 }
 
 TEST(Junit, IsValidXmlWithOneTestcasePerScenario) {
-  std::vector<rh::CheckResult> rs(2);
-  rs[0].name = "states/a=1";
-  rs[0].passed = true;
-  rs[0].verdict = "PASS: bit-exact resume";
-  rs[1].name = "faults/x=<&>";
-  rs[1].passed = false;
-  rs[1].verdict = "FAIL: expected a difference \"quoted\" & <tagged>";
+  std::vector<rh::CheckResult> results(2);
+  results[0].name = "states/a=1";
+  results[0].passed = true;
+  results[0].verdict = "PASS: bit-exact resume";
+  results[1].name = "faults/x=<&>";
+  results[1].passed = false;
+  results[1].verdict = "FAIL: expected a difference \"quoted\" & <tagged>";
   auto path = fs::temp_directory_path() / ("rh_junit_" + std::to_string(::getpid()) + ".xml");
-  rh::write_junit(path.string(), "ci", rs);
-  const std::string py =
+  rh::write_junit(path.string(), "ci", results);
+  const std::string check_script_text =
       "import sys, xml.etree.ElementTree as E\n"
       "r = E.parse(sys.argv[1]).getroot()\n"
       "cases = r.findall('.//testcase')\n"
@@ -482,7 +483,7 @@ TEST(Junit, IsValidXmlWithOneTestcasePerScenario) {
       "assert f is not None and f.get('message').startswith('FAIL: expected a difference \"quoted\" & <tagged>')\n"
       "assert cases[0].find('failure') is None\n"
       "assert r.find('testsuite').get('failures') == '1'\n";
-  auto script = temp_file("junit_check.py", py);
+  auto script = temp_file("junit_check.py", check_script_text);
   const std::string cmd = "/usr/bin/python3 " + script.string() + " " + path.string();
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
@@ -494,17 +495,17 @@ TEST(Golden, ComparisonNamesIterationAndMetric) {
     rows[i].lm_loss = 5.0f - static_cast<float>(i);
     rows[i].lr = 1e-3;
   }
-  auto a = temp_file("golden_a.csv", ""), b = temp_file("golden_b.csv", "");
-  rh::write_metrics_csv(a.string(), rows);
-  rh::write_metrics_csv(b.string(), rows);
-  EXPECT_EQ(rh::compare_golden(a.string(), b.string()), "");
+  auto golden_path = temp_file("golden_a.csv", ""), candidate_path = temp_file("golden_b.csv", "");
+  rh::write_metrics_csv(golden_path.string(), rows);
+  rh::write_metrics_csv(candidate_path.string(), rows);
+  EXPECT_EQ(rh::compare_golden(golden_path.string(), candidate_path.string()), "");
   rows[1].lm_loss = std::nextafter(rows[1].lm_loss, 0.0f);
-  rh::write_metrics_csv(b.string(), rows);
-  const auto diff = rh::compare_golden(a.string(), b.string());
+  rh::write_metrics_csv(candidate_path.string(), rows);
+  const auto diff = rh::compare_golden(golden_path.string(), candidate_path.string());
   EXPECT_NE(diff.find("iteration 2: lm_loss"), std::string::npos) << diff;
   rows.pop_back();
-  rh::write_metrics_csv(b.string(), rows);
-  EXPECT_NE(rh::compare_golden(a.string(), b.string()).find("rows"), std::string::npos);
+  rh::write_metrics_csv(candidate_path.string(), rows);
+  EXPECT_NE(rh::compare_golden(golden_path.string(), candidate_path.string()).find("rows"), std::string::npos);
 }
 
 // toml++ recurses per dotted part and per nested array / inline table; a key or
