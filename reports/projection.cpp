@@ -56,7 +56,7 @@ const PublishedSize* published_fp32(const ModelSize& m) {
 
 }   // namespace
 
-std::string default_models_file() { return data_file("reports/models.toml"); }
+std::string default_models_file() { return data_file(kDefaultModelsName); }
 
 std::vector<ModelSize> load_models(const std::string& path) {
   const std::string text = read_run_file(path, 4u << 20);   // no FIFO, no /dev/zero

@@ -27,7 +27,9 @@ struct ModelSize {
 // "file:line: what was expected".
 std::vector<ModelSize> load_models(const std::string& path);
 
-// The default models file: reports/models.toml in the data directory (harness/base/data_files.h).
+// The default models file: reports/models.toml in the data directory (harness/base/data_files.h),
+// named kDefaultModelsName in reports (its installed path differs between machines).
+inline constexpr const char* kDefaultModelsName = "reports/models.toml";
 std::string default_models_file();
 
 struct ProjectionRow {

@@ -174,17 +174,20 @@ std::string disk_section(Document& doc, const RunData& run, const std::vector<Co
 }
 
 // Returns one line per projection that has a published size to compare with.
+// `shown_models` names the models file in the report: the path given, or the default's name
+// (where the tool's copy is installed differs between machines; the report must not).
 std::vector<std::string> projection_section(Document& doc, const std::vector<Combo>& combos,
-                                            const std::string& models_file, const std::string& run_dir) {
+                                            const std::string& models_file, const std::string& shown_models,
+                                            const std::string& run_dir) {
   doc.heading("Projection to real model sizes");
   if (!fs::exists(models_file)) {
-    doc.paragraph("No projection: models file " + models_file + " not found (pass --models FILE).");
+    doc.paragraph("No projection: models file " + shown_models + " not found (pass --models FILE).");
     return {};
   }
   const auto models = load_models(models_file);
   const auto rows = project(models, combos);
   doc.paragraph("Projected bytes = measured bytes per parameter x the model's parameter count (models from " +
-                models_file +
+                shown_models +
                 "). Bytes per parameter count the model and optimizer tensors only: the fixed "
                 "metadata (safetensors headers, manifest) does not grow with the model and is left out. GB = 1e9 "
                 "bytes. Published sizes apply to checkpoints with bf16 weights, an fp32 master and both moments in "
@@ -288,7 +291,8 @@ ReportFiles generate_report(const std::string& run_dir, const std::string& model
   matrix_section(doc, run, refs, out.plots);
   loss_section(doc, out.plots);
   const std::string saving = disk_section(doc, run, combos, out.plots);
-  auto findings = projection_section(doc, combos, models, run_dir);
+  auto findings =
+      projection_section(doc, combos, models, models_file.empty() ? kDefaultModelsName : models_file, run_dir);
   // Key findings repeat the sections' headline sentences right under the overview.
   if (!saving.empty()) findings.insert(findings.begin(), saving);
   size_t fold_from = findings_at;   // the verdict, failures and key findings stay unfolded in report.md

@@ -352,6 +352,25 @@ TEST(ReportGrids, ColumnsFollowTheAxesSizesAndSingleScenarioGroupsAreNamed) {
   EXPECT_EQ(cells, wide_scenarios);
 }
 
+// Without --models the projection reads the tool's own models.toml, wherever it is installed; the
+// report names it reports/models.toml, so two machines' reports of one run read alike.
+TEST(ReportDefaultModels, NamesTheShippedFileNotWhereItIsInstalled) {
+  const fs::path dir = report_fixture::temp_dir("defaultmodels");
+  report_fixture::write_run(dir);
+  std::ostringstream log;
+  generate_report(dir.string(), "", log, /*md_image_links=*/false, /*verbose=*/true);
+  ASSERT_TRUE(fs::exists(default_models_file())) << default_models_file();
+  const std::string installed = fs::absolute(default_models_file()).string();
+  EXPECT_NE(log.str().find(default_models_file()), std::string::npos) << log.str();   // -v says where it read
+  for (const char* name : {"report.md", "report.html"}) {
+    const std::string text = report_fixture::slurp(dir / name);
+    EXPECT_NE(text.find("(models from reports/models.toml)"), std::string::npos) << name;
+    EXPECT_EQ(text.find(installed), std::string::npos) << name << " names " << installed;
+    EXPECT_EQ(text.find("/share/resume-harness/"), std::string::npos) << name;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(ReportFailingList, SaysNoneWhenEveryScenarioMetItsExpectation) {
   const fs::path dir = report_fixture::temp_dir("allpass");
   report_fixture::write_run(dir);
