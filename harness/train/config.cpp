@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <fstream>
 #include <cmath>
-#include <cstdlib>
+#include <charconv>
 #include <limits>
 #include <functional>
 #include <map>
@@ -184,16 +184,12 @@ std::string join(const std::vector<std::string>& names) {
   return all;
 }
 
-// A double as short as reads back the same (0.1, not 0.10000000000000001); nan, inf as such.
+// A double as short as reads back the same (0.1, not 0.10000000000000001); nan, inf as such:
+// std::to_chars without a precision gives the shortest round-trip form.
 std::string shortest(double v) {
-  std::ostringstream os;
-  for (int digits = 6; digits <= 17; ++digits) {
-    os.str("");
-    os.precision(digits);
-    os << v;
-    if (!std::isfinite(v) || std::strtod(os.str().c_str(), nullptr) == v) break;   // stod throws on subnormals
-  }
-  return os.str();
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+  return std::string(buf, end);
 }
 
 // A range as its messages say it: "in [1, 10000000]", or ">= 0" without an upper bound.
