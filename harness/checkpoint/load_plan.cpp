@@ -412,6 +412,7 @@ void StatePlanner::plan_conversion(const Source& source, Action& action) {
 LoadPlan plan_load(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
   LoadPlan plan;
   plan.train_state = checkpoint.train_state;
+  check_bucket_layout(checkpoint, opt, opts, plan.notes);
   choose_generators(checkpoint, opt.layout().rank, plan);
   const Entries entries = index_entries(checkpoint, opts, plan.notes);
   StatePlanner planner(checkpoint, opt, opts, entries, plan.notes);
