@@ -13,23 +13,23 @@ using namespace rh::ckpt;
 
 namespace {
 
-// remainders + bf16 moments, Toy's params (optimizer order embed 35, l0.w 80, l1.w 48, l0.b 16,
-// l1.b 3, norm 3), optionally cut into buckets of >= `bucket_size` elements.
+// remainders + bf16 moments, Toy's params (optimizer order: decay embed 35, l0.w 80, l1.w 48,
+// then no_decay norm 3, l0.b 16, l1.b 3), optionally cut into buckets of >= `bucket_size` elements.
 Rig bucketed_rig(int64_t bucket_size, uint64_t seed) {
   Mode mode = make_mode("remainders_bf16moments", true, torch::kBFloat16, Dtype::fp32, true, Dtype::bf16, Dtype::bf16);
   mode.cfg.ddp_bucket_size = bucket_size;
   return make_rig(mode, seed);
 }
 
-// Megatron's _compute_per_buffer_param_layout by hand, params reversed (norm, l1.b, l0.b, l1.w,
+// Megatron's _compute_per_buffer_param_layout by hand, params reversed (l1.b, l0.b, norm, l1.w,
 // l0.w, embed), each start padded to 64, a bucket closed once it reaches the bucket size, its
 // unpadded size = last param end - bucket start, its end padded to lcm(dp, 128):
-//   one bucket:       norm 0-3, l1.b 64-67, l0.b 128-144, l1.w 192-240, l0.w 256-336, embed 384-419
+//   one bucket:       l1.b 0-3, l0.b 64-80, norm 128-131, l1.w 192-240, l0.w 256-336, embed 384-419
 //                     -> [419]
-//   bucket size 64:   [0: norm 0-3, l1.b 64-67] 67 | [128: l0.b 128-144, l1.w 192-240] 112 |
-//                     [256: l0.w 256-336] 80 | [384: embed 384-419] 35  -> [67, 112, 80, 35]
+//   bucket size 64:   [0: l1.b 0-3, l0.b 64-80] 80 | [128: norm 128-131, l1.w 192-240] 112 |
+//                     [256: l0.w 256-336] 80 | [384: embed 384-419] 35  -> [80, 112, 80, 35]
 // (tests/megatron_layout_reference.py compute_layout gives the same for both.)
-const std::string kOneBucket = "[419] (1 bucket)", kFourBuckets = "[67, 112, 80, 35] (4 buckets)";
+const std::string kOneBucket = "[419] (1 bucket)", kFourBuckets = "[80, 112, 80, 35] (4 buckets)";
 
 TEST(BucketLayout, ManifestRecordsMegatronsPerBucketNumelUnpadded) {
   torch::set_num_threads(1);
@@ -38,7 +38,7 @@ TEST(BucketLayout, ManifestRecordsMegatronsPerBucketNumelUnpadded) {
   train(rig, 2);
   save_checkpoint(dir.str(), save_input(rig, {SavePolicyKind::dp_reshardable, {}}));
   const nlohmann::json manifest = read_manifest(fs::path(dir.str()) / "iter_0000002");
-  EXPECT_EQ(manifest.at("per_bucket_numel_unpadded").get<std::vector<int64_t>>(), (std::vector<int64_t>{67, 112, 80, 35}));
+  EXPECT_EQ(manifest.at("per_bucket_numel_unpadded").get<std::vector<int64_t>>(), (std::vector<int64_t>{80, 112, 80, 35}));
 }
 
 TEST(BucketLayout, DpReshardableAcrossBucketLayoutsIsRefusedAsUpstream) {
@@ -85,13 +85,13 @@ TEST(BucketLayout, SameLayoutAndOtherPoliciesLoad) {
   for (SavePolicyKind policy : {SavePolicyKind::dp_reshardable, SavePolicyKind::native, SavePolicyKind::dp_zero}) {
     const std::string path = dir.str() + "/" + to_string(policy);
     save_checkpoint(path, save_input(saved_rig, {policy, {}}));
+    LoadOptions opts;
+    opts.exact_master_conversion = policy == SavePolicyKind::dp_zero;   // its widened remainder
     Rig same = bucketed_rig(64, 2);
-    load_checkpoint(path, *same.model, *same.opt, same.state, {}, {});
+    load_checkpoint(path, *same.model, *same.opt, same.state, {}, opts);
     EXPECT_TRUE(same_state(same, saved_rig)) << to_string(policy);
     if (policy == SavePolicyKind::dp_reshardable) continue;
     Rig one = bucketed_rig(0, 2);
-    LoadOptions opts;
-    opts.exact_master_conversion = policy == SavePolicyKind::dp_zero;   // its widened remainder
     load_checkpoint(path, *one.model, *one.opt, one.state, {}, opts);
     EXPECT_TRUE(same_state(one, saved_rig)) << to_string(policy);
   }

@@ -214,7 +214,7 @@ TEST(CliHelp, TrainHelpShowsDefaultsAndValidValues) {
                                              {"--weight-decay", "0.1", "Megatron's default is 0.01"}}) {
     const std::string line = line_of(flag);
     EXPECT_NE(line.find(megatron), std::string::npos) << line;
-    EXPECT_NE(line.find("(default: " + ours + ")"), std::string::npos) << line;
+    EXPECT_NE(line.find("FLOAT=" + ours + " "), std::string::npos) << line;
   }
 }
 
