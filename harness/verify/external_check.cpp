@@ -22,13 +22,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
 #include <mutex>
 
 #include "harness/base/data_files.h"
+#include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/process/process.h"
+#include "harness/process/supervise.h"
 #include "harness/verify/external_metrics.h"
 #include "harness/verify/tensor_compare.h"
 #include "harness/verify/writers.h"
@@ -427,46 +430,32 @@ class BridgeServer {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
-    std::vector<std::string> argv = {python_interpreter(), "-m", "rhckpt.torch_bridge", "--serve"};
-    std::vector<std::string> env_strings = child_environment({{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}});
-    std::vector<char*> args, envp;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
+    // Under a supervisor (process/supervise.h): the bridge, and anything it is blocked in, ends
+    // with the tool however the tool ends, also when the thread that started it has ended.
+    SupervisedSpec spec;
+    spec.exe = python_interpreter();
+    spec.argv = {spec.exe, "-m", "rhckpt.torch_bridge", "--serve"};
+    spec.envp = child_environment({{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}});
+    spec.stdin_fd = spec.stdout_fd = sv[1];
+    try {
+      sup_ = std::make_unique<Supervised>(spec);
+    } catch (...) {
       ::close(sv[0]), ::close(sv[1]);
-      if (devnull >= 0) ::close(devnull);
-      throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-    }
-    if (pid == 0) {
-      // No PR_SET_PDEATHSIG: it fires when the forking *thread* ends, and a matrix worker that
-      // started the bridge may end while another still converts. The bridge ends at EOF on its
-      // socket instead, which comes when this process exits or dies.
-      ::dup2(sv[1], 0);
-      ::dup2(sv[1], 1);
-      if (devnull >= 0) ::dup2(devnull, 2);
-      ::execve(args[0], args.data(), envp.data());
-      _exit(127);
+      throw;
     }
     ::close(sv[1]);
-    if (devnull >= 0) ::close(devnull);
     fd_ = sv[0];
-    pid_ = pid;
+    pid_ = sup_->command_pid();
   }
 
   void stop() {
     if (fd_ >= 0) ::close(fd_), fd_ = -1;
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
+    sup_.reset();   // ends the bridge and waits for it
+    pid_ = -1;
   }
 
   std::mutex mu_;
+  std::unique_ptr<Supervised> sup_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };
@@ -816,6 +805,11 @@ CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& op
     result.diagnosis = "";
     result.first_divergence = e.what();
     result.bad_input = true;
+  } catch (const DiskError& e) {   // e.g. no space for the trainer's captured output: not the trainer's fault
+    result.outcome = Outcome::error;
+    result.diagnosis = "";
+    result.first_divergence = e.what();
+    result.disk_failed = true;
   } catch (const std::exception& e) {
     result.outcome = Outcome::error;
     result.diagnosis = "";
