@@ -106,9 +106,12 @@ void check_row_matches(const Shard& s, const std::vector<std::string>& columns, 
   if (fields.size() != columns.size())
     refuse(s.dir, "summary.csv row '" + quote_text(name) + "' has " + std::to_string(fields.size()) +
                       " fields; expected " + std::to_string(columns.size()) + ", as its header");
-  static const std::pair<const char*, const char*> shared[] = {{"scenario", "name"},   {"expectation", "expectation"},
-                                                               {"passed", "passed"},   {"outcome", "outcome"},
-                                                               {"verdict", "verdict"}, {"first_divergence", "first_divergence"}};
+  static const std::pair<const char*, const char*> shared[] = {{"scenario", "name"},
+                                                               {"expectation", "expectation"},
+                                                               {"passed", "passed"},
+                                                               {"outcome", "outcome"},
+                                                               {"verdict", "verdict"},
+                                                               {"first_divergence", "first_divergence"}};
   for (const auto& [column, key] : shared) {
     const auto at = std::find(columns.begin(), columns.end(), column);
     if (at == columns.end() || !entry.contains(key)) continue;
@@ -184,10 +187,12 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
     }
     const auto [it, fresh] = dir_names.emplace(dir_name, name);
     if (!fresh && it->second == name)
-      refuse(first.dir, "summary.json: shard.cells names cell '" + quote_text(name) + "' twice; expected each cell once");
+      refuse(first.dir,
+             "summary.json: shard.cells names cell '" + quote_text(name) + "' twice; expected each cell once");
     if (!fresh)
       refuse(first.dir, "summary.json: shard.cells '" + quote_text(it->second) + "' and '" + quote_text(name) +
-                            "' both become the directory scenarios/" + dir_name + "; expected names that stay distinct");
+                            "' both become the directory scenarios/" + dir_name +
+                            "; expected names that stay distinct");
     cells.push_back(name);
   }
   const auto identity = [&](const Shard& s) {

@@ -230,11 +230,12 @@ TEST(ExternalDisk, FullDiskWhileCapturingOutputExitsFour) {
          "resume_command = [\"/bin/true\"]\n"
          "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n"
          "[[scenario]]\nname = \"cell\"\n";
-  const auto run = rh::testutil::run_logged(
-      {"/usr/bin/unshare", "-rm", "/bin/sh", "-c", "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\"",
-       (work_dir / "mnt").string(), RH_TOOL, "check", "cell", "-f", (work_dir / "full.toml").string(), "--run-dir",
-       (work_dir / "mnt" / "run").string()},
-      work_dir / "log");
+  const auto run =
+      rh::testutil::run_logged({"/usr/bin/unshare", "-rm", "/bin/sh", "-c",
+                                "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\"", (work_dir / "mnt").string(),
+                                RH_TOOL, "check", "cell", "-f", (work_dir / "full.toml").string(), "--run-dir",
+                                (work_dir / "mnt" / "run").string()},
+                               work_dir / "log");
   EXPECT_EQ(run.code, 4) << run.log;
   EXPECT_NE(run.log.find("stdout.log: No space left on device (the disk failed, not the input)"), std::string::npos)
       << run.log;

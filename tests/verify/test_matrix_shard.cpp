@@ -252,11 +252,11 @@ nlohmann::json shard_summary(int index, const std::vector<std::string>& cells, c
           {"environment", {{"harness_version", "v"}, {"git_commit", "c"}}},
           {"shard", {{"index", index}, {"count", 2}, {"cells", cells}}},
           {"scenarios", nlohmann::json::array({nlohmann::json{{"name", cell},
-                                                             {"expectation", "exact"},
-                                                             {"passed", true},
-                                                             {"outcome", "identical"},
-                                                             {"verdict", "PASS: identical"},
-                                                             {"first_divergence", ""}}})}};
+                                                              {"expectation", "exact"},
+                                                              {"passed", true},
+                                                              {"outcome", "identical"},
+                                                              {"verdict", "PASS: identical"},
+                                                              {"first_divergence", ""}}})}};
 }
 
 const char* kCsvHeader = "scenario,expectation,passed,outcome,verdict,first_divergence\n";
@@ -271,8 +271,10 @@ TEST_P(MergeTampered, RefusedNamingTheFileAndWhatWasExpected) {
   if (t.edit) t.edit(json1, csv1, json2, csv2);
   write_shard(dir / "s1", json1, csv1);
   write_shard(dir / "s2", json2, csv2);
-  const ToolRun r = rh::testutil::run_tool(
-      dir, {"report", "--merge", (dir / "out").string(), (dir / "s1").string(), (dir / "s2").string()}, 120);
+  const ToolRun r = rh::testutil::run_tool(dir,
+                                           {"report", "--merge", (dir / "out").string(), (dir / "s1").string(),
+                                            (dir / "s2").string()},
+                                           120);
   if (!t.edit) {   // the untampered pair merges (the report of such a bare run directory may still refuse it)
     EXPECT_NE(r.log.find("merged 2 shards: 2 passed, 0 failed"), std::string::npos) << r.log;
     EXPECT_EQ(slurp(dir / "out" / "summary.csv"), kCsvHeader + csv_row("g/plain") + csv_row("h"));
@@ -289,33 +291,35 @@ TEST_P(MergeTampered, RefusedNamingTheFileAndWhatWasExpected) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, MergeTampered,
-    ::testing::Values(
-        Tamper{"untampered", nullptr, "", ""},
-        // 10^12 shards once grew the list of missing ones until the tool ran out of memory
-        Tamper{"count_huge",
-               [](auto& j1, auto&, auto& j2, auto&) {
-                 j1["shard"]["count"] = 1000000000000ll;
-                 j2["shard"]["count"] = 1000000000000ll;
-               },
-               "summary.json", "shard.count 1000000000000 is not in 1..1024"},
-        Tamper{"cell_twice",
-               [](auto& j1, auto&, auto& j2, auto&) {
-                 for (auto* j : {&j1, &j2}) (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "h", "h"});
-               },
-               "summary.json", "shard.cells names cell 'h' twice; expected each cell once"},
-        Tamper{"names_equal_after_escaping",
-               [](auto& j1, auto&, auto& j2, auto& c2) {
-                 for (auto* j : {&j1, &j2}) (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "g__plain"});
-                 j2["scenarios"][0]["name"] = "g__plain";
-                 c2 = kCsvHeader + csv_row("g__plain");
-               },
-               "summary.json", "'g/plain' and 'g__plain' both become the directory scenarios/g__plain"},
-        Tamper{"csv_contradicts_json",
-               [](auto&, auto& c1, auto&, auto&) { c1 = std::string(kCsvHeader) + "g/plain,exact,0,identical,PASS: identical,\n"; },
-               "summary.csv", "row 'g/plain' has passed '0', but summary.json says '1'"},
-        Tamper{"csv_row_twice",
-               [](auto&, auto& c1, auto&, auto&) { c1 += csv_row("g/plain"); },
-               "summary.csv", "a second row for cell 'g/plain'; expected one row per cell"}),
+    ::testing::Values(Tamper{"untampered", nullptr, "", ""},
+                      // 10^12 shards once grew the list of missing ones until the tool ran out of memory
+                      Tamper{"count_huge",
+                             [](auto& j1, auto&, auto& j2, auto&) {
+                               j1["shard"]["count"] = 1000000000000ll;
+                               j2["shard"]["count"] = 1000000000000ll;
+                             },
+                             "summary.json", "shard.count 1000000000000 is not in 1..1024"},
+                      Tamper{"cell_twice",
+                             [](auto& j1, auto&, auto& j2, auto&) {
+                               for (auto* j : {&j1, &j2})
+                                 (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "h", "h"});
+                             },
+                             "summary.json", "shard.cells names cell 'h' twice; expected each cell once"},
+                      Tamper{"names_equal_after_escaping",
+                             [](auto& j1, auto&, auto& j2, auto& c2) {
+                               for (auto* j : {&j1, &j2})
+                                 (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "g__plain"});
+                               j2["scenarios"][0]["name"] = "g__plain";
+                               c2 = kCsvHeader + csv_row("g__plain");
+                             },
+                             "summary.json", "'g/plain' and 'g__plain' both become the directory scenarios/g__plain"},
+                      Tamper{"csv_contradicts_json",
+                             [](auto&, auto& c1, auto&, auto&) {
+                               c1 = std::string(kCsvHeader) + "g/plain,exact,0,identical,PASS: identical,\n";
+                             },
+                             "summary.csv", "row 'g/plain' has passed '0', but summary.json says '1'"},
+                      Tamper{"csv_row_twice", [](auto&, auto& c1, auto&, auto&) { c1 += csv_row("g/plain"); },
+                             "summary.csv", "a second row for cell 'g/plain'; expected one row per cell"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }   // namespace
