@@ -69,23 +69,6 @@ std::vector<std::string> csv_records(const std::string& text) {
   return out;
 }
 
-// The first field of a record, unquoted.
-std::string first_field(const std::string& rec) {
-  if (rec.empty() || rec[0] != '"') return rec.substr(0, std::min(rec.find(','), rec.find('\n')));
-  std::string v;
-  for (size_t i = 1; i < rec.size(); ++i) {
-    if (rec[i] != '"') {
-      v += rec[i];
-    } else if (i + 1 < rec.size() && rec[i + 1] == '"') {
-      v += '"';
-      ++i;
-    } else {
-      break;
-    }
-  }
-  return v;
-}
-
 constexpr int64_t kMaxShards = 1024;   // parse_shard's bound (shard.h)
 
 // The fields of one summary.csv record.
