@@ -112,6 +112,8 @@ struct KillCase {
   const char* mode = "daemons";   // fake_trainer.py --mode: daemons, or fifo_torch (the bridge blocks)
 };
 
+void PrintTo(const KillCase& kc, std::ostream* os) { *os << kc.name; }
+
 class ToolKilledMidCell : public ::testing::TestWithParam<KillCase> {};
 
 TEST_P(ToolKilledMidCell, LeavesNoProcessOfTheCellAlive) {
@@ -209,10 +211,8 @@ INSTANTIATE_TEST_SUITE_P(Signals, ToolKilledMidCell,
                                            KillCase{"sighup_group", "check", SIGHUP, true},
                                            // two cells on the matrix's worker threads
                                            KillCase{"matrix_sigkill", "matrix", SIGKILL, false},
-                                           KillCase{"matrix_sigint_group", "matrix", SIGINT, true},
                                            // the bridge blocked on a FIFO survived SIGKILL of the tool
-                                           KillCase{"bridge_sigkill", "check", SIGKILL, false, "fifo_torch"},
-                                           KillCase{"bridge_sigterm", "check", SIGTERM, false, "fifo_torch"}),
+                                           KillCase{"bridge_sigkill", "check", SIGKILL, false, "fifo_torch"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }   // namespace lifetime
