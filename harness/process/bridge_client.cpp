@@ -1,6 +1,8 @@
 // The long-lived helper child; see bridge_client.h.
 #include "harness/process/bridge_client.h"
 
+#include "harness/process/supervise.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -72,42 +74,28 @@ void BridgeClient::start() {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
-  std::vector<std::string> env_strings = child_environment(command.env);
-  std::vector<char*> args, envp;
-  for (auto& a : command.argv) args.push_back(a.data());
-  args.push_back(nullptr);
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
+  // Under a supervisor (supervise.h): the child, and anything it is blocked in (open() of a FIFO),
+  // ends with the tool however the tool ends, also after the thread that started it has ended.
+  SupervisedSpec spec;
+  spec.exe = command.argv.at(0);
+  spec.argv = command.argv;
+  spec.envp = child_environment(command.env);
+  spec.stdin_fd = spec.stdout_fd = sv[1];
+  try {
+    sup_ = std::make_unique<Supervised>(spec);
+  } catch (...) {
     ::close(sv[0]), ::close(sv[1]);
-    if (devnull >= 0) ::close(devnull);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    // No PR_SET_PDEATHSIG: it fires when the forking *thread* ends, and a matrix worker that
-    // started the child may end while another still sends requests. The child ends at EOF on its
-    // socket instead, which comes when this process exits or dies.
-    ::dup2(sv[1], 0);
-    ::dup2(sv[1], 1);
-    if (devnull >= 0) ::dup2(devnull, 2);
-    ::execve(args[0], args.data(), envp.data());
-    _exit(127);
+    throw;
   }
   ::close(sv[1]);
-  if (devnull >= 0) ::close(devnull);
   fd_ = sv[0];
-  pid_ = pid;
+  pid_ = sup_->command_pid();
 }
 
 void BridgeClient::stop() {
   if (fd_ >= 0) ::close(fd_), fd_ = -1;
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
+  sup_.reset();   // ends the child and waits for it
+  pid_ = -1;
 }
 
 }   // namespace rh

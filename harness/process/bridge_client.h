@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -21,6 +22,8 @@ struct BridgeCommand {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
 };
+
+class Supervised;
 
 class BridgeClient {
  public:
@@ -43,6 +46,7 @@ class BridgeClient {
   const std::string name_;
   const std::function<BridgeCommand()> command_;
   std::mutex mu_;
+  std::unique_ptr<Supervised> sup_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };

@@ -20,6 +20,7 @@ namespace rh {
 namespace {
 
 std::mutex g_mu;   // one request at a time on the socket
+pid_t g_tool = -1;   // in a pre-started child: the tool that adopts it
 int g_sock = -1;   // this process's end of the socketpair; -1: no worker
 pid_t g_worker = -1;
 
@@ -86,10 +87,28 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
   run_entry_and_exit(entry, std::vector<std::string>(req.begin() + 1, req.end()));
 }
 
+// In a pre-started child: it ends itself when the tool is gone. PR_SET_PDEATHSIG fires when its
+// parent *thread* ends (first the middle process, then whichever thread of the tool adopted it),
+// so the handler checks that the tool is still its parent before doing anything.
+void end_if_orphaned(int) {
+  if (::getppid() != g_tool) _exit(137);
+}
+
+void die_with_tool(pid_t tool, pid_t middle) {
+  g_tool = tool;
+  struct sigaction sa {};
+  sa.sa_handler = end_if_orphaned;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR2, &sa, nullptr);
+  prctl(PR_SET_PDEATHSIG, SIGUSR2);
+  const pid_t parent = ::getppid();
+  if (parent != tool && parent != middle) _exit(137);   // both gone before prctl
+}
+
 // The worker's loop: one request, one double fork. The middle process exits at once, so the
 // grandchild is adopted by the subreaper (the process that started the worker); its pid goes back
 // through a pipe once the middle process is reaped, i.e. once the adoption is done.
-[[noreturn]] void worker_loop(int sock, ToolEntry entry) {
+[[noreturn]] void worker_loop(int sock, ToolEntry entry, pid_t tool) {
   signal(SIGCHLD, SIG_DFL);
   std::vector<std::string> req;
   while (recv_strings(sock, req)) {
@@ -99,8 +118,10 @@ bool recv_strings(int fd, std::vector<std::string>& v) {
       const pid_t mid = fork();
       if (mid == 0) {
         ::close(pfd[0]);
+        const pid_t middle = ::getpid();
         const pid_t g = fork();
         if (g == 0) {
+          die_with_tool(tool, middle);
           ::close(pfd[1]);
           ::close(sock);
           run_child(entry, req);
@@ -156,7 +177,7 @@ bool start_prestarted_worker(ToolEntry entry) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(0);
     ::close(sv[0]);
-    worker_loop(sv[1], entry);
+    worker_loop(sv[1], entry, parent);
   }
   ::close(sv[1]);
   std::lock_guard<std::mutex> lk(g_mu);

@@ -6,7 +6,8 @@
 // exec'ed child stays: the worker holds no state of the baselines trained after it started, and
 // tests/dist/test_prestart.cpp checks that state set in the parent later does not reach a child.
 // Children are started with a double fork and adopted by this process (PR_SET_CHILD_SUBREAPER), so
-// the one wait loop of process.cpp waits for them like any other child.
+// the one wait loop of process.cpp waits for them like any other child. A child ends itself when
+// the tool is gone, however it ended (PR_SET_PDEATHSIG SIGUSR2, checked against getppid()).
 #pragma once
 #include <sys/types.h>
 

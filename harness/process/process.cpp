@@ -1,7 +1,9 @@
 // fork/exec with a log file and a timeout; see process.h.
 #include "harness/process/process.h"
 
+#include "harness/base/text.h"
 #include "harness/process/prestart.h"
+#include "harness/process/supervise.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -76,10 +79,10 @@ pid_t start_child(const ChildSpec& spec) {
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    if (spec.die_with_parent) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(137);   // the parent died before prctl
-    }
+    // Every child dies with the thread that started it: that thread waits in run_children until
+    // the child is reaped, so the signal fires only when the tool itself is gone.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);   // the parent died before prctl
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
@@ -125,10 +128,13 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
   const auto t0 = Clock::now();
   std::vector<pid_t> pids;
   try {
-    for (const auto& c : children) pids.push_back(start_child(c));
+    for (const auto& c : children) {
+      pids.push_back(start_child(c));
+      register_child(pids.back(), false);   // killed if the tool is ended by a signal (supervise.h)
+    }
   } catch (...) {
     for (pid_t p : pids) kill(p, SIGKILL);
-    for (pid_t p : pids) waitpid(p, nullptr, 0);
+    for (pid_t p : pids) waitpid(p, nullptr, 0), unregister_child(p);
     throw;
   }
   std::vector<ChildExit> out(children.size());
@@ -146,6 +152,7 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
       if (w != pids[i]) continue;
+      unregister_child(pids[i]);
       done[i] = true;
       --remaining;
       reaped = true;
@@ -164,6 +171,7 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
         kill(pids[i], SIGKILL);
         int status = 0;
         waitpid(pids[i], &status, 0);
+        unregister_child(pids[i]);
         out[i] = exit_of(status, t0);
         out[i].killed = true;
         out[i].timed_out = limit_hit;
@@ -204,72 +212,61 @@ std::string resolve_executable(const std::string& argv0, const std::string& path
   throw std::runtime_error("command '" + argv0 + "' not found on PATH");
 }
 
-void kill_group(pid_t pgid) {
-  if (pgid > 0) ::kill(-pgid, SIGKILL);
-}
-
 }   // namespace
 
 CapturedExit run_captured(const CapturedSpec& spec) {
   if (spec.argv.empty()) throw std::runtime_error("run_captured: empty argv");
-  std::vector<std::string> env_strings = child_environment(spec.env);
+  SupervisedSpec sup_spec;
+  sup_spec.envp = child_environment(spec.env);
   std::string path_var = "/usr/local/bin:/usr/bin:/bin";   // the child's PATH decides where argv[0] is
-  for (const auto& kv : env_strings)
+  for (const auto& kv : sup_spec.envp)
     if (kv.rfind("PATH=", 0) == 0) path_var = kv.substr(5);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
   // A relative executable is found from the command's own directory, as a shell in cwd would.
-  std::string exe = resolve_executable(spec.argv[0], path_var);
-  if (exe.find('/') != std::string::npos && exe[0] != '/' && !spec.cwd.empty()) exe = spec.cwd + "/" + exe;
-  std::vector<char*> args;
-  args.push_back(exe.data());
-  for (size_t i = 1; i < spec.argv.size(); ++i) args.push_back(const_cast<char*>(spec.argv[i].c_str()));
-  args.push_back(nullptr);
+  sup_spec.exe = resolve_executable(spec.argv[0], path_var);
+  if (sup_spec.exe[0] != '/' && !spec.cwd.empty()) sup_spec.exe = spec.cwd + "/" + sup_spec.exe;
+  sup_spec.argv = spec.argv;
+  sup_spec.argv[0] = sup_spec.exe;
+  sup_spec.cwd = spec.cwd;
 
   auto open_out = [](const std::string& p) {
     const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) throw std::runtime_error("cannot open " + p + ": " + std::strerror(errno));
+    if (fd < 0) {
+      const int err = errno;
+      throw_if_disk_errno("cannot open the captured output", p, err);
+      throw std::runtime_error("cannot open " + p + ": " + std::strerror(err));
+    }
     return fd;
   };
-  int out_fd[2] = {open_out(spec.stdout_path), open_out(spec.stderr_path)};
+  int out_fd[2] = {-1, -1};
   int pipes[2][2] = {{-1, -1}, {-1, -1}};
-  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   auto close_all = [&] {
     for (int i = 0; i < 2; ++i) {
       for (int j = 0; j < 2; ++j)
         if (pipes[i][j] >= 0) ::close(pipes[i][j]), pipes[i][j] = -1;
       if (out_fd[i] >= 0) ::close(out_fd[i]), out_fd[i] = -1;
     }
-    if (devnull >= 0) ::close(devnull);
   };
-  if (devnull < 0 || ::pipe2(pipes[0], O_CLOEXEC) != 0 || ::pipe2(pipes[1], O_CLOEXEC) != 0) {
+  try {
+    out_fd[0] = open_out(spec.stdout_path);
+    out_fd[1] = open_out(spec.stderr_path);
+  } catch (...) {
+    close_all();
+    throw;
+  }
+  if (::pipe2(pipes[0], O_CLOEXEC) != 0 || ::pipe2(pipes[1], O_CLOEXEC) != 0) {
     close_all();
     throw std::runtime_error(std::string("run_captured: pipe: ") + std::strerror(errno));
   }
-  const char* cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
+  sup_spec.stdout_fd = pipes[0][1];
+  sup_spec.stderr_fd = pipes[1][1];
   const auto t0 = Clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) {
+  std::optional<Supervised> sup;   // its destructor ends the command and every descendant
+  try {
+    sup.emplace(sup_spec);
+  } catch (...) {
     close_all();
-    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+    throw;
   }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    dup2(devnull, 0);
-    dup2(pipes[0][1], 1);
-    dup2(pipes[1][1], 2);
-    if (cwd && ::chdir(cwd) != 0) {
-      const char msg[] = "cannot change to the trainer's cwd\n";
-      (void)!write(2, msg, sizeof msg - 1);
-      _exit(127);
-    }
-    execve(args[0], args.data(), envp.data());
-    const char msg[] = "exec failed\n";
-    (void)!write(2, msg, sizeof msg - 1);
-    _exit(127);
-  }
-  ::setpgid(pid, pid);   // also here: no window in which a kill of the group misses it
   ::close(pipes[0][1]), pipes[0][1] = -1;
   ::close(pipes[1][1]), pipes[1][1] = -1;
 
@@ -281,23 +278,17 @@ CapturedExit run_captured(const CapturedSpec& spec) {
   auto exited_at = Clock::time_point::max();
   char buf[65536];
   while (pipes[0][0] >= 0 || pipes[1][0] >= 0 || !exited) {
-    if (!exited) {
-      const pid_t w = waitpid(pid, &status, WNOHANG);
-      if (w == pid) {
-        exited = true;
-        exited_at = Clock::now();
-        kill_group(pid);   // workers it left behind end with it
-      }
-    }
+    // The supervisor ends once the command and every process it left behind are gone.
+    if (!exited && sup->poll(&status)) exited = true, exited_at = Clock::now();
     const auto now = Clock::now();
     if (!exited && now > deadline) {
       timed_out = true;
-      kill_group(pid);
-      waitpid(pid, &status, 0);
+      sup->stop();
+      status = sup->wait();
       exited = true;
       exited_at = now;
     }
-    // Output still open a second after the command ended: a descendant that left the group holds it.
+    // Output still open a second after the command ended: something outside its tree holds it.
     if (exited && now - exited_at > std::chrono::seconds(1)) break;
     pollfd fds[2];
     nfds_t n = 0;
@@ -323,19 +314,29 @@ CapturedExit run_captured(const CapturedSpec& spec) {
       uint64_t keep = static_cast<uint64_t>(got);
       if (captured.output_bytes + keep > spec.output_cap_bytes) {
         keep = spec.output_cap_bytes - captured.output_bytes;
-        if (!captured.output_capped) kill_group(pid);
+        if (!captured.output_capped) sup->stop();
         captured.output_capped = true;
       }
-      if (keep > 0 && ::write(out_fd[i], buf, keep) != static_cast<ssize_t>(keep)) {
-        kill_group(pid);
+      for (uint64_t done = 0; done < keep;) {
+        const ssize_t w = ::write(out_fd[i], buf + done, keep - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w > 0) {
+          done += static_cast<uint64_t>(w);
+          continue;
+        }
+        const int err = w < 0 ? errno : ENOSPC;
+        sup->stop();
         close_all();
-        if (!exited) waitpid(pid, &status, 0);
-        throw std::runtime_error("cannot write the captured output of " + spec.argv[0] + ": " + std::strerror(errno));
+        sup.reset();
+        const std::string path = i == 0 ? spec.stdout_path : spec.stderr_path;
+        throw_if_disk_errno("cannot write the captured output of " + spec.argv[0] + " to", path, err);
+        throw std::runtime_error("cannot write the captured output of " + spec.argv[0] + " to " + path + ": " +
+                                 std::strerror(err));
       }
       captured.output_bytes += keep;
     }
   }
-  if (!exited) waitpid(pid, &status, 0);
+  if (!exited) status = sup->wait();
   close_all();
   static_cast<ChildExit&>(captured) = exit_of(status, t0);
   captured.timed_out = timed_out;

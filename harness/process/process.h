@@ -16,7 +16,10 @@ struct ChildSpec {
   std::vector<std::string> argv;                          // argv[0] is the executable's path
   std::vector<std::pair<std::string, std::string>> env;   // set in the child only
   std::string log_path;           // stdout + stderr appended here ("" = inherited from this process)
-  bool die_with_parent = false;   // PR_SET_PDEATHSIG: killed if this process dies first
+  // Not started pre-started when set. Every child of run_children gets PR_SET_PDEATHSIG SIGKILL
+  // (killed if this process dies first) and is killed by the tool's SIGTERM/SIGINT/SIGHUP handler
+  // (supervise.h); a pre-started one ends itself when it sees the tool gone (prestart.h).
+  bool die_with_parent = false;
   // Start it from the pre-started worker (prestart.h) when one runs and argv[0] is this tool
   // (the worker runs the tool's entry in a fork of itself); else, or if that fails, fork + exec.
   // Needs a log_path; env and die_with_parent are not supported that way (exec is used).
@@ -55,12 +58,15 @@ std::vector<ChildExit> run_children(const std::vector<ChildSpec>& children, doub
 ChildExit run_process(const std::vector<std::string>& argv, const std::string& log_path, double timeout_s,
                       bool prestarted = false);
 
-// A foreign command (an external trainer): run as argv, never through a shell, in its own process
-// group, in `cwd`, stdin from /dev/null, stdout and stderr captured to two files through pipes.
-// Output beyond output_cap_bytes (both streams together) is not written: the group is killed and
-// output_capped set. At timeout_s, or when the command itself has exited, the whole process group
-// is killed, so no worker it started outlives it. argv[0] without a '/' is looked up on PATH (the
-// child's PATH when env sets one). Throws std::runtime_error if it cannot be started.
+// A foreign command (an external trainer): run as argv, never through a shell, under a supervisor
+// (supervise.h) in its own process group, in `cwd`, stdin from /dev/null, stdout and stderr
+// captured to two files through pipes. Output beyond output_cap_bytes (both streams together) is
+// not written: the command is stopped and output_capped set. At timeout_s, or when the command
+// itself has exited, every process it started is killed, also one that left its process group or
+// session (setsid, a double fork), and when the tool dies, by any signal, so do they. argv[0]
+// without a '/' is looked up on PATH (the child's PATH when env sets one). Throws
+// std::runtime_error if it cannot be started, DiskError (base/text.h) when the disk holding the
+// captured output fails (ENOSPC, EDQUOT, EIO, EROFS).
 struct CapturedSpec {
   std::vector<std::string> argv;
   std::string cwd;                                        // "" = this process's

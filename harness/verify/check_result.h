@@ -51,6 +51,7 @@ struct CheckResult {
   std::vector<std::string> notes;
   double trainer_seconds = 0;
   bool bad_input = false;   // an external trainer's output or checkpoint could not be read (exit 2)
+  bool disk_failed = false;   // the disk failed under an external cell (base/text.h DiskError; exit 4)
 };
 
 }   // namespace rh

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "harness/base/data_files.h"
+#include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/verify/diagnosis.h"
 #include "harness/verify/external_checkpoints.h"
@@ -304,6 +305,11 @@ CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& op
     result.diagnosis = "";
     result.first_divergence = e.what();
     result.bad_input = true;
+  } catch (const DiskError& e) {   // e.g. no space for the trainer's captured output: not the trainer's fault
+    result.outcome = Outcome::error;
+    result.diagnosis = "";
+    result.first_divergence = e.what();
+    result.disk_failed = true;
   } catch (const std::exception& e) {
     result.outcome = Outcome::error;
     result.diagnosis = "";

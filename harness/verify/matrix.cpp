@@ -393,10 +393,11 @@ MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log) {
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
       << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
       << run_dir.string() << "\n";
-  // 2 when an external trainer's output or checkpoint could not be read (bad input, as elsewhere).
-  bool bad_input = false;
-  for (const auto& r : out.results) bad_input = bad_input || r.bad_input;
-  out.exit_code = bad_input ? 2 : failed ? 1 : 0;
+  // 2 when an external trainer's output or checkpoint could not be read (bad input, as elsewhere),
+  // 4 when the disk failed under one (no space for its captured output, ...: cli/main.cpp's codes).
+  bool bad_input = false, disk_failed = false;
+  for (const auto& r : out.results) bad_input = bad_input || r.bad_input, disk_failed = disk_failed || r.disk_failed;
+  out.exit_code = disk_failed ? 4 : bad_input ? 2 : failed ? 1 : 0;
   return out;
 }
 

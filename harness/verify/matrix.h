@@ -39,7 +39,8 @@ std::string default_run_dir(const std::string& scenario_file);
 
 struct MatrixResult {
   std::vector<CheckResult> results;   // in scenario order
-  int exit_code = 0;                  // 0 all met expectations, 1 otherwise, 2 an external cell's files were unreadable
+  // 0 all met expectations, 1 otherwise, 2 an external cell's files were unreadable, 4 the disk failed
+  int exit_code = 0;
 };
 
 // Runs the matrix; throws ScenarioError / std::invalid_argument for bad input.

@@ -69,21 +69,46 @@ std::vector<std::string> csv_records(const std::string& text) {
   return out;
 }
 
-// The first field of a record, unquoted.
-std::string first_field(const std::string& rec) {
-  if (rec.empty() || rec[0] != '"') return rec.substr(0, std::min(rec.find(','), rec.find('\n')));
-  std::string v;
-  for (size_t i = 1; i < rec.size(); ++i) {
-    if (rec[i] != '"') {
-      v += rec[i];
-    } else if (i + 1 < rec.size() && rec[i + 1] == '"') {
-      v += '"';
-      ++i;
-    } else {
-      break;
-    }
+constexpr int64_t kMaxShards = 1024;   // parse_shard's bound (shard.h)
+
+// The fields of one summary.csv record.
+std::vector<std::string> csv_fields(const Shard& s, const std::string& record) {
+  try {
+    const auto parsed = csv_parse(record);
+    return parsed.empty() ? std::vector<std::string>{} : parsed.front().fields;
+  } catch (const std::exception& e) {
+    refuse(s.dir, std::string("summary.csv: ") + e.what());
   }
-  return v;
+}
+
+// A summary.csv row against the cell's summary.json entry: every column both files hold
+// (summary_row and result_json, writers.cpp) must agree.
+void check_row_matches(const Shard& s, const std::vector<std::string>& columns, const std::vector<std::string>& fields,
+                       const nlohmann::json& entry) {
+  const std::string name = entry.at("name").get<std::string>();
+  if (fields.size() != columns.size())
+    refuse(s.dir, "summary.csv row '" + quote_text(name) + "' has " + std::to_string(fields.size()) +
+                      " fields; expected " + std::to_string(columns.size()) + ", as its header");
+  static const std::pair<const char*, const char*> shared[] = {{"scenario", "name"},
+                                                               {"expectation", "expectation"},
+                                                               {"passed", "passed"},
+                                                               {"outcome", "outcome"},
+                                                               {"verdict", "verdict"},
+                                                               {"first_divergence", "first_divergence"}};
+  for (const auto& [column, key] : shared) {
+    const auto at = std::find(columns.begin(), columns.end(), column);
+    if (at == columns.end() || !entry.contains(key)) continue;
+    const auto& v = entry.at(key);
+    std::string want = v.is_boolean() ? (v.get<bool>() ? "1" : "0") : v.is_string() ? v.get<std::string>() : v.dump();
+    if (want.find_first_of(",\"\r\n") == std::string::npos) {   // written unquoted: csv_parse trims its spaces
+      want.erase(0, want.find_first_not_of(' '));
+      want.erase(want.find_last_not_of(' ') + 1);
+    }
+    const std::string& got = fields[static_cast<size_t>(at - columns.begin())];
+    if (got != want)
+      refuse(s.dir, "summary.csv row '" + quote_text(name) + "' has " + column + " '" + quote_text(got, 80) +
+                        "', but summary.json says '" + quote_text(want, 80) + "'; expected the two files to agree");
+  }
 }
 
 // Copies a cell's directory; a symbolic link anywhere in it is refused (never followed).
@@ -127,11 +152,31 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
   const Shard& first = shards.front();
   const auto& shard0 = member(first, first.summary, "shard", vt::object, "");
   const int64_t count = member(first, shard0, "count", vt::number_integer, "shard.").get<int64_t>();
+  // Bounded before anything is counted up to it (10^12 once grew the "missing" list until out of memory).
+  if (count < 1 || count > kMaxShards)
+    refuse(first.dir, "summary.json: shard.count " + std::to_string(count) + " is not in 1.." +
+                          std::to_string(kMaxShards) + " (matrix --shard I/N)");
   const auto& cells_json = member(first, shard0, "cells", vt::array, "shard.");
   std::vector<std::string> cells;
+  std::map<std::string, std::string> dir_names;   // scenarios/<dir> -> the cell written there
   for (const auto& c : cells_json) {
     if (!c.is_string()) refuse(first.dir, "summary.json: shard.cells holds a non-string");
-    cells.push_back(c.get<std::string>());
+    const std::string name = c.get<std::string>();
+    std::string dir_name;
+    try {
+      dir_name = safe_name(name);
+    } catch (const std::exception& e) {
+      refuse(first.dir, "summary.json: shard.cells: " + std::string(e.what()));
+    }
+    const auto [it, fresh] = dir_names.emplace(dir_name, name);
+    if (!fresh && it->second == name)
+      refuse(first.dir,
+             "summary.json: shard.cells names cell '" + quote_text(name) + "' twice; expected each cell once");
+    if (!fresh)
+      refuse(first.dir, "summary.json: shard.cells '" + quote_text(it->second) + "' and '" + quote_text(name) +
+                            "' both become the directory scenarios/" + dir_name +
+                            "; expected names that stay distinct");
+    cells.push_back(name);
   }
   const auto identity = [&](const Shard& s) {
     const auto& env = member(s, s.summary, "environment", vt::object, "");
@@ -184,18 +229,29 @@ MergeResult merge_shards(const fs::path& out_dir, const std::vector<fs::path>& s
     if (!entries.count(c))
       throw MergeError("report --merge: cell '" + quote_text(c) + "' is in no shard (a shard's run did not finish?)");
 
-  // summary.csv rows by cell, in the matrix's order; one header.
+  // summary.csv rows by cell, in the matrix's order; one header. Each row must say what the
+  // shard's summary.json says of the cell (the columns both hold), and come once.
   std::map<std::string, std::string> rows;
   std::string header;
+  std::vector<std::string> columns;
   for (const auto& s : shards) {
     auto recs = csv_records(s.csv);
     if (recs.empty()) refuse(s.dir, "summary.csv is empty");
-    if (header.empty()) header = recs[0];
-    else if (recs[0] != header) refuse(s.dir, "summary.csv has another header than " + first.dir.string() + "'s");
+    if (header.empty()) {
+      header = recs[0];
+      columns = csv_fields(s, recs[0]);
+    } else if (recs[0] != header) {
+      refuse(s.dir, "summary.csv has another header than " + first.dir.string() + "'s");
+    }
+    std::set<std::string> in_this;
     for (size_t i = 1; i < recs.size(); ++i) {
-      const std::string name = first_field(recs[i]);
+      const std::vector<std::string> fields = csv_fields(s, recs[i]);
+      const std::string name = fields.empty() ? "" : fields[0];
       if (!entries.count(name) || shards[entries.at(name).first].dir != s.dir)
         refuse(s.dir, "summary.csv row '" + quote_text(name) + "' is not a cell of its summary.json");
+      if (!in_this.insert(name).second)
+        refuse(s.dir, "summary.csv has a second row for cell '" + quote_text(name) + "'; expected one row per cell");
+      check_row_matches(s, columns, fields, entries.at(name).second);
       rows[name] = recs[i];
     }
   }

@@ -3,13 +3,18 @@
 deterministic "training" of one float64 vector driven by a random.Random stream, checkpoints as
 hand-written safetensors files. Switches make it misbehave the ways the external check must
 handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log.
+Two modes are for tests/verify/test_lifetime.cpp: `daemons` starts a setsid() worker and a
+double-forked daemon, writes their pids (and its own) to $RH_TEST_PIDS_DIR/<what>-<trainer pid>.pid and sleeps;
+`fifo_torch` writes its final torch checkpoint as a legacy (tar) torch.save file whose `storages`
+member is a FIFO: torch 1.13's reader extracts it and blocks in open() (issue 41, item 8).
 
   fake_trainer.py --iters N --save-every K --out DIR [--load DIR] [--mode MODE]
 """
 import argparse, json, os, random, struct, sys, time
 
 MODES = ["ok", "rng_not_saved", "nondeterministic", "crash_interrupted", "hang", "spam", "bad_iteration",
-         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "csv", "jsonl"]
+         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "csv", "jsonl", "daemons",
+         "fifo_torch"]
 
 
 def save(path, w, it, rng_state, with_rng):
@@ -37,6 +42,45 @@ def load(path):
     return w, int(meta["iteration"]), (json.loads(rng) if rng else None)
 
 
+def fifo_tar(path):
+    import io, tarfile
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT, encoding="latin-1") as tar:
+        data = b"run %d" % os.getpid()   # different bytes per run: the files are compared, not skipped
+        first = tarfile.TarInfo("\x80\x02pickle")   # the file starts with a pickle protocol header
+        first.size = len(data)
+        tar.addfile(first, io.BytesIO(data))
+        fifo = tarfile.TarInfo("storages")
+        fifo.type = tarfile.FIFOTYPE
+        tar.addfile(fifo)
+
+
+def write_pid(name):
+    d = os.environ["RH_TEST_PIDS_DIR"]
+    tmp = os.path.join(d, name + ".tmp%d" % os.getpid())
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(d, name + ".pid"))
+
+
+def start_daemons():
+    tag = "-%d" % os.getpid()
+    write_pid("trainer" + tag)
+    if os.fork() == 0:   # a worker in a session of its own
+        os.setsid()
+        write_pid("worker" + tag)
+        time.sleep(3600)
+        os._exit(0)
+    middle = os.fork()
+    if middle == 0:      # a daemon: setsid, fork again, the middle exits (its parent is no longer us)
+        os.setsid()
+        if os.fork() == 0:
+            write_pid("daemon" + tag)
+            time.sleep(3600)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    time.sleep(3600)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, required=True)
@@ -57,6 +101,8 @@ def main():
         sys.exit(3)
     if a.mode == "hang":
         time.sleep(3600)
+    if a.mode == "daemons":
+        start_daemons()
     os.makedirs(a.out, exist_ok=True)
     out = open(os.path.join(a.out, "..", "metrics." + a.mode), "w") if a.mode in ("csv", "jsonl") else None
     if a.mode == "csv":
@@ -74,7 +120,10 @@ def main():
             out.write("%d,%r\n" % (it, loss) if a.mode == "csv" else json.dumps({"iteration": it, "loss": loss}) + "\n")
         if (it % a.save_every == 0 or it == a.iters) and a.mode != "no_checkpoint":
             path = os.path.join(a.out, "iter_%d.safetensors" % it)
-            if a.mode == "garbage_torch":   # not a torch.save file, different bytes per run length
+            if a.mode == "fifo_torch":
+                fifo_tar(os.path.join(a.out, "iter_%d.pt" % it))
+                save(path, w, it, rng.getstate(), True)
+            elif a.mode == "garbage_torch":   # not a torch.save file, different bytes per run length
                 open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(b"garbage %d" % a.iters)
             elif a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
                 open(path, "wb").write(b"\x00" * 12)

@@ -213,6 +213,36 @@ TEST(RunCaptured, OutputBeyondTheCapStopsTheRun) {
   EXPECT_EQ(fs::file_size(work_dir / "out.log"), 1u << 20);
 }
 
+// A trainer that fills the disk under the run directory (a 64 KiB tmpfs mounted in a private
+// mount namespace, `unshare -rm`): the capture of its output fails with ENOSPC, and the tool exits
+// 4 (the disk failed), not 1 (a cell failed), naming the capture file. The ballast sits in the
+// run's save directory, which the tool removes after the cell, so only the capture meets the full
+// disk. Skipped where unprivileged namespaces are not allowed (RunCaptured's /dev/full case in
+// tests/process/test_supervise.cpp covers the same error without one).
+TEST(ExternalDisk, FullDiskWhileCapturingOutputExitsFour) {
+  const fs::path work_dir = temp_dir("diskfull");
+  fs::create_directories(work_dir / "mnt");
+  if (rh::testutil::run_logged({"/usr/bin/unshare", "-rm", "true"}, work_dir / "probe.log").code != 0)
+    GTEST_SKIP() << "unshare -rm is not allowed here";
+  std::ofstream(work_dir / "full.toml")
+      << "[defaults]\nsave_at = 1\n[defaults.trainer]\niterations = 2\ntimeout_s = 60\n"
+         "command = [\"/bin/sh\", \"-c\", \"head -c 49152 /dev/zero > \\\"$0/ballast\\\"; i=0; "
+         "while [ $i -lt 4000 ]; do echo 'iter 1: loss 1.0 and some padding'; i=$((i+1)); done\", \"{save_dir}\"]\n"
+         "resume_command = [\"/bin/true\"]\n"
+         "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n"
+         "[[scenario]]\nname = \"cell\"\n";
+  const auto run =
+      rh::testutil::run_logged({"/usr/bin/unshare", "-rm", "/bin/sh", "-c",
+                                "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\"", (work_dir / "mnt").string(),
+                                RH_TOOL, "check", "cell", "-f", (work_dir / "full.toml").string(), "--run-dir",
+                                (work_dir / "mnt" / "run").string()},
+                               work_dir / "log");
+  EXPECT_EQ(run.code, 4) << run.log;
+  EXPECT_NE(run.log.find("stdout.log: No space left on device (the disk failed, not the input)"), std::string::npos)
+      << run.log;
+  fs::remove_all(work_dir);
+}
+
 // ---- the [trainer] table ----
 
 std::string minimal(const std::string& trainer_extra, const std::string& top = "") {

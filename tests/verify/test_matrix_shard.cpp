@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -219,5 +220,106 @@ TEST_F(Shards, ShardsThatAreNotOneMatrixAreRefused) {
   EXPECT_EQ(bad.code, 2) << bad.log;
   EXPECT_NE(bad.log.find("--shard '3/2'"), std::string::npos) << bad.log;
 }
+
+// Shard directories tampered with after the run: each is refused with one line naming the shard's
+// file and what was expected, exit 2. The shards are written here (two cells, one per shard): the
+// merge reads only summary.json, summary.csv and the cells' directories.
+struct Tamper {
+  const char* name;
+  std::function<void(nlohmann::json& json1, std::string& csv1, nlohmann::json& json2, std::string& csv2)> edit;
+  const char* file;   // the file of shard 1 the error names
+  const char* want;
+};
+
+class MergeTampered : public ::testing::TestWithParam<Tamper> {};
+
+void write_shard(const fs::path& dir, const nlohmann::json& summary, const std::string& csv) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "summary.json") << summary.dump(2);
+  std::ofstream(dir / "summary.csv") << csv;
+  for (const auto& e : summary.at("scenarios")) {
+    std::string cell = e.at("name").get<std::string>();
+    for (size_t p = 0; (p = cell.find('/', p)) != std::string::npos;) cell.replace(p, 1, "__");
+    fs::create_directories(dir / "scenarios" / cell);
+    std::ofstream(dir / "scenarios" / cell / "result.json") << "{}";
+  }
+}
+
+nlohmann::json shard_summary(int index, const std::vector<std::string>& cells, const std::string& cell) {
+  return {{"file", "m.toml"},
+          {"file_xxh3", "00"},
+          {"filter", ""},
+          {"environment", {{"harness_version", "v"}, {"git_commit", "c"}}},
+          {"shard", {{"index", index}, {"count", 2}, {"cells", cells}}},
+          {"scenarios", nlohmann::json::array({nlohmann::json{{"name", cell},
+                                                              {"expectation", "exact"},
+                                                              {"passed", true},
+                                                              {"outcome", "identical"},
+                                                              {"verdict", "PASS: identical"},
+                                                              {"first_divergence", ""}}})}};
+}
+
+const char* kCsvHeader = "scenario,expectation,passed,outcome,verdict,first_divergence\n";
+std::string csv_row(const std::string& cell) { return cell + ",exact,1,identical,PASS: identical,\n"; }
+
+TEST_P(MergeTampered, RefusedNamingTheFileAndWhatWasExpected) {
+  const Tamper& t = GetParam();
+  const fs::path dir = rh::testutil::fresh_dir("merge_tampered", t.name);
+  const std::vector<std::string> cells{"g/plain", "h"};
+  nlohmann::json json1 = shard_summary(1, cells, "g/plain"), json2 = shard_summary(2, cells, "h");
+  std::string csv1 = kCsvHeader + csv_row("g/plain"), csv2 = kCsvHeader + csv_row("h");
+  if (t.edit) t.edit(json1, csv1, json2, csv2);
+  write_shard(dir / "s1", json1, csv1);
+  write_shard(dir / "s2", json2, csv2);
+  const ToolRun r = rh::testutil::run_tool(dir,
+                                           {"report", "--merge", (dir / "out").string(), (dir / "s1").string(),
+                                            (dir / "s2").string()},
+                                           120);
+  if (!t.edit) {   // the untampered pair merges (the report of such a bare run directory may still refuse it)
+    EXPECT_NE(r.log.find("merged 2 shards: 2 passed, 0 failed"), std::string::npos) << r.log;
+    EXPECT_EQ(slurp(dir / "out" / "summary.csv"), kCsvHeader + csv_row("g/plain") + csv_row("h"));
+    fs::remove_all(dir);
+    return;
+  }
+  EXPECT_EQ(r.code, 2) << r.log;
+  EXPECT_NE(r.log.find((dir / "s1").string() + ": " + t.file), std::string::npos) << r.log;
+  EXPECT_NE(r.log.find(t.want), std::string::npos) << "want '" << t.want << "' in: " << r.log;
+  EXPECT_EQ(std::count(r.log.begin(), r.log.end(), '\n'), 1) << r.log;
+  EXPECT_FALSE(fs::exists(dir / "out" / "summary.json")) << "refused, yet merged";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MergeTampered,
+    ::testing::Values(Tamper{"untampered", nullptr, "", ""},
+                      // 10^12 shards once grew the list of missing ones until the tool ran out of memory
+                      Tamper{"count_huge",
+                             [](auto& j1, auto&, auto& j2, auto&) {
+                               j1["shard"]["count"] = 1000000000000ll;
+                               j2["shard"]["count"] = 1000000000000ll;
+                             },
+                             "summary.json", "shard.count 1000000000000 is not in 1..1024"},
+                      Tamper{"cell_twice",
+                             [](auto& j1, auto&, auto& j2, auto&) {
+                               for (auto* j : {&j1, &j2})
+                                 (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "h", "h"});
+                             },
+                             "summary.json", "shard.cells names cell 'h' twice; expected each cell once"},
+                      Tamper{"names_equal_after_escaping",
+                             [](auto& j1, auto&, auto& j2, auto& c2) {
+                               for (auto* j : {&j1, &j2})
+                                 (*j)["shard"]["cells"] = nlohmann::json::array({"g/plain", "g__plain"});
+                               j2["scenarios"][0]["name"] = "g__plain";
+                               c2 = kCsvHeader + csv_row("g__plain");
+                             },
+                             "summary.json", "'g/plain' and 'g__plain' both become the directory scenarios/g__plain"},
+                      Tamper{"csv_contradicts_json",
+                             [](auto&, auto& c1, auto&, auto&) {
+                               c1 = std::string(kCsvHeader) + "g/plain,exact,0,identical,PASS: identical,\n";
+                             },
+                             "summary.csv", "row 'g/plain' has passed '0', but summary.json says '1'"},
+                      Tamper{"csv_row_twice", [](auto&, auto& c1, auto&, auto&) { c1 += csv_row("g/plain"); },
+                             "summary.csv", "a second row for cell 'g/plain'; expected one row per cell"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }   // namespace
