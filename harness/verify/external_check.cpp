@@ -29,6 +29,7 @@
 #include "harness/checkpoint/checked_io.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/process/process.h"
+#include "harness/verify/external_cell_dir.h"
 #include "harness/verify/external_metrics.h"
 #include "harness/verify/tensor_compare.h"
 #include "harness/verify/writers.h"
@@ -143,10 +144,8 @@ class Runner {
     out.label = label;
     out.dir = work_ / label;
     out.save_dir = out.dir / "save";
-    fs::create_directories(out.dir);
-    if (seed_save_dir && fs::exists(fs::symlink_status(*seed_save_dir)))
-      fs::copy(*seed_save_dir, out.save_dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-    else fs::create_directories(out.save_dir);
+    // From the run directory, no link followed: the previous run's trainer may have planted one.
+    external::make_run_dir(work_, label, seed_save_dir ? *seed_save_dir : fs::path());
     const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
     CapturedSpec c;
     for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
@@ -154,7 +153,7 @@ class Runner {
     c.cwd = cwd_for(out);
     for (const auto& [k, v] : t_.env) c.env.emplace_back(k, expand_placeholders(v, vars));
     if (t_.probe) {
-      fs::create_directories(out.dir / "probe");
+      external::cell_dir(work_, fs::path(label) / "probe", /*create=*/true);
       c.env.emplace_back("RH_PROBE_DIR", (out.dir / "probe").string());
       const std::string py = python_package_dir();
       const char* pp = std::getenv("PYTHONPATH");
@@ -174,7 +173,10 @@ class Runner {
       throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) +
                                "): " + ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
     out.metrics = read_metrics(out, vars, c.stdout_path);
-    if (t_.probe) out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+    if (t_.probe) {
+      external::refuse_links_to(work_, out.dir / "probe" / "probe.jsonl");
+      out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+    }
     return out;
   }
 
@@ -184,7 +186,9 @@ class Runner {
     auto vars = vars_for(r, iterations, load_dir.empty() ? r.save_dir : load_dir);
     vars["iteration"] = std::to_string(iteration);
     fs::path p = expand_placeholders(t_.checkpoint.path, vars);
-    return p.is_absolute() ? p : fs::path(cwd_for(r)) / p;
+    if (!p.is_absolute()) p = fs::path(cwd_for(r)) / p;
+    external::refuse_checkpoint_outside(p, r.dir);
+    return p;
   }
 
   double trainer_seconds() const { return trainer_seconds_; }
@@ -208,15 +212,16 @@ class Runner {
   MetricLog read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
                          const std::string& stdout_path) {
     if (!t_.metrics.stdout_regex.empty())
-      return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1),
+      return parse_stdout_metrics(external::read_cell_file(work_, stdout_path, t_.output_cap_bytes + 1),
                                   t_.metrics.stdout_regex, "the " + r.label + " run's stdout");
     fs::path f = expand_placeholders(t_.metrics.file, vars);
     if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
     std::error_code ec;
+    external::refuse_links_to(work_, f);
     if (!fs::exists(fs::symlink_status(f, ec)))
       throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() +
                                " (trainer.metrics.file)");
-    return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format,
+    return parse_metrics_file(external::read_cell_file(work_, f, kMaxMetricsFileBytes), t_.metrics.format,
                               f.string());
   }
 
@@ -327,7 +332,8 @@ bool byte_identical(const fs::path& a, const fs::path& b) {
     if (it == fb.end()) return false;
     uint64_t sa = 0, sb = 0;
     if (fs::file_size(p) != fs::file_size(it->second)) return false;
-    if (ckpt::xxh3_file(p.string(), &sa) != ckpt::xxh3_file(it->second.string(), &sb)) return false;
+    if (ckpt::xxh3_file_untrusted(p.string(), &sa) != ckpt::xxh3_file_untrusted(it->second.string(), &sb))
+      return false;
   }
   return true;
 }
@@ -348,7 +354,8 @@ struct Flat {
 };
 
 void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
-  auto st = ckpt::SafetensorsFile::open(file.string());
+  // pread, never mmap: a file the trainer still changes is an error, not a SIGBUS.
+  auto st = ckpt::SafetensorsFile::read_untrusted(file.string());
   if (st.compressed()) st = st.decoded();
   const bool bridged = st.metadata().count("rh_bridge") != 0;
   for (const auto& t : st.tensors()) f.tensors[prefix + t.key] = {t.dtype, st.tensor(t.key)};
@@ -496,7 +503,7 @@ class CheckpointReader {
           } else {
             uint64_t size = 0;
             out[i].leaves[rel + " (file bytes)"] =
-                ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+                ckpt::hex64(ckpt::xxh3_file_untrusted(abs.string(), &size)) + " " + std::to_string(size);
           }
         }
       }
@@ -516,7 +523,7 @@ class CheckpointReader {
   }
 
   void bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
-    fs::create_directories(scratch_);
+    make_scratch();
     if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
       const std::string err = BridgeServer::instance().convert(io, 600);
       if (!err.empty()) throw ckpt::CheckpointError("cannot read torch checkpoint: " + ckpt::quote_text(err, 500));
@@ -526,7 +533,7 @@ class CheckpointReader {
     if (py.empty())
       throw std::runtime_error("cannot read torch checkpoint " + io.front().first.string() +
                                ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
-    fs::create_directories(scratch_);
+    make_scratch();
     CapturedSpec c;
     c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
     if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
@@ -547,13 +554,20 @@ class CheckpointReader {
     }
   }
 
+  // flat/ made (or found) from the run directory at this moment, never through a link.
+  void make_scratch() const { external::cell_dir(cell(), scratch_.filename(), /*create=*/true); }
+
   const ExternalTrainer& t_;
   fs::path scratch_;
+
+ public:
+  fs::path cell() const { return scratch_.parent_path(); }
 };
 
 // "" when identical, else the first differing key; diffs (when given) get every tensor's row.
 std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b,
                                 const std::string& label, std::vector<TensorDiff>* diffs) {
+  for (const auto* p : {&a, &b}) external::refuse_links_to(reader.cell(), *p);   // a run directory swapped
   for (const auto* p : {&a, &b})
     if (!fs::exists(fs::symlink_status(*p)))
       throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
@@ -822,14 +836,19 @@ CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& op
     result.first_divergence = e.what();
   }
   result.trainer_seconds = run.trainer_seconds();
+  if (!opts.keep_checkpoints) {
+    try {   // every save/ and flat/, never through a link (a link at the cell's level is refused)
+      external::clean_cell(opts.work_dir);
+    } catch (const std::exception& e) {
+      const bool first = result.outcome != Outcome::error;
+      result.outcome = Outcome::error;
+      result.diagnosis = "";
+      result.first_divergence = first ? e.what() : result.first_divergence + "; then: " + e.what();
+      result.bad_input = true;
+    }
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   judge(scenario, result);
-  if (!opts.keep_checkpoints) {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(opts.work_dir, ec))
-      if (entry.is_directory() && !fs::is_symlink(entry.symlink_status())) fs::remove_all(entry.path() / "save", ec);
-    fs::remove_all(fs::path(opts.work_dir) / "flat", ec);
-  }
   try {
     write_cell_outputs(opts.work_dir, scenario, result);
   } catch (const std::exception& e) {
