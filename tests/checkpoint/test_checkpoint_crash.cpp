@@ -104,7 +104,7 @@ TEST(CrashSafety, TheNextLoadAndSaveRemoveADeadSaversTempEntries) {
   if (dead == 0) ::_exit(0);
   ::waitpid(dead, nullptr, 0);
   const std::string d = std::to_string(dead), live = std::to_string(::getppid());
-  const std::vector<std::string> stale = {".tmp.iter_0000007." + d, std::string(detail::kPointerFile) + ".tmp." + d};
+  const std::vector<std::string> stale = {".tmp.iter_0000007." + d, std::string(rh::ckpt::detail::kPointerFile) + ".tmp." + d};
   const std::vector<std::string> kept = {".tmp.iter_0000007." + live, ".tmp.iter_0000007.x", "notes.tmp." + d};
   for (const bool by_load : {true, false}) {
     TmpDir root;

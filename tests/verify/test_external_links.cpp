@@ -60,7 +60,7 @@ std::string planted_toml(const std::vector<std::string>& args, const std::string
          "]\n"
          "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n" +
          (extra.empty() ? "checkpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n" : extra) +
-         "[[scenario]]\nname = \"cell\"\nexpect = \"identical\"\n";
+         "[[scenario]]\nname = \"cell\"\nexpect = \"exact\"\n";
 }
 
 struct LinkedCell {
@@ -151,6 +151,27 @@ TEST(RunDirLock, ASecondRunIntoTheSameDirectoryIsRefused) {
   EXPECT_EQ(third.code, 0) << third.err << third.log;
   fs::remove_all(base);
 }
+
+// trainer.checkpoint.path must name a file of the run that wrote it: `/proc/self/environ` was
+// compared with itself and found identical (PASS), another run's checkpoint likewise.
+class CheckpointOutsideTheRun : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckpointOutsideTheRun, IsAnErrorNamingTheKey) {
+  const std::string name = std::string("ckpt_") + (GetParam()[0] == '/' ? "proc" : "other_run");
+  const auto c = run_linked(name, {}, std::string("checkpoint = { path = \"") + GetParam() + "\" }\n");
+  EXPECT_EQ(c.tool.code, 2) << c.tool.log;
+  ASSERT_TRUE(c.cell.is_object()) << c.tool.log;
+  EXPECT_EQ(c.cell.value("outcome", ""), "error") << c.cell.dump();
+  const std::string said = c.cell.value("first_divergence", "");
+  EXPECT_NE(said.find("trainer.checkpoint.path names "), std::string::npos) << said;
+  EXPECT_NE(said.find("outside the run's directory"), std::string::npos) << said;
+  EXPECT_EQ(said.find('\n'), std::string::npos) << said;
+  fs::remove_all(c.base);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CheckpointOutsideTheRun,
+                         ::testing::Values("/proc/self/environ",
+                                           "{save_dir}/../../uninterrupted_1/save/iter_{iteration}.safetensors"));
 
 // A sparse file in the interrupted run's save directory is copied into the resumed run's with its
 // holes (it was written out whole: 2 GiB of zeros for a 2 GiB sparse file).
