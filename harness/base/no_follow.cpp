@@ -3,6 +3,8 @@
 
 #include <sys/stat.h>
 
+#include "harness/base/beneath.h"
+
 namespace fs = std::filesystem;
 
 namespace rh {
@@ -28,8 +30,9 @@ void refuse_symlinks_below(const fs::path& root, const std::vector<std::string>&
 }
 
 void remove_tree_below(const fs::path& root, const fs::path& below) {
-  refuse_symlinks_below(root, below);
-  fs::remove_all(root / below);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;   // nothing below a missing root
+  BeneathDir::open(root).remove_tree(below);
 }
 
 }   // namespace rh

@@ -3,8 +3,9 @@
 // itself be a link; everything the tool places below it (scenarios/, baselines/, a cell, the
 // summaries, the report, plots/, the state dumps) must be a real file or directory, or absent.
 // A planted link there would make a remove_all or a write land outside the directory.
-// Not a defence against a link planted between the check and the write (a concurrent attacker):
-// the writes themselves open with O_NOFOLLOW (write_text), which closes that gap for files.
+// A check is not a defence against a link planted between the check and the write (an external
+// trainer runs in between): what the tool writes or removes below a run directory after a foreign
+// process ran goes through base/beneath.h, which resolves each path at the moment of use.
 #pragma once
 #include <filesystem>
 #include <stdexcept>
@@ -27,8 +28,9 @@ void refuse_symlinks_below(const std::filesystem::path& root, const std::filesys
 // The same for several paths below one root.
 void refuse_symlinks_below(const std::filesystem::path& root, const std::vector<std::string>& below);
 
-// Removes root/below recursively after refuse_symlinks_below (remove_all itself never follows a
-// link inside the tree, only in the path that leads to it). Missing is fine.
+// Removes root/below recursively, every step without following a link (BeneathDir::remove_tree,
+// base/beneath.h: a link on the way, or root/below itself a link, is a SymlinkRefused, checked as
+// each directory is opened, not before). Missing is fine.
 void remove_tree_below(const std::filesystem::path& root, const std::filesystem::path& below);
 
 }   // namespace rh

@@ -23,6 +23,7 @@
 #include "harness/checkpoint/load_phases.h"
 #include "harness/checkpoint/manifest.h"
 #include "harness/checkpoint/manifest_reader.h"
+#include "harness/checkpoint/publish.h"
 
 namespace rh::ckpt {
 
@@ -54,6 +55,12 @@ LoadReport load_checkpoint(const std::string& root_or_dir, torch::nn::Module& mo
   LoadReport rep;
   const auto t0 = std::chrono::steady_clock::now();
   rep.dir = detail::resolve_checkpoint_dir(root_or_dir);
+  if (fs::path(rep.dir).lexically_normal() != fs::path(root_or_dir).lexically_normal()) {
+    try {   // a root: what a save killed midway left there goes (never a published directory)
+      detail::clean_temps(root_or_dir);
+    } catch (const std::exception&) {   // a read-only root, say: loading does not depend on it
+    }
+  }
   const detail::VerifiedLoad verified = detail::verify_for_load(rep.dir, model, opt, run_config);
   detail::LoadPlan plan = detail::plan_load(verified, opt, opts);
   rep.conversions = std::move(plan.notes);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 
 #include "harness/base/text.h"
@@ -16,20 +17,58 @@ namespace rh::ckpt::detail {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The pid a temp name of ours ends with ("....<pid>"), 0 when it does not end with digits.
+long pid_suffix(const std::string& n) {
+  const size_t dot = n.rfind('.');
+  if (dot == std::string::npos || dot + 1 >= n.size()) return 0;
+  for (size_t i = dot + 1; i < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return 0;
+  return std::strtol(n.c_str() + dot + 1, nullptr, 10);
+}
+
+// Whether another process of that pid runs (a saver still writing). Our own pid's entries are
+// stale: this process saves one checkpoint of a root at a time.
+bool live(long pid) {
+  return pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+}   // namespace
+
+void clean_temps(const std::string& root_str) {
+  const fs::path root(root_str);
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
+  const std::string pointer_tmp = std::string(kPointerFile) + ".tmp.";
+  for (const fs::path& p : entries) {
+    const std::string n = p.filename().string();
+    // Only names this room makes: make_temp_dir's .tmp.iter_<N>.<pid> and write_file_atomic's
+    // <pointer>.tmp.<pid>, each of a process that no longer runs.
+    const bool dir = n.rfind(".tmp.iter_", 0) == 0, pointer = n.rfind(pointer_tmp, 0) == 0;
+    if (!dir && !pointer) continue;
+    const long pid = pid_suffix(n);
+    if (pid <= 0 || live(pid)) continue;
+    if (pointer && n.size() != pointer_tmp.size() + std::to_string(pid).size()) continue;
+    remove_tree(p.string());
+  }
+}
+
 void clean_stale(const std::string& root_str) {
+  clean_temps(root_str);
   const fs::path root(root_str);
   std::error_code ec;
   std::vector<fs::path> entries;
   for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
   for (const fs::path& p : entries) {
     const std::string n = p.filename().string();
-    const bool tmp = n.rfind(".tmp.iter_", 0) == 0, old = n.rfind(".old.iter_", 0) == 0;
-    if (!tmp && !old) continue;
+    if (n.rfind(".old.iter_", 0) != 0) continue;
     const size_t dot = n.rfind('.');
-    long pid = std::strtol(n.c_str() + dot + 1, nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == 0) continue;   // live saver
+    const long pid = pid_suffix(n);
+    if (pid > 0 && live(pid)) continue;   // live saver
     const fs::path published = root / n.substr(5, dot - 5);
-    if (old && !path_exists(published.string()) && path_exists((p / kManifestFile).string())) {
+    if (!path_exists(published.string()) && path_exists((p / kManifestFile).string())) {
       rename_path(p.string(), published.string());
       fsync_dir(root.string());
       continue;

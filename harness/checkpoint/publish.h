@@ -20,6 +20,10 @@ namespace rh::ckpt::detail {
 // published directory is the only copy of that checkpoint (crash between renames): it is renamed
 // back.
 void clean_stale(const std::string& root);
+// Removes only the temp entries of savers that no longer run (a kill mid-save leaves them): the
+// .tmp.iter_<N>.<pid> directories and the pointer's <pointer>.tmp.<pid> file, nothing else.
+// Load calls it on a root as well as save (best effort: a read-only root keeps them).
+void clean_temps(const std::string& root);
 
 // Creates root if needed, cleans it (clean_stale) and makes a fresh temp directory for iteration
 // directory `name`: root/.tmp.<name>.<pid>. tmp_name is set before the directory is made, so that

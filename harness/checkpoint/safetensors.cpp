@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -68,6 +69,53 @@ void map_file(const std::string& path, void** addr, size_t* len) {
   }
   ::close(fd);
 }
+
+// Reads fd (opened on path; `size` bytes by its fstat) with pread() piece by piece, each piece
+// handed to `take` (offset, bytes, length); a change while reading is an error naming path.
+// `into`, if given, is where the pieces are read (size bytes); else a bounce buffer.
+void read_checking_change(int fd, const std::string& path, uint64_t size, uint8_t* into,
+                          const std::function<void(const uint8_t*, uint64_t)>& take) {
+  struct stat before {};
+  if (::fstat(fd, &before) != 0) throw_errno("cannot stat", path);
+  auto changed = [&](const std::string& how) {
+    throw CheckpointError(path + " changed while it was read (" + how +
+                          "): is the trainer still writing it? Compare checkpoints only after the run that "
+                          "wrote them ended");
+  };
+  constexpr uint64_t kPiece = 1u << 20;
+  std::vector<uint8_t> bounce(into ? 0 : static_cast<size_t>(std::min(size, kPiece)));
+  for (uint64_t off = 0; off < size;) {
+    const uint64_t want = std::min(kPiece, size - off);
+    uint8_t* dst = into ? into + off : bounce.data();
+    uint64_t got = 0;
+    while (got < want) {
+      const ssize_t r = ::pread(fd, dst + got, want - got, static_cast<off_t>(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw_errno("cannot read", path);
+      if (r == 0) changed("it ended at byte " + std::to_string(off + got) + " of " + std::to_string(size));
+      got += static_cast<uint64_t>(r);
+    }
+    if (take) take(dst, want);
+    off += want;
+  }
+  uint8_t extra = 0;
+  ssize_t more;
+  while ((more = ::pread(fd, &extra, 1, static_cast<off_t>(size))) < 0 && errno == EINTR) {
+  }
+  if (more > 0) changed("it grew past its " + std::to_string(size) + " bytes");
+  struct stat after {};
+  if (::fstat(fd, &after) != 0) throw_errno("cannot stat", path);
+  if (after.st_size != before.st_size)
+    changed("its size went from " + std::to_string(before.st_size) + " to " + std::to_string(after.st_size) + " bytes");
+  if (after.st_mtim.tv_sec != before.st_mtim.tv_sec || after.st_mtim.tv_nsec != before.st_mtim.tv_nsec ||
+      after.st_ctim.tv_sec != before.st_ctim.tv_sec || after.st_ctim.tv_nsec != before.st_ctim.tv_nsec)
+    changed("it was modified meanwhile");
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
 
 }   // namespace
 
@@ -193,6 +241,22 @@ SafetensorsFile SafetensorsFile::read_hashed(
   return f;
 }
 
+SafetensorsFile SafetensorsFile::read_untrusted(const std::string& path) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size, /*no_follow=*/true);   // FIFOs and devices refused
+  const FdCloser closer{fd};
+  SafetensorsFile f;
+  f.path_ = path;
+  f.map_ = detail::owned_mapping(path, size, "to read it");
+  read_checking_change(fd, path, size, static_cast<uint8_t*>(f.map_->addr), {});
+  ParsedSafetensors ps = parse_safetensors(path, f.map_->bytes(), size);
+  f.header_len_ = ps.header_len;
+  f.data_offset_ = 8 + ps.header_len;
+  f.tensors_ = std::move(ps.tensors);
+  f.metadata_ = std::move(ps.metadata);
+  return f;
+}
+
 uint64_t SafetensorsFile::file_bytes() const { return map_->len; }
 
 uint64_t SafetensorsFile::stored_bytes(const std::string& key) const {
@@ -235,6 +299,19 @@ uint64_t xxh3_file(const std::string& path, uint64_t* size_out) {
   map_file(path, &m.addr, &m.len);
   if (size_out) *size_out = m.len;
   return XXH3_64bits(m.addr, m.len);
+}
+
+uint64_t xxh3_file_untrusted(const std::string& path, uint64_t* size_out) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size, /*no_follow=*/true);
+  const FdCloser closer{fd};
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> st(XXH3_createState(), XXH3_freeState);
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st.get());
+  read_checking_change(fd, path, size, nullptr,
+                       [&](const uint8_t* p, uint64_t n) { XXH3_64bits_update(st.get(), p, n); });
+  if (size_out) *size_out = size;
+  return XXH3_64bits_digest(st.get());
 }
 
 }   // namespace rh::ckpt

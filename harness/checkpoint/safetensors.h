@@ -83,6 +83,13 @@ class SafetensorsFile {
                                      const std::function<void(const uint8_t* data, uint64_t size,
                                                               const std::vector<uint64_t>& block_xxh3)>& check_blocks);
 
+  // A file someone else wrote and may still be changing (an external trainer's checkpoint): read
+  // with pread() into owned memory, never mapped (a mapped file that shrinks kills the reader
+  // with SIGBUS), and validated as open() does. A file that ends early, grows, or whose size or
+  // modification time changed while it was read is a CheckpointError "<path> changed while it was
+  // read (...)", one line. A symbolic link is refused, as are FIFOs and devices.
+  static SafetensorsFile read_untrusted(const std::string& path);
+
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const;
   uint64_t header_bytes() const { return 8 + header_len_; }
@@ -127,6 +134,9 @@ class SafetensorsFile {
 
 // XXH3-64 of a whole file, read through a mapping; throws CheckpointError naming the file.
 uint64_t xxh3_file(const std::string& path, uint64_t* size_out);
+// The same read with pread() in pieces, for a file another process may change meanwhile: a
+// change (size, mtime, an early end) is the CheckpointError read_untrusted throws, never a SIGBUS.
+uint64_t xxh3_file_untrusted(const std::string& path, uint64_t* size_out);
 std::string hex64(uint64_t v);   // 16 lower-case hex digits
 
 }   // namespace rh::ckpt

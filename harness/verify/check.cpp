@@ -291,7 +291,14 @@ void reset_work_dir(const std::string& work_dir) {
                                 "' must name a scenario directory (not '', '.', '..' or a root)");
   // A planted link (the cell, or the scenarios directory above it) is refused, never followed.
   remove_tree_below(dir.parent_path().parent_path(), dir.parent_path().filename() / name);
-  fs::create_directories(dir);
+  open_work_dir(work_dir, {}, /*create=*/true);
+}
+
+BeneathDir open_work_dir(const std::string& work_dir, const fs::path& below, bool create) {
+  // The run directory (the user's: followed if a link) is two levels up; scenarios/<cell> and
+  // everything below are walked without following links.
+  const fs::path dir = fs::path(work_dir).lexically_normal(), root = dir.parent_path().parent_path();
+  return BeneathDir::open(root, dir.parent_path().filename() / dir.filename() / below, create);
 }
 
 CheckResult check_cell(const Scenario& scenario, const CellRuns& runs, const CheckOptions& opts) {
@@ -333,7 +340,7 @@ CheckResult check_cell(const Scenario& scenario, const CellRuns& runs, const Che
       PhaseTimes::Scope timed(phases, "write_results");
       write_cell_outputs(dir.string(), scenario, result);
     }
-    write_text((dir / "phases.json").string(), nlohmann::json({{"seconds", phases.seconds()}}).dump(2) + "\n");
+    open_work_dir(dir.string()).write_file("phases.json", nlohmann::json({{"seconds", phases.seconds()}}).dump(2) + "\n");
   } catch (const std::exception& e) {
     result.passed = false;
     result.verdict = std::string("FAIL: cannot write results: ") + e.what();

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 
+#include "harness/base/beneath.h"
 #include "harness/verify/check_result.h"
 #include "harness/verify/scenario.h"
 
@@ -35,6 +36,11 @@ struct CellRuns {
 
 // Removes and creates a cell's work directory; refuses one that names "", ".", ".." or a root.
 void reset_work_dir(const std::string& work_dir);
+// A cell's work directory (<run dir>/scenarios/<cell>), or `below` inside it, opened from the run
+// directory without following a link at any step (base/beneath.h), made when create. Everything
+// the tool writes or removes in a cell after a trainer ran goes through this, so a cell directory
+// the trainer replaced with a link is a SymlinkRefused naming it, at the moment of the write.
+BeneathDir open_work_dir(const std::string& work_dir, const std::filesystem::path& below = {}, bool create = false);
 
 // The check of one cell whose runs are done (never throws for scenario outcomes; a child that
 // crashes is an "error" outcome). Writes result.json, metrics_compare.csv, state_compare.csv,

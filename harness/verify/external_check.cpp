@@ -18,6 +18,7 @@
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/verify/diagnosis.h"
+#include "harness/verify/external_cell_dir.h"
 #include "harness/verify/external_checkpoints.h"
 #include "harness/verify/external_compare.h"
 #include "harness/verify/external_run.h"
@@ -316,14 +317,19 @@ CheckResult check_external_cell(const Scenario& scenario, const CheckOptions& op
     result.first_divergence = e.what();
   }
   result.trainer_seconds = run.trainer_seconds();
+  if (!opts.keep_checkpoints) {
+    try {   // every save/ and flat/, never through a link (a link at the cell's level is refused)
+      external::clean_cell(opts.work_dir);
+    } catch (const std::exception& e) {
+      const bool first = result.outcome != Outcome::error;
+      result.outcome = Outcome::error;
+      result.diagnosis = "";
+      result.first_divergence = first ? e.what() : result.first_divergence + "; then: " + e.what();
+      result.bad_input = true;
+    }
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   judge(scenario, result);
-  if (!opts.keep_checkpoints) {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(opts.work_dir, ec))
-      if (entry.is_directory() && !fs::is_symlink(entry.symlink_status())) fs::remove_all(entry.path() / "save", ec);
-    fs::remove_all(fs::path(opts.work_dir) / "flat", ec);
-  }
   try {
     write_cell_outputs(opts.work_dir, scenario, result);
   } catch (const std::exception& e) {

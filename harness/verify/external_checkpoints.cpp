@@ -10,6 +10,7 @@
 #include "harness/checkpoint/errors.h"
 #include "harness/process/bridge_client.h"
 #include "harness/process/process.h"
+#include "harness/verify/external_cell_dir.h"
 #include "harness/verify/external_check.h"
 
 namespace fs = std::filesystem;
@@ -41,7 +42,8 @@ bool byte_identical(const fs::path& a, const fs::path& b) {
     if (it == fb.end()) return false;
     uint64_t sa = 0, sb = 0;
     if (fs::file_size(p) != fs::file_size(it->second)) return false;
-    if (ckpt::xxh3_file(p.string(), &sa) != ckpt::xxh3_file(it->second.string(), &sb)) return false;
+    if (ckpt::xxh3_file_untrusted(p.string(), &sa) != ckpt::xxh3_file_untrusted(it->second.string(), &sb))
+      return false;
   }
   return true;
 }
@@ -55,7 +57,8 @@ bool torch_like(const fs::path& p) {
 }
 
 void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
-  auto st = ckpt::SafetensorsFile::open(file.string());
+  // pread, never mmap: a file the trainer still changes is an error, not a SIGBUS.
+  auto st = ckpt::SafetensorsFile::read_untrusted(file.string());
   if (st.compressed()) st = st.decoded();
   const bool bridged = st.metadata().count("rh_bridge") != 0;
   for (const auto& t : st.tensors()) f.tensors[prefix + t.key] = {t.dtype, st.tensor(t.key)};
@@ -101,7 +104,7 @@ std::vector<Flat> CheckpointReader::read(const std::vector<fs::path>& paths, con
         } else {
           uint64_t size = 0;
           out[i].leaves[rel + " (file bytes)"] =
-              ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+              ckpt::hex64(ckpt::xxh3_file_untrusted(abs.string(), &size)) + " " + std::to_string(size);
         }
       }
     }
@@ -120,7 +123,7 @@ std::string CheckpointReader::format_of(const fs::path& p, bool dir) const {
 }
 
 void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
-  fs::create_directories(scratch_);
+  external::cell_dir(cell(), scratch_.filename(), /*create=*/true);   // flat/, never through a link
   if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
     nlohmann::json request = nlohmann::json::array();
     for (const auto& [in, out] : io) request.push_back(fs::absolute(in).string()), request.push_back(out.string());
@@ -132,7 +135,7 @@ void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& 
   if (py.empty())
     throw std::runtime_error("cannot read torch checkpoint " + io.front().first.string() +
                              ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
-  fs::create_directories(scratch_);
+  external::cell_dir(cell(), scratch_.filename(), /*create=*/true);   // flat/, never through a link
   CapturedSpec c;
   c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
   if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
@@ -155,6 +158,7 @@ void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& 
 
 std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b,
                                 const std::string& label, std::vector<TensorDiff>* diffs) {
+  for (const auto* p : {&a, &b}) external::refuse_links_to(reader.cell(), *p);   // a run directory swapped
   for (const auto* p : {&a, &b})
     if (!fs::exists(fs::symlink_status(*p)))
       throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");

@@ -28,6 +28,8 @@ class CheckpointReader {
  public:
   // `scratch`: where the bridge's flat files go (created on the first torch checkpoint).
   CheckpointReader(const ExternalTrainer& t, std::filesystem::path scratch) : t_(t), scratch_(std::move(scratch)) {}
+  // The cell directory (flat/'s parent): paths in it are resolved without following links.
+  std::filesystem::path cell() const { return scratch_.parent_path(); }
 
   // Reads checkpoints (files or directories) by their format; every torch one through one
   // request to the bridge (importing torch is most of its cost). Throws ckpt::CheckpointError

@@ -7,6 +7,7 @@
 
 #include "harness/checkpoint/checked_io.h"
 #include "harness/process/process.h"
+#include "harness/verify/external_cell_dir.h"
 #include "harness/verify/external_check.h"
 
 namespace fs = std::filesystem;
@@ -31,10 +32,8 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
   out.label = label;
   out.dir = work_ / label;
   out.save_dir = out.dir / "save";
-  fs::create_directories(out.dir);
-  if (seed_save_dir && fs::exists(fs::symlink_status(*seed_save_dir)))
-    fs::copy(*seed_save_dir, out.save_dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-  else fs::create_directories(out.save_dir);
+  // From the run directory, no link followed: the previous run's trainer may have planted one.
+  make_run_dir(work_, label, seed_save_dir ? *seed_save_dir : fs::path());
   const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
   CapturedSpec c;
   for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
@@ -42,7 +41,7 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
   c.cwd = cwd_for(out);
   for (const auto& [k, v] : t_.env) c.env.emplace_back(k, expand_placeholders(v, vars));
   if (t_.probe) {
-    fs::create_directories(out.dir / "probe");
+    cell_dir(work_, fs::path(label) / "probe", /*create=*/true);
     c.env.emplace_back("RH_PROBE_DIR", (out.dir / "probe").string());
     const std::string py = python_package_dir();
     const char* pp = std::getenv("PYTHONPATH");
@@ -62,7 +61,10 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
     throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) +
                              "): " + ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
   out.metrics = read_metrics(out, vars, c.stdout_path);
-  if (t_.probe) out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+  if (t_.probe) {
+    refuse_links_to(work_, out.dir / "probe" / "probe.jsonl");
+    out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+  }
   return out;
 }
 
@@ -70,7 +72,9 @@ fs::path Runner::checkpoint(const RunOut& r, int64_t iterations, int64_t iterati
   auto vars = vars_for(r, iterations, load_dir.empty() ? r.save_dir : load_dir);
   vars["iteration"] = std::to_string(iteration);
   fs::path p = expand_placeholders(t_.checkpoint.path, vars);
-  return p.is_absolute() ? p : fs::path(cwd_for(r)) / p;
+  if (!p.is_absolute()) p = fs::path(cwd_for(r)) / p;
+  refuse_checkpoint_outside(p, r.dir);
+  return p;
 }
 
 std::map<std::string, std::string> Runner::vars_for(const RunOut& r, int64_t iterations,
@@ -92,14 +96,15 @@ std::string Runner::cwd_for(const RunOut& r) const {
 MetricLog Runner::read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
                                const std::string& stdout_path) {
   if (!t_.metrics.stdout_regex.empty())
-    return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
+    return parse_stdout_metrics(read_cell_file(work_, stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
                                 "the " + r.label + " run's stdout");
   fs::path f = expand_placeholders(t_.metrics.file, vars);
   if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
   std::error_code ec;
+  refuse_links_to(work_, f);
   if (!fs::exists(fs::symlink_status(f, ec)))
     throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() + " (trainer.metrics.file)");
-  return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format,
+  return parse_metrics_file(read_cell_file(work_, f, kMaxMetricsFileBytes), t_.metrics.format,
                             f.string());
 }
 

@@ -14,6 +14,8 @@
 #include <mutex>
 #include <thread>
 
+#include "harness/base/beneath.h"
+#include "harness/base/dir_lock.h"
 #include "harness/base/no_follow.h"
 #include "harness/base/phases.h"
 #include "harness/base/suggest.h"
@@ -368,8 +370,10 @@ MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log) {
   }
   const fs::path run_dir = opts.run_dir.empty() ? fs::path(default_run_dir(opts.file)) : fs::path(opts.run_dir);
   MatrixRun run(opts, std::move(selected), run_dir, log);   // refuses a bad scenario name before anything is written
+  // One run at a time into a run directory: a second one would remove this one's baselines.
+  const DirLock lock(run_dir);
   refuse_symlinks_in_run_dir(run_dir, run.scenarios(), opts.golden_dir);
-  fs::create_directories(run_dir / "scenarios");
+  BeneathDir::open(run_dir, "scenarios", /*create=*/true);
   if (!opts.golden_dir.empty()) fs::create_directories(opts.golden_dir);
   MatrixResult out;
   out.results = run.run();

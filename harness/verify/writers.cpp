@@ -7,6 +7,7 @@
 #include "harness/base/input.h"
 #include "harness/train/env.h"
 #include "harness/train/metrics.h"
+#include "harness/verify/check.h"
 
 namespace fs = std::filesystem;
 
@@ -49,7 +50,9 @@ nlohmann::json result_json(const Scenario& scenario, const CheckResult& result) 
 }
 
 void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, const CheckResult& result) {
-  const fs::path dir(dir_str);
+  // Opened from the run directory now, without following a link (an external trainer that ran in
+  // the cell may have replaced it with one): a link is a SymlinkRefused naming it.
+  const BeneathDir dir = open_work_dir(dir_str);
   std::string metrics_csv =
       "iteration,metric,baseline,baseline_hex,resumed,resumed_hex,abs_diff,rel_diff,ulp,bit_equal\n";
   for (const auto& diff : result.metric_diffs)
@@ -57,7 +60,7 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, co
                    hex_float(diff.baseline) + "," + exact_decimal(diff.resumed) + "," + hex_float(diff.resumed) + "," +
                    exact_decimal(diff.abs_diff) + "," + exact_decimal(diff.rel_diff) + "," + std::to_string(diff.ulp) +
                    "," + (diff.bit_equal ? "1" : "0") + "\n";
-  write_text((dir / "metrics_compare.csv").string(), metrics_csv);
+  dir.write_file("metrics_compare.csv", metrics_csv);
   std::string state_csv = "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n";
   auto rows = [&](const char* phase, const std::vector<TensorDiff>& diffs) {
     for (const auto& diff : diffs)
@@ -67,8 +70,8 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, co
   };
   rows("after_load", result.after_load);
   rows("final", result.final_state);
-  write_text((dir / "state_compare.csv").string(), state_csv);
-  write_text((dir / "result.json").string(), dump_text(result_json(scenario, result), 2) + "\n");
+  dir.write_file("state_compare.csv", state_csv);
+  dir.write_file("result.json", dump_text(result_json(scenario, result), 2) + "\n");
 }
 
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results) {

@@ -15,7 +15,8 @@ namespace rh {
 // The result.json object of one cell (summary.json lists these).
 nlohmann::json result_json(const Scenario& scenario, const CheckResult& result);
 
-// result.json, metrics_compare.csv, state_compare.csv into dir. Throws WriteError.
+// result.json, metrics_compare.csv, state_compare.csv into dir (opened from its run directory
+// without following links: check.h open_work_dir). Throws WriteError, or SymlinkRefused for a link.
 void write_cell_outputs(const std::string& dir, const Scenario& scenario, const CheckResult& result);
 
 // junit.xml: one testcase per scenario, failure message = verdict.

@@ -1,11 +1,13 @@
 // Crash safety of publish: a forked child saves over and over (new iterations and re-saves of
 // the same iteration) and is SIGKILLed after a random delay, 30 times. After every kill the
 // pointer must name a complete checkpoint that verifies and loads, and every iter_ directory on
-// disk must be intact; leftovers are only dot-named temp directories, cleaned by the next save.
+// disk must be intact; leftovers are only the temp entries of the killed saver, which the load
+// right after removes (and a save would).
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -76,6 +78,9 @@ TEST(CrashSafety, SigkillDuringSaveNeverBreaksThePointer) {
     interrupted += leftovers;
     Rig c = make_rig(mode, 2, 2048);
     ASSERT_NO_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {})) << "trial " << trial;
+    for (const auto& e : fs::directory_iterator(root.p))
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos)
+          << "trial " << trial << ": the load left " << e.path();
     const int64_t it = c.state.iteration;
     EXPECT_TRUE(it == 2 || (it >= 100 && it < 100 * (trial + 2))) << it;
     EXPECT_TRUE(same_state(c, a)) << "trial " << trial;
@@ -84,6 +89,41 @@ TEST(CrashSafety, SigkillDuringSaveNeverBreaksThePointer) {
   save_checkpoint(root.str(), save_input(a));
   for (const auto& e : fs::directory_iterator(root.p))
     EXPECT_NE(e.path().filename().string()[0], '.') << "not cleaned: " << e.path();
+}
+
+// What a kill mid-save leaves (a temp directory and the pointer's temp file, both named with the
+// killed saver's pid) goes on the next load and on the next save; entries of a live saver, and
+// names the tool does not make, stay.
+TEST(CrashSafety, TheNextLoadAndSaveRemoveADeadSaversTempEntries) {
+  torch::set_num_threads(1);
+  const Mode mode = all_modes()[4];
+  Rig a = make_rig(mode, 1, 64);
+  train(a, 2);
+  const pid_t dead = ::fork();   // a pid that no longer runs
+  ASSERT_GE(dead, 0);
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string d = std::to_string(dead), live = std::to_string(::getppid());
+  const std::vector<std::string> stale = {".tmp.iter_0000007." + d, std::string(rh::ckpt::detail::kPointerFile) + ".tmp." + d};
+  const std::vector<std::string> kept = {".tmp.iter_0000007." + live, ".tmp.iter_0000007.x", "notes.tmp." + d};
+  for (const bool by_load : {true, false}) {
+    TmpDir root;
+    save_checkpoint(root.str(), save_input(a));
+    for (const auto& n : stale) {
+      if (n[0] == '.') fs::create_directories(root.p / n / "sub");
+      std::ofstream(n[0] == '.' ? root.p / n / "sub" / "model.safetensors" : root.p / n) << "partial";
+    }
+    for (const auto& n : kept) fs::create_directories(root.p / n);
+    if (by_load) {
+      Rig c = make_rig(mode, 2, 64);
+      ASSERT_NO_THROW(load_checkpoint(root.str(), *c.model, *c.opt, c.state, {}, {}));
+    } else {
+      a.state.iteration += 1;
+      save_checkpoint(root.str(), save_input(a));
+    }
+    for (const auto& n : stale) EXPECT_FALSE(fs::exists(root.p / n)) << (by_load ? "load" : "save") << " left " << n;
+    for (const auto& n : kept) EXPECT_TRUE(fs::exists(root.p / n)) << (by_load ? "load" : "save") << " removed " << n;
+  }
 }
 
 }   // namespace

@@ -7,7 +7,12 @@
 
 #include <xxhash.h>
 
+#include <fcntl.h>
+
+#include <atomic>
 #include <cstring>
+#include <iostream>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
@@ -224,6 +229,63 @@ TEST(Safetensors, TooShortFileIsRejected) {
     EXPECT_NE(std::string(e.what()).find("fewer than the 8-byte header length"), std::string::npos);
   }
   EXPECT_THROW(SafetensorsFile::open(dir.file("missing.safetensors")), CheckpointError);
+}
+
+// An external trainer's checkpoint may still be changing while the tool compares it: read with
+// pread() into memory (read_untrusted, xxh3_file_untrusted), a file that shrinks under the reader
+// is an error naming it, never a SIGBUS (the mapped reader died in 5 of 6 trials). A concurrent
+// truncation loop against a bounded number of reads; each read either succeeds (the file was whole
+// meanwhile) or throws one line naming the file.
+TEST(SafetensorsUntrusted, AFileShrinkingWhileReadIsAnErrorNotACrash) {
+  TmpDir dir;
+  const std::string path = dir.file("ext.safetensors");
+  const torch::Tensor src = torch::arange(4 << 20, torch::kFloat);   // 16 MiB
+  write_safetensors(path, {{"w", src, StDtype::F32}}, {}, false);
+  const uint64_t size = fs::file_size(path);
+  {
+    const SafetensorsFile whole = SafetensorsFile::read_untrusted(path);
+    EXPECT_TRUE(torch::equal(whole.tensor("w"), src));
+    uint64_t n = 0;
+    EXPECT_EQ(xxh3_file_untrusted(path, &n), xxh3_file(path, nullptr));
+    EXPECT_EQ(n, size);
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> flips{0};
+  std::thread truncator([&] {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    while (!stop) {   // shrink to the header's page, grow back (zeros: a whole file again)
+      if (::ftruncate(fd, 4096) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) break;
+      ++flips;
+    }
+    ::close(fd);
+  });
+  int errors = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    for (int which = 0; which < 2; ++which) {
+      try {
+        if (which == 0) SafetensorsFile::read_untrusted(path).tensor("w").sum().item<float>();
+        else xxh3_file_untrusted(path, nullptr);
+      } catch (const CheckpointError& e) {
+        ++errors;
+        const std::string m = e.what();
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+        EXPECT_NE(m.find(path), std::string::npos) << m;
+      }
+    }
+  }
+  stop = true;
+  truncator.join();
+  std::cout << "[ shrink   ] " << errors << " of 120 reads refused a changing file (" << flips << " truncations)\n";
+  EXPECT_GT(flips.load(), 0);
+}
+
+TEST(SafetensorsUntrusted, ALinkIsRefused) {
+  TmpDir dir;
+  const std::string path = dir.file("real.safetensors"), link = dir.file("link.safetensors");
+  write_safetensors(path, {{"w", torch::ones({4}), StDtype::F32}}, {}, false);
+  fs::create_symlink(path, link);
+  EXPECT_THROW(SafetensorsFile::read_untrusted(link), CheckpointError);
+  EXPECT_THROW(xxh3_file_untrusted(link, nullptr), CheckpointError);
 }
 
 TEST(FsUtil, PlainFileNamesAndHex) {

@@ -7,8 +7,13 @@ Two modes are for tests/verify/test_lifetime.cpp: `daemons` starts a setsid() wo
 double-forked daemon, writes their pids (and its own) to $RH_TEST_PIDS_DIR/<what>-<trainer pid>.pid and sleeps;
 `fifo_torch` writes its final torch checkpoint as a legacy (tar) torch.save file whose `storages`
 member is a FIFO: torch 1.13's reader extracts it and blocks in open() (issue 41, item 8).
+--plant WHAT --plant-to DIR: when it ends, replaces a directory of its cell with a symbolic link to
+DIR, as a hostile trainer would between the tool's checks and its writes: "cell" (its cell
+directory, from the interrupted run), "interrupted" (that run's directory, from the round trip),
+"flat" (the torch conversions' directory, from the round trip). --sparse-mib M: the interrupted
+run leaves a sparse file of M MiB (two bytes of data) in its save directory.
 
-  fake_trainer.py --iters N --save-every K --out DIR [--load DIR] [--mode MODE]
+  fake_trainer.py --iters N --save-every K --out DIR [--load DIR] [--mode MODE] [--plant WHAT --plant-to DIR]
 """
 import argparse, json, os, random, struct, sys, time
 
@@ -88,6 +93,9 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--load")
     p.add_argument("--mode", default="ok", choices=MODES)
+    p.add_argument("--plant", choices=["cell", "interrupted", "flat"])
+    p.add_argument("--plant-to")
+    p.add_argument("--sparse-mib", type=int, default=0, help="the interrupted run leaves a sparse file this big")
     a = p.parse_args()
     rng = random.Random(os.urandom(8) if a.mode == "nondeterministic" else 1234)
     w, start = [0.5, -0.25, 1.0], 0
@@ -131,6 +139,28 @@ def main():
                 save(path, w, it, rng.getstate(), a.mode != "rng_not_saved")
     if a.iters == start:   # nothing trained after a load: the round trip re-saves what it loaded
         save(os.path.join(a.out, "iter_%d.safetensors" % start), w, start, rng.getstate(), a.mode != "rng_not_saved")
+    if a.sparse_mib and not a.load and a.iters < 20:   # a hole of that size with one byte of data at each end
+        with open(os.path.join(a.out, "sparse.bin"), "wb") as f:
+            f.write(b"a")
+            f.seek(a.sparse_mib * 1024 * 1024 - 1)
+            f.write(b"z")
+    plant(a)
+
+
+def plant(a):
+    """Swaps a directory of the cell (<cell>/<run>/save is --out) for a link to --plant-to."""
+    if not a.plant:
+        return
+    cell = os.path.dirname(os.path.dirname(os.path.abspath(a.out)))
+    if a.plant == "cell" and not a.load and a.iters < 20:   # the interrupted run
+        victim = cell
+    elif a.plant in ("interrupted", "flat") and a.load and a.iters < 20:   # the round trip
+        victim = os.path.join(cell, a.plant)
+    else:
+        return
+    if os.path.lexists(victim):
+        os.rename(victim, victim + ".moved")
+    os.symlink(a.plant_to, victim)
 
 
 if __name__ == "__main__":
