@@ -208,16 +208,14 @@ class Runner {
   MetricLog read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
                          const std::string& stdout_path) {
     if (!t_.metrics.stdout_regex.empty())
-      return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1),
-                                  t_.metrics.stdout_regex, "the " + r.label + " run's stdout");
+      return read_stdout_metrics(stdout_path, t_.output_cap_bytes + 1, t_.metrics.stdout_regex);
     fs::path f = expand_placeholders(t_.metrics.file, vars);
     if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(f, ec)))
       throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() +
                                " (trainer.metrics.file)");
-    return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format,
-                              f.string());
+    return read_metrics_file(f.string(), kMaxMetricsFileBytes, t_.metrics.format, /*no_follow=*/true);
   }
 
   const Scenario& s_;
