@@ -64,7 +64,7 @@ class CsvReader : public LineReader {
                                       "); each metric needs its own name");
         if (header_[i] == "iteration") iter_col_ = i;
       }
-      if (iter_col_ == header_.size()) throw std::invalid_argument(where + ": no 'iteration' column in the header");
+      if (iter_col_ == kNone) throw std::invalid_argument(where + ": no 'iteration' column in the header");
       return;
     }
     if (text.empty()) return;
@@ -87,7 +87,8 @@ class CsvReader : public LineReader {
  private:
   std::string what_;
   std::vector<std::string> header_;
-  size_t iter_col_ = std::numeric_limits<size_t>::max();
+  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  size_t iter_col_ = kNone;
 };
 
 // Python's json.dumps writes NaN, Infinity and -Infinity, which JSON lacks. Outside strings, each
@@ -100,6 +101,7 @@ std::string mark_non_finite(std::string_view line, const std::string& where, boo
   std::string out;
   out.reserve(line.size() + 16);
   bool in_string = false;
+  char last = 0;   // the last character outside strings that is not a space
   for (size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (in_string) {
@@ -108,13 +110,13 @@ std::string mark_non_finite(std::string_view line, const std::string& where, boo
       else if (c == '"') in_string = false;
       continue;
     }
+    const bool value_position = last != 0 && std::strchr(":[,", last) != nullptr;
+    if (c != ' ' && c != '\t') last = c;
     if (c == '"') {
       in_string = true;
       out += c;
       continue;
     }
-    const size_t prev = out.find_last_not_of(" \t");
-    const bool value_position = prev != std::string::npos && std::strchr(":[,", out[prev]) != nullptr;
     bool replaced = false;
     for (const char* token : kTokens) {
       const size_t n = std::strlen(token);

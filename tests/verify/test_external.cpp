@@ -217,12 +217,6 @@ INSTANTIATE_TEST_SUITE_P(
         CaptureCase{"hex", "iter 3: loss 0x1.8p+1", kNumber, "0x1.8p+1", nullptr}),
     [](const auto& info) { return std::string(info.param.name); });
 
-TEST(ExternalMetrics, ResolutionIsOfTheNumberCaptured) {
-  // The README's \S+ took "4.7714," and reported 5 decimals; a number pattern takes 4.
-  const auto metrics = parse_stdout_metrics("iter 1: loss 4.7714, lr 1e-3\n", kNumber, "out.log");
-  EXPECT_EQ(metrics.resolution.at("loss"), "4 decimals: a difference below 5e-05 cannot be seen");
-}
-
 struct ResolutionCase {
   const char* text;
   const char* resolution;
@@ -235,7 +229,8 @@ TEST_P(PrintedResolutionOf, Text) { EXPECT_EQ(printed_resolution(GetParam().text
 INSTANTIATE_TEST_SUITE_P(
     Cases, PrintedResolutionOf,
     ::testing::Values(ResolutionCase{"false", ""},   // text, not a number: compared as text
-                      ResolutionCase{"cosine", ""}, ResolutionCase{"4.7714,", ""},
+                      ResolutionCase{"cosine", ""},
+                      ResolutionCase{"4.7714,", ""},   // \S+ on "loss 4.7714, lr": was "5 decimals"
                       ResolutionCase{"0.000e+00", "4 significant digits: a relative difference below 5e-04 cannot be seen"},
                       ResolutionCase{"-4.771394E+00",
                                      "7 significant digits: a relative difference below 5e-07 cannot be seen"},
@@ -554,6 +549,30 @@ std::string cell_toml(const CellCase& cell_case) {
     toml += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
   if (std::string(cell_case.level) == "torch") toml += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
   return toml + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+}
+
+// The README's old `\S+` on a log with a comma after the loss: bad input naming the file, the line
+// and the text, not a NaN loss compared silently (issue 42).
+TEST(ExternalCellBadInput, CapturedTextThatIsNotANumberNamesFileAndLine) {
+  const fs::path work_dir = temp_dir("cell_comma");
+  const std::string toml =
+      "[defaults]\nsave_at = 1\n[defaults.trainer]\niterations = 2\ntimeout_s = 5\n"
+      "command = [\"/bin/sh\", \"-c\", \"echo start; echo 'iter 1: loss 4.7714, lr 0.1'\"]\n"
+      "resume_command = [\"/bin/sh\", \"-c\", \"echo 'iter 2: loss 4.5, lr 0.1'\"]\n"
+      "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n"
+      "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+  const auto scenario = load_scenarios_text(toml, (work_dir / "ext.toml").string()).front();
+  CheckOptions options;
+  options.tool = RH_TOOL;
+  options.work_dir = (work_dir / "cell").string();
+  const auto result = run_check(scenario, options);
+  EXPECT_EQ(to_string(result.outcome), std::string("error")) << result.first_divergence;
+  EXPECT_TRUE(result.bad_input) << result.first_divergence;
+  EXPECT_NE(result.first_divergence.find("uninterrupted_1/stdout.log:2: metric loss captured '4.7714,', which is "
+                                         "not a number"),
+            std::string::npos)
+      << result.first_divergence;
+  fs::remove_all(work_dir);
 }
 
 class ExternalCell : public ::testing::TestWithParam<CellCase> {};
