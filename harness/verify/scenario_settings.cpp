@@ -10,7 +10,7 @@
 #include "harness/base/suggest.h"
 #include "harness/checkpoint/save_policy.h"
 #include "harness/train/metrics.h"
-#include "harness/verify/outcome.h"
+#include "harness/verify/diagnosis.h"
 #include "harness/verify/scenario_toml.h"
 
 namespace rh::scenario_file {

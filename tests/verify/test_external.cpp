@@ -17,6 +17,7 @@
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/process/process.h"
+#include "harness/verify/diagnosis.h"
 #include "harness/verify/external.h"
 #include "harness/verify/external_check.h"
 #include "harness/verify/external_metrics.h"
@@ -622,5 +623,32 @@ INSTANTIATE_TEST_SUITE_P(
         CellCase{"garbage_torch_again", "garbage_torch", "torch", Outcome::error, "",
                  "iter_10.pt: not a torch.save file"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// ---- the diagnoses' table ----
+
+// The codes are the names result.json, summary.csv and expect_diagnosis use: each enum value has
+// its own, in the order the check applies them, and the two without a fixed cause have none.
+TEST(ExternalDiagnosis, CodesAreTheWrittenNamesInOrder) {
+  const std::vector<std::pair<Diagnosis, std::string>> expected = {{Diagnosis::none, "none"},
+                                                                   {Diagnosis::nondeterministic, "nondeterministic"},
+                                                                   {Diagnosis::before_save, "before-save"},
+                                                                   {Diagnosis::saved_state, "saved-state"},
+                                                                   {Diagnosis::round_trip, "round-trip"},
+                                                                   {Diagnosis::after_load, "after-load"},
+                                                                   {Diagnosis::not_in_checkpoint, "not-in-checkpoint"},
+                                                                   {Diagnosis::resumed_metrics, "resumed-metrics"},
+                                                                   {Diagnosis::final_state, "final-state"}};
+  std::string codes;
+  for (const auto& [diagnosis, code] : expected) {
+    EXPECT_EQ(to_string(diagnosis), code);
+    EXPECT_TRUE(is_diagnosis_code(code)) << code;
+    const bool no_cause = diagnosis == Diagnosis::none || diagnosis == Diagnosis::resumed_metrics;
+    EXPECT_EQ(std::string(cause_of(diagnosis)).empty(), no_cause) << code;
+    codes += (codes.empty() ? "" : ", ") + code;
+  }
+  EXPECT_EQ(diagnosis_codes(), codes);
+  EXPECT_FALSE(is_diagnosis_code("rng"));
+  EXPECT_FALSE(is_diagnosis_code(""));
+}
 
 }   // namespace
