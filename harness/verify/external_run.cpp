@@ -95,17 +95,17 @@ std::string Runner::cwd_for(const RunOut& r) const {
 
 MetricLog Runner::read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
                                const std::string& stdout_path) {
-  if (!t_.metrics.stdout_regex.empty())
-    return parse_stdout_metrics(read_cell_file(work_, stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
-                                "the " + r.label + " run's stdout");
+  if (!t_.metrics.stdout_regex.empty()) {
+    refuse_links_to(work_, stdout_path);   // then streamed (its last component opened O_NOFOLLOW)
+    return read_stdout_metrics(stdout_path, t_.output_cap_bytes + 1, t_.metrics.stdout_regex);
+  }
   fs::path f = expand_placeholders(t_.metrics.file, vars);
   if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
   std::error_code ec;
   refuse_links_to(work_, f);
   if (!fs::exists(fs::symlink_status(f, ec)))
     throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() + " (trainer.metrics.file)");
-  return parse_metrics_file(read_cell_file(work_, f, kMaxMetricsFileBytes), t_.metrics.format,
-                            f.string());
+  return read_metrics_file(f.string(), kMaxMetricsFileBytes, t_.metrics.format, /*no_follow=*/true);
 }
 
 }   // namespace rh::external

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "harness/base/text.h"
@@ -157,6 +159,230 @@ TEST(ExternalMetrics, PrintedResolution) {
   EXPECT_EQ(printed_resolution("4.1235"), "4 decimals: a difference below 5e-05 cannot be seen");
 }
 
+// What a captured or logged metric may be, and what each reader refuses (issues 41 and 42).
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+struct CaptureCase {
+  const char* name;
+  const char* line;    // one stdout line
+  const char* regex;
+  const char* value;   // the loss's text, or nullptr: refused with `error`
+  const char* error;
+};
+
+class MetricCapture : public ::testing::TestWithParam<CaptureCase> {};
+
+TEST_P(MetricCapture, NumberOrOneLineError) {
+  const auto& capture = GetParam();
+  const std::string log = std::string("starting\n") + capture.line + "\n";
+  if (capture.value) {
+    const auto metrics = parse_stdout_metrics(log, capture.regex, "out.log");
+    ASSERT_EQ(metrics.rows.size(), 1u);
+    EXPECT_EQ(metrics.rows[0].values.at(0).second, capture.value);
+  } else {
+    const std::string message = message_of([&] { parse_stdout_metrics(log, capture.regex, "out.log"); });
+    EXPECT_NE(message.find(capture.error), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+constexpr const char* kAnyText = R"(iter (?P<iteration>\d+): loss (?P<loss>\S+))";
+constexpr const char* kNumber = R"(iter (?P<iteration>\d+): loss (?P<loss>[-+.\w]+))";
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MetricCapture,
+    ::testing::Values(
+        CaptureCase{"comma", "iter 3: loss 4.7714, lr 1e-3", kAnyText, nullptr,
+                    "out.log:2: metric loss captured '4.7714,', which is not a number"},
+        CaptureCase{"tensor", "iter 3: loss tensor(4.7714)", kAnyText, nullptr, "captured 'tensor(4.7714)'"},
+        CaptureCase{"word", "iter 3: loss 4.77abc", kNumber, nullptr, "captured '4.77abc'"},
+        CaptureCase{"empty", "iter 3: loss ", R"(iter (?P<iteration>\d+): loss (?P<loss>\d*))", nullptr,
+                    "captured ''"},
+        CaptureCase{"number_before_comma", "iter 3: loss 4.7714, lr 1e-3", kNumber, "4.7714", nullptr},
+        CaptureCase{"exponent", "iter 3: loss -4.771394E+00 |", kNumber, "-4.771394E+00", nullptr},
+        CaptureCase{"nan", "iter 3: loss nan", kNumber, "nan", nullptr},
+        CaptureCase{"inf", "iter 3: loss -inf", kNumber, "-inf", nullptr},
+        CaptureCase{"hex", "iter 3: loss 0x1.8p+1", kNumber, "0x1.8p+1", nullptr}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+struct ResolutionCase {
+  const char* text;
+  const char* resolution;
+};
+
+class PrintedResolutionOf : public ::testing::TestWithParam<ResolutionCase> {};
+
+TEST_P(PrintedResolutionOf, Text) { EXPECT_EQ(printed_resolution(GetParam().text), GetParam().resolution); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PrintedResolutionOf,
+    ::testing::Values(ResolutionCase{"false", ""},   // text, not a number: compared as text
+                      ResolutionCase{"cosine", ""},
+                      ResolutionCase{"4.7714,", ""},   // \S+ on "loss 4.7714, lr": was "5 decimals"
+                      ResolutionCase{"0.000e+00", "4 significant digits: a relative difference below 5e-04 cannot be seen"},
+                      ResolutionCase{"-4.771394E+00",
+                                     "7 significant digits: a relative difference below 5e-07 cannot be seen"},
+                      ResolutionCase{"4.7714", "4 decimals: a difference below 5e-05 cannot be seen"},
+                      ResolutionCase{"nan", ""}, ResolutionCase{"-inf", ""}));
+
+struct FileCase {
+  const char* name;
+  const char* format;
+  const char* text;
+  // On success: "iteration metric=text ..." per row (JSON keys sorted), rows separated by " | ";
+  // else nullptr.
+  const char* rows;
+  const char* error;
+};
+
+std::string rows_text(const MetricLog& log) {
+  std::string out;
+  for (const auto& row : log.rows) {
+    out += (out.empty() ? "" : " | ") + std::to_string(row.iteration);
+    for (const auto& [name, text] : row.values) out += " " + name + "=" + text;
+  }
+  return out;
+}
+
+class MetricsFile : public ::testing::TestWithParam<FileCase> {};
+
+TEST_P(MetricsFile, ReadOrRefused) {
+  const auto& file_case = GetParam();
+  const fs::path dir = temp_dir(std::string("mfile_") + file_case.name);
+  const fs::path path = dir / (std::string("m.") + file_case.format);
+  write_text(path, file_case.text);
+  for (bool streamed : {false, true}) {
+    auto read = [&] {
+      return streamed ? read_metrics_file(path.string(), 1 << 20, file_case.format)
+                      : parse_metrics_file(file_case.text, file_case.format, path.string());
+    };
+    if (file_case.rows) {
+      EXPECT_EQ(rows_text(read()), file_case.rows) << "streamed " << streamed;
+    } else {
+      const std::string message = message_of([&] { read(); });
+      EXPECT_NE(message.find(path.string() + ":" + file_case.error), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MetricsFile,
+    ::testing::Values(
+        FileCase{"csv_column_twice", "csv", "iteration,loss,lr,loss\n1,2.5,0.1,2.5\n", nullptr,
+                 "1: column 'loss' is named twice (columns 2 and 4)"},
+        FileCase{"csv_iteration_twice", "csv", "iteration,loss,iteration\n1,2.5,1\n", nullptr,
+                 "1: column 'iteration' is named twice"},
+        FileCase{"jsonl_booleans", "jsonl", "{\"iteration\": 1, \"finite\": true, \"skipped\": false, \"eval\": null}\n",
+                 "1 eval=null finite=true skipped=false", nullptr},
+        FileCase{"jsonl_nan", "jsonl",
+                 "{\"iteration\": 1, \"loss\": NaN, \"gn\": Infinity, \"lo\": -Infinity, \"s\": \"NaN, Infinity\"}\n"
+                 "{\"iteration\": 2, \"loss\": [NaN], \"x\":NaN}\n",
+                 "1 gn=inf lo=-inf loss=nan s=NaN, Infinity | 2 x=nan", nullptr},
+        FileCase{"jsonl_nan_and_mark", "jsonl", "{\"iteration\": 1, \"s\": \"\\u0001rh:NaN\", \"loss\": NaN}\n",
+                 nullptr, "1: a line with a bare NaN or Infinity must not also hold the escape \\u0001"},
+        FileCase{"jsonl_bad_token", "jsonl", "{\"iteration\": 1, \"loss\": NaNx}\n", nullptr, "1: "},
+        FileCase{"jsonl_key_twice", "jsonl", "{\"iteration\": 1, \"loss\": 1.5, \"loss\": 2.5}\n", nullptr,
+                 "1: duplicate key 'loss'"},
+        FileCase{"jsonl_repeated_iteration", "jsonl",
+                 "{\"iteration\": 1, \"loss\": 2}\n{\"iteration\": 1, \"loss\": 3}\n", "1 loss=2 | 1 loss=3",
+                 nullptr}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ExternalMetrics, RepeatedIterationKeepsEveryRowAndSaysSo) {
+  const std::string log = "iter 1: loss 4\niter 2: loss 3\nresuming\niter 2: loss 2.5\niter 3: loss 2\niter 2: loss 1\n";
+  const auto metrics = parse_stdout_metrics(log, kNumber, "out.log");
+  ASSERT_EQ(metrics.rows.size(), 5u);
+  ASSERT_EQ(metrics.repeated.size(), 2u);
+  EXPECT_EQ(metrics.repeated[0].iteration, 2);
+  EXPECT_EQ(metrics.repeated[0].first_line, 2u);
+  EXPECT_EQ(metrics.repeated[0].line, 4u);
+  EXPECT_EQ(metrics.repeated[1].line, 6u);
+  EXPECT_EQ(metrics.count(2), 3u);
+  EXPECT_EQ(metrics.find(2), &metrics.rows[1]);
+  EXPECT_EQ(metrics.find(2, 1), &metrics.rows[2]);
+  EXPECT_EQ(metrics.find(2, 2), &metrics.rows[4]);
+  EXPECT_EQ(metrics.find(2, 3), nullptr);
+  EXPECT_EQ(metrics.count(7), 0u);
+  // A log built by hand (rows pushed directly) is found alike.
+  MetricLog by_hand;
+  by_hand.rows = metrics.rows;
+  EXPECT_EQ(by_hand.find(2, 2)->line, 6u);
+  EXPECT_EQ(by_hand.count(2), 3u);
+  by_hand.append(MetricRow{2, {}, 9});
+  EXPECT_EQ(by_hand.count(2), 4u);
+  EXPECT_EQ(by_hand.repeated.size(), 3u);
+}
+
+TEST(ExternalMetrics, StreamedFileMatchesTheText) {
+  // Lines across the 64 KiB read blocks, CRLF, no final newline, a line over the limit skipped.
+  std::string log;
+  for (int i = 1; i <= 3000; ++i)
+    log += "iter " + std::to_string(i) + ": loss " + std::to_string(i) + ".25" + std::string(i % 7, ' ') +
+           (i % 5 ? "\n" : "\r\n");
+  log += "iter 5000: loss " + std::string(kMaxMetricLineBytes, '1') + "\niter 5001: loss 1.5";
+  const fs::path dir = temp_dir("mstream");
+  write_text(dir / "out.log", log);
+  const auto from_text = parse_stdout_metrics(log, kNumber, "out.log");
+  const auto streamed = read_stdout_metrics((dir / "out.log").string(), log.size(), kNumber);
+  ASSERT_EQ(streamed.rows.size(), 3001u);
+  EXPECT_EQ(rows_text(streamed), rows_text(from_text));
+  EXPECT_EQ(streamed.rows.back().line, 3002u);
+  EXPECT_EQ(streamed.rows[2999].values.at(0).second, "3000.25");
+  // The cap, a FIFO and a missing file: bad input, naming the file.
+  EXPECT_NE(message_of([&] { read_stdout_metrics((dir / "out.log").string(), 100, kNumber); })
+                .find("out.log: " + std::to_string(log.size()) + " bytes, more than the 100-byte limit"),
+            std::string::npos);
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_NE(message_of([&] { read_metrics_file((dir / "fifo").string(), 100, "csv"); }).find("fifo: is a FIFO"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { read_metrics_file((dir / "none.csv").string(), 100, "csv"); }).find("none.csv"),
+            std::string::npos);
+  // A metrics file's line over the limit is refused, not cut.
+  write_text(dir / "long.csv", "iteration,note\n1," + std::string(kMaxMetricLineBytes, 'x') + "\n");
+  EXPECT_NE(message_of([&] { read_metrics_file((dir / "long.csv").string(), 1 << 20, "csv"); })
+                .find("long.csv:2: a line longer than 65536 bytes"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(ExternalMetrics, RegexProgramAndTimeAreBounded) {
+  // RE2's cost is bytes x program size: a regex over the program limit is refused by name.
+  std::string big = R"((?P<iteration>\d+)(?P<x>)";
+  for (int i = 0; i < 40; ++i) big += "[a-z]{0,40}";
+  big += ")";
+  const std::string problem = regex_problem(big);
+  EXPECT_NE(problem.find("RE2 instructions, more than the limit of " + std::to_string(kMaxMetricRegexProgramSize)),
+            std::string::npos)
+      << problem;
+  EXPECT_NE(message_of([&] { parse_stdout_metrics("1 a\n", big, "out.log"); })
+                .find("trainer.metrics.stdout_regex: compiles to"),
+            std::string::npos);
+  EXPECT_EQ(regex_problem(R"(iteration\s+(?P<iteration>\d+)/.*lm loss: (?P<lm_loss>[-+.\w]+))"), "");
+  // And the matching time: with a limit of 0 CPU seconds, the first check (after 64 lines) stops it.
+  std::string log;
+  for (int i = 0; i < 200; ++i) log += "iter " + std::to_string(i) + ": loss 1.5\n";
+  const std::string message = message_of([&] { parse_stdout_metrics(log, kNumber, "out.log", 0); });
+  EXPECT_NE(message.find("out.log:64: matching trainer.metrics.stdout_regex took more than 0 CPU seconds"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(parse_stdout_metrics(log, kNumber, "out.log").rows.size(), 200u);
+}
+
 // ---- the captured runner ----
 
 CapturedSpec spec_in(const fs::path& dir, std::vector<std::string> argv) {
@@ -291,6 +517,11 @@ INSTANTIATE_TEST_SUITE_P(
                    "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\nmetrics={stdout_regex='(?P<loss>x)'}\n"
                    "[[scenario]]\nname=\"a\"\n",
                    "has no (?P<iteration>...) group"},
+        TableError{"regex_program",
+                   "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\n"
+                   "metrics={stdout_regex='(?P<iteration>\\d+)(?P<x>[a-z]{1000}[a-z]{1000}[a-z]{1000})'}\n"
+                   "[[scenario]]\nname=\"a\"\n",
+                   "trainer.metrics.stdout_regex: compiles to"},
         TableError{"no_metrics",
                    "[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"t\"]\n[[scenario]]\nname = \"a\"\n",
                    "trainer.metrics: expected exactly one of stdout_regex or file"},
@@ -349,6 +580,30 @@ std::string cell_toml(const CellCase& cell_case) {
     toml += "round_trip = true\ncheckpoint = { path = \"{save_dir}/iter_{iteration}.safetensors\" }\n";
   if (std::string(cell_case.level) == "torch") toml += "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }\n";
   return toml + "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+}
+
+// The README's old `\S+` on a log with a comma after the loss: bad input naming the file, the line
+// and the text, not a NaN loss compared silently (issue 42).
+TEST(ExternalCellBadInput, CapturedTextThatIsNotANumberNamesFileAndLine) {
+  const fs::path work_dir = temp_dir("cell_comma");
+  const std::string toml =
+      "[defaults]\nsave_at = 1\n[defaults.trainer]\niterations = 2\ntimeout_s = 5\n"
+      "command = [\"/bin/sh\", \"-c\", \"echo start; echo 'iter 1: loss 4.7714, lr 0.1'\"]\n"
+      "resume_command = [\"/bin/sh\", \"-c\", \"echo 'iter 2: loss 4.5, lr 0.1'\"]\n"
+      "metrics = { stdout_regex = 'iter (?P<iteration>\\d+): loss (?P<loss>\\S+)' }\n"
+      "[[scenario]]\nname = \"cell\"\nexpect = \"diverge\"\nreason = \"test\"\n";
+  const auto scenario = load_scenarios_text(toml, (work_dir / "ext.toml").string()).front();
+  CheckOptions options;
+  options.tool = RH_TOOL;
+  options.work_dir = (work_dir / "cell").string();
+  const auto result = run_check(scenario, options);
+  EXPECT_EQ(to_string(result.outcome), std::string("error")) << result.first_divergence;
+  EXPECT_TRUE(result.bad_input) << result.first_divergence;
+  EXPECT_NE(result.first_divergence.find("uninterrupted_1/stdout.log:2: metric loss captured '4.7714,', which is "
+                                         "not a number"),
+            std::string::npos)
+      << result.first_divergence;
+  fs::remove_all(work_dir);
 }
 
 class ExternalCell : public ::testing::TestWithParam<CellCase> {};
