@@ -387,7 +387,8 @@ class _Unpickler(pickle._Unpickler):   # the pure-Python one: its opcodes can be
         self.reader, self.allowed = reader, _globals(reader)
         d = dict(self.dispatch)
         for op, name in ((pickle.SETITEM[0], "setitem"), (pickle.SETITEMS[0], "setitems"), (pickle.DICT[0], "dict"),
-                         (pickle.ADDITEMS[0], "additems"), (pickle.FROZENSET[0], "frozenset")):
+                         (pickle.ADDITEMS[0], "additems"), (pickle.FROZENSET[0], "frozenset"),
+                         (pickle.BUILD[0], "build")):
             d[op] = getattr(type(self), "_checked_" + name)
         self.dispatch = d
 
@@ -432,10 +433,31 @@ class _Unpickler(pickle._Unpickler):   # the pure-Python one: its opcodes can be
             _check_key(k)
         pickle._Unpickler.load_frozenset(self)
 
+    def _checked_build(self):
+        """BUILD only on instances of the types whose pickles need it (numpy's __setstate__,
+        a Namespace's or a state dict's __dict__): never on a class or a stand-in (setattr(argparse.Namespace,
+        "dump_patches", True), or renaming the dtype every later file shares)."""
+        inst = self.stack[-2]
+        if isinstance(inst, type) or not isinstance(inst, _buildable()):
+            raise Refused("a pickle sets the state of %s, refused" % (
+                "the class " + inst.__name__ if isinstance(inst, type) else "a " + type(inst).__name__))
+        st = self.stack[-1]
+        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[1], dict) and \
+                any(not isinstance(k, str) or k.startswith("__") for k in st[1]):
+            raise Refused("a pickle sets a special attribute of a %s, refused" % type(inst).__name__)
+        pickle._Unpickler.load_build(self)
+
     def _mark_at(self):
         """Items after the innermost MARK are self.stack (pickle._Unpickler moves the outer part
         to self.metastack at MARK)."""
         return 0
+
+
+def _buildable():
+    import argparse
+    import types
+    return (np.ndarray, np.dtype, np.random.RandomState, np.random.Generator, np.random.BitGenerator,
+            argparse.Namespace, types.SimpleNamespace, collections.OrderedDict)
 
 
 class UnpicklingRefused(Refused):
