@@ -102,6 +102,8 @@ class Walker:
         fd, name = self.parent(path)
         try:
             return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise LinkError(path, "no such file or directory") from None
         except OSError as e:
             raise LinkError(path, e.strerror or str(e)) from None
         finally:

@@ -113,7 +113,10 @@ class Input:
         return None
 
     def fileobj(self):
-        return os.fdopen(os.dup(self.fd), "rb")
+        """A file object from offset 0 (a dup shares the offset: every reader starts over)."""
+        f = os.fdopen(os.dup(self.fd), "rb")
+        f.seek(0)
+        return f
 
     def close(self):
         if self.fd >= 0:

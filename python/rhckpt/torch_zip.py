@@ -175,6 +175,8 @@ class Reader:
             infos = z.infolist()
             if not infos:
                 raise Refused("an empty zip archive, not a torch.save file")
+            if any(i.filename.endswith("constants.pkl") for i in infos):
+                raise Refused("a TorchScript archive (torch.jit.save), not a checkpoint")
             seen = set()
             for i in infos:
                 if i.filename in seen:
@@ -185,8 +187,6 @@ class Reader:
                                   "uncompressed, refused" % (i.filename[:200], i.compress_type))
                 if i.header_offset + i.file_size > self.size:
                     raise Refused("zip record '%s' ends past the end of the file" % i.filename[:200])
-            if any(n.endswith("constants.pkl") for n in seen):
-                raise Refused("a TorchScript archive (torch.jit.save), not a checkpoint")
             archive = infos[0].filename.split("/", 1)[0]
             self.z, self.prefix = z, archive + "/"
             if self.prefix + "data.pkl" not in seen:
