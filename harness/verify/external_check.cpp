@@ -360,6 +360,14 @@ void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
   f.files.push_back(std::move(st));
 }
 
+// How the bridge is started: `python3 -I -c kBridgeLauncher PATHS ARGS...`. -I (isolated) keeps
+// the current directory, the script directory and PYTHON* variables off sys.path, so a json.py
+// where the tool was started is never imported; the launcher puts PATHS (colon-separated) first
+// on sys.path and runs rhckpt.torch_bridge. Kept equal to torch_bridge.LAUNCHER.
+const char* const kBridgeLauncher =
+    "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; import runpy; "
+    "runpy.run_module('rhckpt.torch_bridge', run_name='__main__', alter_sys=True)";
+
 // One long-lived `torch_bridge --serve` per tool process, shared by every cell (and worker thread):
 // importing torch costs about 1.5 s of CPU, a conversion of our example's checkpoint 0.05 s.
 // Requests go over a socketpair (send with MSG_NOSIGNAL: a bridge that died cannot kill us with
@@ -371,12 +379,15 @@ class BridgeServer {
     static BridgeServer s;
     return s;
   }
-  // "" on success, else the bridge's one-line error.
-  std::string convert(const std::vector<std::pair<fs::path, fs::path>>& io, double timeout_s) {
+  // "" on success, else the bridge's one-line error. Every path below `root` is opened by the
+  // bridge one component at a time without following links (a link a trainer planted is refused).
+  std::string convert(const std::vector<std::pair<fs::path, fs::path>>& io, const fs::path& root, double timeout_s) {
     std::lock_guard<std::mutex> lk(mu_);
     if (pid_ <= 0) start();
-    nlohmann::json req = nlohmann::json::array();
-    for (const auto& [in, out] : io) req.push_back(fs::absolute(in).string()), req.push_back(out.string());
+    nlohmann::json paths = nlohmann::json::array();
+    for (const auto& [in, out] : io)
+      paths.push_back(fs::absolute(in).string()), paths.push_back(fs::absolute(out).string());
+    const nlohmann::json req = {{"root", fs::absolute(root).string()}, {"io", paths}};
     const std::string line = req.dump() + "\n";
     for (size_t done = 0; done < line.size();) {
       const ssize_t n = ::send(fd_, line.data() + done, line.size() - done, MSG_NOSIGNAL);
@@ -427,7 +438,7 @@ class BridgeServer {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
-    std::vector<std::string> argv = {python_interpreter(), "-m", "rhckpt.torch_bridge", "--serve"};
+    std::vector<std::string> argv = {python_interpreter(), "-I", "-c", kBridgeLauncher, py, "--serve"};
     std::vector<std::string> env_strings = child_environment({{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}});
     std::vector<char*> args, envp;
     for (auto& a : argv) args.push_back(a.data());
@@ -515,10 +526,14 @@ class CheckpointReader {
     return torch ? "torch" : "safetensors";
   }
 
+  // The root the bridge walks beneath: the directory above the cell (scratch_ is <cell>/flat), so
+  // that a link planted in place of the cell or `flat` is met, not followed.
+  fs::path bridge_root() const { return fs::absolute(scratch_).parent_path().parent_path(); }
+
   void bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
-    fs::create_directories(scratch_);
     if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
-      const std::string err = BridgeServer::instance().convert(io, 600);
+      // (no create_directories here: it would follow a planted link; the bridge makes `flat`)
+      const std::string err = BridgeServer::instance().convert(io, bridge_root(), 600);
       if (!err.empty()) throw ckpt::CheckpointError("cannot read torch checkpoint: " + ckpt::quote_text(err, 500));
       return;
     }
@@ -528,13 +543,15 @@ class CheckpointReader {
                                ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
     fs::create_directories(scratch_);
     CapturedSpec c;
-    c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
-    if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
+    // Isolated too; a trusted pickle's classes are imported from the tool's PYTHONPATH, never cwd.
+    const char* pp = std::getenv("PYTHONPATH");
+    c.argv = {python_interpreter(), "-I", "-c", kBridgeLauncher, py + (pp && *pp ? ":" + std::string(pp) : std::string()),
+              "--trust-pickle", "--root", bridge_root().string()};
     for (const auto& [in, out] : io) {
       c.argv.push_back(fs::absolute(in).string());
-      c.argv.push_back(out.string());
+      c.argv.push_back(fs::absolute(out).string());
     }
-    c.env = {{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}};
+    c.env = {{"OMP_NUM_THREADS", "1"}};
     c.stdout_path = (scratch_ / (label + ".bridge.out")).string();
     c.stderr_path = (scratch_ / (label + ".bridge.err")).string();
     c.timeout_s = 600;

@@ -2,14 +2,17 @@
 """A stand-in trainer for tests/verify/test_external.cpp: standard library only (starts in ~30 ms), a
 deterministic "training" of one float64 vector driven by a random.Random stream, checkpoints as
 hand-written safetensors files. Switches make it misbehave the ways the external check must
-handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log.
+handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log, a
+hostile legacy torch file (garbage_legacy_torch: torch's own loader would append a .patch file to
+OUT/../../../pwned_<iters>.patch, outside the tool's run directory; tests/conformance/hostile_torch.py).
 
   fake_trainer.py --iters N --save-every K --out DIR [--load DIR] [--mode MODE]
 """
 import argparse, json, os, random, struct, sys, time
 
 MODES = ["ok", "rng_not_saved", "nondeterministic", "crash_interrupted", "hang", "spam", "bad_iteration",
-         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "csv", "jsonl"]
+         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "garbage_legacy_torch", "csv",
+         "jsonl"]
 
 
 def save(path, w, it, rng_state, with_rng):
@@ -76,6 +79,11 @@ def main():
             path = os.path.join(a.out, "iter_%d.safetensors" % it)
             if a.mode == "garbage_torch":   # not a torch.save file, different bytes per run length
                 open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(b"garbage %d" % a.iters)
+            elif a.mode == "garbage_legacy_torch":
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance"))
+                import hostile_torch
+                target = os.path.abspath(os.path.join(a.out, "..", "..", "..", "pwned_%d" % a.iters))
+                open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(hostile_torch.legacy_dump_patches(target))
             elif a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
                 open(path, "wb").write(b"\x00" * 12)
             else:
