@@ -535,5 +535,40 @@ class Hostile(unittest.TestCase):
         self.assertEqual(os.listdir(outside), [])
 
 
+class CorpusVerdicts(unittest.TestCase):
+    """The conformance corpus's torch_* cases (tests/conformance/make_corpus.py): the bridge's
+    verdict from expected_bridge.tsv, one line, nothing written into the case's directory (the
+    tool's readers' verdict on the same directories is held by the corpus's other consumers)."""
+
+    def test_every_torch_case_gets_its_bridge_verdict(self):
+        tmp = tempfile.mkdtemp(prefix="rh_bridge_corpus_")
+        try:
+            gen = [sys.executable, os.path.join(HERE, "conformance", "make_corpus.py"), os.path.join(tmp, "c")]
+            names = [line.split("\t")[0] for line in subprocess.run(gen[:2] + ["--list"], capture_output=True, text=True,
+                                                                     check=True).stdout.splitlines()
+                     if line.startswith("torch_")]
+            subprocess.run(gen + names, check=True, timeout=120)
+            with open(os.path.join(tmp, "c", "expected_bridge.tsv")) as f:
+                rows = [line.rstrip("\n").split("\t") for line in f]
+            self.assertGreaterEqual(len(rows), 14)
+            for name, code, reason in rows:
+                d = os.path.join(tmp, "c", name)
+                before = sorted(os.listdir(d))
+                out = os.path.join(tmp, name + ".st")
+                p = inproc(os.path.join(d, "checkpoint.pt"), out)
+                if code == "0":
+                    self.assertEqual(p.returncode, 0, name + ": " + p.stderr)
+                else:
+                    self.one_line_refusal(p, os.path.join(d, "checkpoint.pt"), reason)
+                    self.assertFalse(os.path.exists(out), name)
+                self.assertEqual(sorted(os.listdir(d)), before, name)
+                if os.path.exists(os.path.join(d, "victim")):
+                    self.assertEqual(os.stat(os.path.join(d, "victim")).st_mode & 0o7777, 0o644, name)
+        finally:
+            shutil.rmtree(tmp)
+
+    one_line_refusal = Bridge.one_line_refusal
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)
