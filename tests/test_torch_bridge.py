@@ -369,12 +369,13 @@ class Bridge(unittest.TestCase):
         self.one_line_refusal(inproc())
 
     def test_distributed_checkpoint_directory_refused(self):
+        """A .metadata that is not a DCP Metadata pickle (the real ones: class Dcp)."""
         d = self.path("dcp")
         os.makedirs(d)
         torch.save({"w": torch.ones(1)}, os.path.join(d, "__0_0.distcp"))
         with open(os.path.join(d, ".metadata"), "wb") as f:
-            f.write(b"\x80\x04.")
-        self.one_line_refusal(inproc(d, self.path("dcp.st")), "torch.distributed.checkpoint")
+            f.write(b"\x80\x04N.")
+        self.one_line_refusal(inproc(d, self.path("dcp.st")), "torch.distributed.checkpoint", "not a Metadata")
 
     def test_torchscript_archive_refused(self):
         src = self.path("script.pt")
@@ -568,6 +569,153 @@ class CorpusVerdicts(unittest.TestCase):
             shutil.rmtree(tmp)
 
     one_line_refusal = Bridge.one_line_refusal
+
+
+def dcp_modules():
+    """torch 1.13's torch.distributed._shard.checkpoint (metadata, filesystem) and sharded_tensor
+    metadata. They do not import on Python 3.11 as shipped (a dataclass field defaults to an
+    unhashable dataclass instance): dataclasses get an identity hash while they import."""
+    import dataclasses
+    orig = dataclasses.dataclass
+
+    def hashable(cls=None, **kw):
+        def wrap(c):
+            c = orig(c, **kw) if kw else orig(c)
+            if c.__hash__ is None:
+                c.__hash__ = object.__hash__
+            return c
+        return wrap(cls) if cls is not None else wrap
+    dataclasses.dataclass = hashable
+    try:
+        import torch.distributed._shard.checkpoint as dcp
+        import torch.distributed._shard.checkpoint.filesystem as fs
+        import torch.distributed._shard.checkpoint.metadata as md
+        import torch.distributed._shard.sharded_tensor.metadata as stm
+    finally:
+        dataclasses.dataclass = orig
+    return dcp, fs, md, stm
+
+
+def write_chunked_dcp(d, w, rows, protocol=4, newer=False, chunk_rows=None, length_extra=0):
+    """A DCP directory holding tensor `w` in row chunks `rows` ([(begin, end)], one .distcp file
+    each, a torch.save blob at an offset after 16 bytes of padding), plus the bytes item "step" = 7,
+    written with torch 1.13's own dataclasses. newer: the pickle's class paths rewritten to
+    torch.distributed.checkpoint.metadata / .filesystem (torch >= 2.0's module)."""
+    _, fs, md, stm = dcp_modules()
+    os.makedirs(d)
+    chunks, storage = [], {}
+    for n, (b, e) in enumerate(chunk_rows or rows):
+        buf = io.BytesIO()
+        torch.save(w[b:e].clone(), buf)
+        blob = buf.getvalue()
+        name = "__0_%d.distcp" % n
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"\0" * 16 + blob)
+        off = torch.Size([b] + [0] * (w.dim() - 1))
+        chunks.append(md.ChunkStorageMetadata(offsets=off, sizes=torch.Size([e - b] + list(w.shape[1:]))))
+        storage[md.MetadataIndex("w", off, n)] = fs._StorageInfo(name, 16, len(blob) + length_extra)
+    buf = io.BytesIO()
+    torch.save(7, buf)
+    with open(os.path.join(d, "__1_0.distcp"), "wb") as f:
+        f.write(buf.getvalue())
+    storage[md.MetadataIndex("step")] = fs._StorageInfo("__1_0.distcp", 0, len(buf.getvalue()))
+    props = stm.TensorProperties(dtype=w.dtype, layout=torch.strided, requires_grad=False,
+                                 memory_format=torch.contiguous_format, pin_memory=False)
+    meta = md.Metadata(state_dict_metadata={"w": md.TensorStorageMetadata(properties=props, size=w.shape, chunks=chunks),
+                                            "step": md.BytesStorageMetadata()},
+                       planner_data=None, storage_data=storage)
+    import pickle
+    raw = pickle.dumps(meta, protocol=2 if newer else protocol)
+    if newer:
+        for old, new in ((b"torch.distributed._shard.checkpoint.metadata\n", b"torch.distributed.checkpoint.metadata\n"),
+                         (b"torch.distributed._shard.sharded_tensor.metadata\n", b"torch.distributed.checkpoint.metadata\n"),
+                         (b"torch.distributed._shard.checkpoint.filesystem\n", b"torch.distributed.checkpoint.filesystem\n")):
+            assert old in raw, old
+            raw = raw.replace(old, new)
+        raw = raw.replace(b"\nMEM_FORMAT_ENCODING\n", b"\n_MEM_FORMAT_ENCODING\n")
+    with open(os.path.join(d, ".metadata"), "wb") as f:
+        f.write(raw)
+
+
+class Dcp(unittest.TestCase):
+    """torch.distributed.checkpoint directories (issue 43), read without torch (rhckpt/dcp.py):
+    torch 1.13's own FileSystemWriter, hand-chunked tensors with 1.13's classes and with the newer
+    module's class paths, a changed element, and hostile directories."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rh_bridge_dcp_")
+        g = torch.Generator().manual_seed(5)
+        cls.w = torch.randn(4, 3, generator=g)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    one_line_refusal = Bridge.one_line_refusal
+
+    def path(self, *p):
+        return os.path.join(self.tmp, *p)
+
+    def test_torch_113_writer(self):
+        dcp, _, _, _ = dcp_modules()
+        sd = {"model.w": self.w, "b": torch.arange(5), "h": torch.ones(3).bfloat16(), "step": 3, "cfg": {"lr": 0.5}}
+        dcp.save_state_dict(sd, dcp.FileSystemWriter(self.path("w113")), no_dist=True)
+        self.assertTrue(os.path.exists(self.path("w113", ".metadata")))
+        p = inproc(self.path("w113"), self.path("w113.st"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        meta, out = read(self.path("w113.st"))
+        self.assertEqual(out["model.w"], ("F32", [4, 3], raw(self.w)))
+        self.assertEqual(out["b"], ("I64", [5], raw(torch.arange(5))))
+        self.assertEqual(out["h"][2], raw(torch.ones(3).bfloat16()))
+        self.assertEqual(meta["leaf:step"], "int:3")
+        self.assertEqual(meta["leaf:cfg/lr"], "float:0x1.0000000000000p-1")
+        # one changed element: only that key's bytes differ
+        sd2 = dict(sd, **{"model.w": self.w.clone()})
+        sd2["model.w"][2, 1] += 1
+        dcp.save_state_dict(sd2, dcp.FileSystemWriter(self.path("w113b")), no_dist=True)
+        self.assertEqual(inproc(self.path("w113b"), self.path("w113b.st")).returncode, 0)
+        _, out2 = read(self.path("w113b.st"))
+        self.assertEqual(sorted(k for k in out if out[k] != out2[k]), ["model.w"])
+
+    def test_chunks_reassembled_both_class_paths(self):
+        for newer in (False, True):
+            d = self.path("chunked_%d" % newer)
+            write_chunked_dcp(d, self.w, [(0, 1), (1, 3), (3, 4)], newer=newer)
+            p = inproc(d, d + ".st")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            meta, out = read(d + ".st")
+            self.assertEqual(out["w"], ("F32", [4, 3], raw(self.w)), newer)
+            self.assertEqual(meta["leaf:step"], "int:7")
+
+    def test_hostile_directories(self):
+        d = self.path("past")
+        write_chunked_dcp(d, self.w, [(0, 2), (2, 4)], length_extra=1)
+        self.one_line_refusal(inproc(d, d + ".st"), "past its end")
+        d = self.path("overlap")
+        write_chunked_dcp(d, self.w, [(0, 2), (1, 4)])
+        self.one_line_refusal(inproc(d, d + ".st"), "overlap")
+        d = self.path("gap")
+        write_chunked_dcp(d, self.w, [(0, 1), (2, 4)])
+        self.one_line_refusal(inproc(d, d + ".st"), "cover 9 of its 12 elements")
+        d = self.path("evil")
+        write_chunked_dcp(d, self.w, [(0, 4)])
+        marker = self.path("evil_ran")
+        with open(os.path.join(d, ".metadata"), "wb") as f:
+            f.write(b"\x80\x02cposix\nsystem\nX" + struct.pack("<I", len("touch " + marker)) +
+                    ("touch " + marker).encode() + b"\x85R.")
+        self.one_line_refusal(inproc(d, d + ".st"), ".metadata: refused to unpickle posix.system")
+        self.assertFalse(os.path.exists(marker))
+        d = self.path("escape")
+        write_chunked_dcp(d, self.w, [(0, 4)])
+        with open(os.path.join(d, ".metadata"), "rb") as f:
+            m = f.read()
+        with open(os.path.join(d, ".metadata"), "wb") as f:
+            f.write(m.replace(b"\x8c\x0c__0_0.distcp", b"\x8c\x0c../0_0.distc"))
+        self.one_line_refusal(inproc(d, d + ".st"), "not a plain file name")
+        os.makedirs(self.path("nometa"))
+        open(self.path("nometa", "__0_0.distcp"), "wb").close()
+        self.one_line_refusal(inproc(self.path("nometa"), self.path("nometa.st")), "without a .metadata")
 
 
 if __name__ == "__main__":

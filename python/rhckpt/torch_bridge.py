@@ -185,16 +185,36 @@ def load_safetensors(inp):
     return meta, tensors
 
 
+class DcpInput:
+    """A torch.distributed.checkpoint directory's .metadata and *.distcp files (dcp.py)."""
+
+    def __init__(self, fd, shown, size):
+        self.fd, self.shown, self.size = fd, shown, size
+
+    def kind(self):
+        return "dcp"
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def list_inputs(walker, root):
-    """[(relative path, Input)] of a directory, sorted; refuses symlinks and DCP directories."""
+    """[(relative path, Input)] of a directory, sorted; refuses symlinks. A directory with a
+    top-level .metadata is a torch.distributed.checkpoint: its *.distcp files are read through it
+    (one entry, relative path ""), other torch/safetensors files (Megatron's common.pt) as usual."""
     dfd = walker.open_dir(root)
     found = []
     try:
         rels = nofollow.scan(dfd, root)
-        if any(r.endswith(".distcp") for r in rels) or ".metadata" in rels:
-            raise BridgeError("%s: a torch.distributed.checkpoint directory (.metadata, *.distcp), which this bridge "
-                              "does not read (convert it with torch.distributed.checkpoint.format_utils."
-                              "dcp_to_torch_save on torch >= 2.2)" % root)
+        if ".metadata" in rels:
+            distcp = [r for r in rels if r.endswith(".distcp") and "/" not in r]
+            found.append(("", DcpInput(os.dup(dfd), root, sum(walker_size(dfd, r) for r in distcp))))
+            rels = [r for r in rels if r != ".metadata" and r not in distcp]
+        elif any(r.endswith(".distcp") for r in rels):
+            raise BridgeError("%s: *.distcp files without a .metadata file (not a torch.distributed.checkpoint "
+                              "directory)" % root)
         for rel in rels:
             fd, st_ = nofollow.open_rel(dfd, rel, root)
             inp = Input(fd, st_, os.path.join(root, rel))
@@ -211,6 +231,19 @@ def list_inputs(walker, root):
     if not found:
         raise BridgeError("%s: no torch.save or safetensors file in the directory" % root)
     return found
+
+
+def walker_size(dfd, name):
+    return os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
+
+
+def load_dcp(inp, budget):
+    from . import dcp
+    budget[0] += torch_zip.OUTPUT_FACTOR * inp.size
+    try:
+        return dcp.read(inp.fd, inp.shown, budget)
+    except torch_zip.Refused as e:
+        raise BridgeError("%s: torch.distributed.checkpoint: %s" % (inp.shown, e)) from None
 
 
 # --- flattening -------------------------------------------------------------------------------
@@ -514,7 +547,11 @@ def convert(src, dst, trust=False, root=None):
             flat.source = inp.shown
             prefix = "/".join(escape(p) for p in rel.split("/")) if rel else ""
             flat.meta["rh_source:" + (prefix or ".")] = os.path.basename(inp.shown)
-            if inp.kind() == "safetensors":
+            if inp.kind() == "dcp":
+                flat.meta["rh_source:."] = os.path.basename(os.path.normpath(inp.shown))
+                for fqn, value in load_dcp(inp, budget):
+                    flat.add(escape(fqn), value)
+            elif inp.kind() == "safetensors":
                 meta, tensors = load_safetensors(inp)
                 for k, v in sorted(meta.items()):
                     if not k.startswith("rh_"):
