@@ -51,9 +51,12 @@ into writing files and changing modes (issue 41). TorchScript archives are refus
 --trust-pickle uses plain torch.load (on an fd this module opened), legacy formats included: the
 tool runs it as a process of its own, since a trusted pickle runs code.
 
-torch.distributed.checkpoint: a directory holding a `.metadata` file and *.distcp files is
-refused with a one-line message (torch.distributed.checkpoint.format_utils.dcp_to_torch_save on
-torch >= 2.2 turns it into a torch.save file this bridge reads).
+torch.distributed.checkpoint: a directory holding a top-level `.metadata` is read through
+python/rhckpt/dcp.py (also without torch): each key of the state dict (its fully qualified name,
+escaped as a key part) is a global tensor reassembled from its chunks in the *.distcp files, or the
+value of a bytes item flattened below it; other torch.save / safetensors files in the directory
+(Megatron's common.pt) are flattened with their relative path as prefix, as in any directory.
+*.distcp files without a `.metadata` are refused.
 
 Paths: with --root DIR (the tool passes the directory above the cell), every input and output
 below DIR is opened one component at a time without following links (nofollow.py): a link a
