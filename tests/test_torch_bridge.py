@@ -547,20 +547,23 @@ class CorpusVerdicts(unittest.TestCase):
             gen = [sys.executable, os.path.join(HERE, "conformance", "make_corpus.py"), os.path.join(tmp, "c")]
             names = [line.split("\t")[0] for line in subprocess.run(gen[:2] + ["--list"], capture_output=True, text=True,
                                                                      check=True).stdout.splitlines()
-                     if line.startswith("torch_")]
+                     if line.startswith(("torch_", "dcp_"))]
             subprocess.run(gen + names, check=True, timeout=120)
             with open(os.path.join(tmp, "c", "expected_bridge.tsv")) as f:
                 rows = [line.rstrip("\n").split("\t") for line in f]
-            self.assertGreaterEqual(len(rows), 14)
-            for name, code, reason in rows:
+            self.assertGreaterEqual(len(rows), 20)
+            for name, code, reason, what in rows:
                 d = os.path.join(tmp, "c", name)
                 before = sorted(os.listdir(d))
                 out = os.path.join(tmp, name + ".st")
-                p = inproc(os.path.join(d, "checkpoint.pt"), out)
+                src = os.path.join(d, "checkpoint.pt") if what == "checkpoint.pt" else d
+                p = inproc(src, out)
                 if code == "0":
                     self.assertEqual(p.returncode, 0, name + ": " + p.stderr)
+                    if name.startswith("dcp_"):   # reassembled from its chunks
+                        self.assertEqual(read(out)[1]["w"], ("F32", [4, 2], struct.pack("<8f", *range(8))), name)
                 else:
-                    self.one_line_refusal(p, os.path.join(d, "checkpoint.pt"), reason)
+                    self.one_line_refusal(p, src, reason)
                     self.assertFalse(os.path.exists(out), name)
                 self.assertEqual(sorted(os.listdir(d)), before, name)
                 if os.path.exists(os.path.join(d, "victim")):

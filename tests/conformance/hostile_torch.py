@@ -151,3 +151,59 @@ def legacy_tar(member, linkname=None, fifo=False):
 def legacy_plain():
     """An ordinary legacy (non-zip) file's first bytes: a pickle header and torch's magic number."""
     return PROTO + i(0x1950a86a20f9469cfc6c) + b"."
+
+
+# --- torch.distributed.checkpoint directories ({file name: bytes}) -------------------------------
+MD = "torch.distributed._shard.checkpoint.metadata"
+STM = "torch.distributed._shard.sharded_tensor.metadata"
+FS = "torch.distributed._shard.checkpoint.filesystem"
+
+
+def obj(module, name, fields):
+    """A dataclass as its pickle holds it: cls.__new__(cls) (NEWOBJ), then BUILD with a dict."""
+    return glob(module, name) + b")\x81}(" + fields + b"ub"
+
+
+def size(dims):
+    return glob("torch", "Size") + tup([tup([i(d) for d in dims])]) + b"R"
+
+
+def dcp_dir(chunks, lengths_extra=0, md=MD, stm=STM, fs=FS):
+    """A DCP directory holding the float32 tensor "w" of 4 x 2 elements [0..8) in row chunks
+    [(begin, end)] (one __0_<n>.distcp each, the blob after 8 bytes of padding) and the bytes item
+    "step" = 7; lengths_extra is added to each chunk's recorded length."""
+    files, chunk_meta, index = {}, b"", b""
+    for n, (b, e) in enumerate(chunks):
+        data = struct.pack("<%df" % (2 * (e - b)), *range(2 * b, 2 * e))
+        blob = zip_bytes(PROTO + tensor("0", 2 * (e - b), (e - b, 2), (2, 1)) + b".", {"0": data})
+        name = "__0_%d.distcp" % n
+        files[name] = b"\0" * 8 + blob
+        chunk_meta += obj(md, "ChunkStorageMetadata", s("offsets") + size((b, 0)) + s("sizes") + size((e - b, 2)))
+        index += obj(md, "MetadataIndex", s("fqn") + s("w") + s("offset") + size((b, 0)) + s("index") + i(n))
+        index += obj(fs, "_StorageInfo", s("relative_path") + s(name) + s("offset") + i(8) + s("length") +
+                     i(len(blob) + lengths_extra))
+    step = zip_bytes(PROTO + i(7) + b".", {})
+    files["__1_0.distcp"] = step
+    index += obj(md, "MetadataIndex", s("fqn") + s("step") + s("offset") + b"N" + s("index") + b"N")
+    index += obj(fs, "_StorageInfo", s("relative_path") + s("__1_0.distcp") + s("offset") + i(0) + s("length") +
+                 i(len(step)))
+    props = obj(stm, "TensorProperties", s("dtype") + glob("torch", "float32"))
+    tsm = obj(md, "TensorStorageMetadata", s("properties") + props + s("size") + size((4, 2)) + s("chunks") +
+              b"](" + chunk_meta + b"e")
+    meta = obj(md, "Metadata", s("state_dict_metadata") + b"}(" + s("w") + tsm + s("step") +
+               obj(md, "BytesStorageMetadata", b"") + b"u" + s("planner_data") + b"N" + s("storage_data") +
+               b"}(" + index + b"u")
+    files[".metadata"] = PROTO + meta + b"."
+    return files
+
+
+def dcp_newer_paths():
+    """The same directory with torch >= 2.0's class paths (torch.distributed.checkpoint.*)."""
+    return dcp_dir([(0, 1), (1, 4)], md="torch.distributed.checkpoint.metadata",
+                   stm="torch.distributed.checkpoint.metadata", fs="torch.distributed.checkpoint.filesystem")
+
+
+def dcp_disallowed_class():
+    files = dcp_dir([(0, 4)])
+    files[".metadata"] = PROTO + glob("posix", "system") + tup([s("true")]) + b"R."
+    return files

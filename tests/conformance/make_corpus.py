@@ -10,10 +10,12 @@ The rules the cases exercise are listed in docs/checkpoint-format.md; each case 
     make_corpus.py --list         prints that table for every case
 
 The torch_* cases (issue 41) are hostile torch.save files (tests/conformance/hostile_torch.py), each
-as OUT/<case>/checkpoint.pt: the tool's own readers refuse the directory (R1, no manifest.json,
-exit 2), and OUT/expected_bridge.tsv (name, exit code, a substring of the one-line message) holds
-the verdict of the third reader, python/rhckpt/torch_bridge.py on OUT/<case>/checkpoint.pt
-(tests/test_torch_bridge.py), which must also write nothing into the case's directory.
+as OUT/<case>/checkpoint.pt, and the dcp_* cases torch.distributed.checkpoint directories
+(OUT/<case>/.metadata, *.distcp; issue 43): the tool's own readers refuse the directory (R1, no
+manifest.json, exit 2), and OUT/expected_bridge.tsv (name, exit code, a substring of the one-line
+message, the input: checkpoint.pt or . for the directory) holds the verdict of the third reader,
+python/rhckpt/torch_bridge.py (tests/test_torch_bridge.py), which must also write nothing into
+the case's directory.
 
 Every case starts from one of two tiny checkpoints the tool wrote (base/plain_dp2, base/zstd_dp2:
 two data-parallel ranks, a 1-layer model of width 8; regenerate them as base/README.md says after a
@@ -572,6 +574,12 @@ TORCH_CASES = [
     ("torch_build_on_class", lambda d: ht.zip_build_on_class(), 2, "sets the state of the class Namespace"),
     ("torch_build_on_dtype", lambda d: ht.zip_dtype_mutation(), 2, "sets the state of a DType"),
     ("torch_os_system", lambda d: ht.zip_system(), 2, "refused to unpickle posix.system"),
+    ("dcp_valid_two_chunks", lambda d: ht.dcp_dir([(0, 1), (1, 4)]), 0, ""),
+    ("dcp_newer_class_paths", lambda d: ht.dcp_newer_paths(), 0, ""),
+    ("dcp_chunk_past_its_file", lambda d: ht.dcp_dir([(0, 2), (2, 4)], lengths_extra=1), 2, "past its end"),
+    ("dcp_chunks_overlap", lambda d: ht.dcp_dir([(0, 3), (2, 4)]), 2, "overlap"),
+    ("dcp_chunks_leave_a_gap", lambda d: ht.dcp_dir([(0, 1), (2, 4)]), 2, "cover 6 of its 8 elements"),
+    ("dcp_disallowed_class", lambda d: ht.dcp_disallowed_class(), 2, ".metadata: refused to unpickle posix.system"),
 ]
 
 
@@ -582,8 +590,11 @@ def build_torch(out, name, maker):
         with open(os.path.join(d, "victim"), "w") as f:
             f.write("the hard link's target; its mode must stay 0644\n")
         os.chmod(os.path.join(d, "victim"), 0o644)
-    with open(os.path.join(d, "checkpoint.pt"), "wb") as f:
-        f.write(maker(d))
+    made = maker(d)
+    for name, blob in (made.items() if isinstance(made, dict) else [("checkpoint.pt", made)]):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(blob)
+    return "." if isinstance(made, dict) else "checkpoint.pt"
 
 
 def build(out, name, base, mutate, reseal):
@@ -627,9 +638,9 @@ def main(argv):
             for name, maker, code, reason in TORCH_CASES:
                 if only and name not in only:
                     continue
-                build_torch(out, name, maker)
+                what = build_torch(out, name, maker)
                 f.write("%s\t2\tR1\tno manifest.json\n" % name)   # the tool's readers: not a checkpoint directory
-                fb.write("%s\t%d\t%s\n" % (name, code, reason))
+                fb.write("%s\t%d\t%s\t%s\n" % (name, code, reason, what))
     return 0
 
 
