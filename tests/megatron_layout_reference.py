@@ -33,13 +33,14 @@ def bucket_end_divisor(dp, busbw):
 def compute_layout(numels, bucket_size, dp, busbw):
     """_compute_per_buffer_param_layout: params are indices into numels, in model order."""
     params = list(range(len(numels)))
-    index_map, bucket_indices = {}, []
+    index_map, bucket_indices, numel_unpadded = {}, [], []
     param_start = bucket_start = 0
     bucket_params = set()
     bucket_id = 0
     param_end = 0
 
     def finalize(param_end, bucket_start, bucket_id):
+        numel_unpadded.append(param_end - bucket_start)
         end = pad_to_divisor(param_end, bucket_end_divisor(dp, busbw))
         bucket_indices.append((bucket_start, end))
         return end, bucket_id + 1
@@ -57,7 +58,7 @@ def compute_layout(numels, bucket_size, dp, busbw):
             param_start = param_end
     if len(bucket_params) > 0:
         finalize(param_end, bucket_start, bucket_id)
-    return index_map, bucket_indices
+    return index_map, bucket_indices, numel_unpadded
 
 
 def rank_ranges(bucket_indices, dp, rank):
@@ -109,12 +110,13 @@ CASES = [
 def main():
     out = []
     for numels, bucket_size, dp, busbw in CASES:
-        index_map, buckets = compute_layout(numels, bucket_size, dp, busbw)
+        index_map, buckets, numel_unpadded = compute_layout(numels, bucket_size, dp, busbw)
         case = {
             "numels": numels, "bucket_size": bucket_size or 0, "dp": dp, "busbw": busbw,
             "offsets": [index_map[p][0] for p in range(len(numels))],
             "bucket_of": [index_map[p][2] for p in range(len(numels))],
             "buckets": [list(b) for b in buckets],
+            "per_bucket_numel_unpadded": numel_unpadded,
             "pieces": [],
         }
         for r in range(dp):

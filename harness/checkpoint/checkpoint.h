@@ -63,6 +63,10 @@ struct LoadOptions {
   // fp32 remainder (dp_zero, fully_reshardable) into a remainder optimizer. On: those are converted
   // exactly (remainder + bf16 weight joined, a master split, the container narrowed to int16).
   bool exact_master_conversion = false;
+  // Not upstream. Off (upstream): a dp_reshardable checkpoint saved with another bucket layout
+  // (--ddp-bucket-size) is refused, as Megatron's load_parameter_state_from_dp_reshardable asserts
+  // the per-bucket sizes equal (load_layout.cpp). On: its states are re-cut into this run's layout.
+  bool exact_rebucket = false;
   std::set<std::string> skip_keys;   // state keys not restored (faults: "exp_avg", "remainder")
 };
 

@@ -56,6 +56,10 @@ struct LoadPlan {
 uint64_t decode_budget(const torch::nn::Module& model);
 VerifiedLoad verify_for_load(const std::string& dir, const torch::nn::Module& model, const optim::PrecisionAdam& opt,
                              const nlohmann::json& run_config);
+// Phase 2, first: a dp_reshardable checkpoint's per-bucket sizes against this run's
+// (load_layout.cpp); refuses a different bucket layout as upstream does. Throws CheckpointError.
+void check_bucket_layout(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts,
+                         std::vector<std::string>& notes);
 // Phase 2; reads the optimizer, changes nothing. Throws CheckpointError.
 LoadPlan plan_load(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts);
 // Phase 3; appends to notes what it converted lossily (allow_lossy). On a refusal or any failure

@@ -18,10 +18,12 @@
 //    LoadOptions::exact_master_conversion: then joined/split/narrowed exactly;
 //  - everything else: upcast to fp32 and set_scaled_state (re-storage, scales recomputed).
 //  - per_key only: the PR decides "param is int16" from store_param_remainders && bf16 params,
-//    not from what the optimizer holds, and only with the precision-aware optimizer on (Megatron-LM
-//    megatron/core/optimizer/distrib_optimizer.py @d08b402, _set_main_param_and_optimizer_states:
-//    with it every key goes through set_scaled_state; without it `main_param.copy_(param)`, no
-//    int16 branch). Where that disagrees with the checkpoint the PR misfires; load
+//    not from what the optimizer holds, and only with the precision-aware optimizer on (the PR
+//    adds its int16 cast inside Megatron-LM megatron/core/optimizer/distrib_optimizer.py
+//    _set_main_param_and_optimizer_states, which on main @d98e8a6 sends every key through
+//    set_scaled_state with it on, and without it copies into the fp32 main param
+//    (`dst_tensors[key].copy_(tensors[key])`), no int16 branch). Where that disagrees with the
+//    checkpoint the PR misfires; load
 //    refuses, or with allow_lossy reproduces the misfire as upstream would. With an fp16 master
 //    the PR hands an int16 tensor to set_scaled_state, whose `assert unscaled_state.dtype ==
 //    torch.float32` fails upstream (TE turns remainders off for fp16 masters): always refused.
@@ -177,7 +179,7 @@ class StatePlanner {
   // shard's own scale, anything else by its conversion.
   torch::Tensor full_value(const Source& source) const;
   std::string master_conversion_refusal(const Source& source, const std::string& what,
-                                        const std::string& option_does) const;
+                                        const std::string& option_does, bool widened_remainder) const;
   torch::Tensor owned(const Source& source, const torch::Tensor& t) const {
     return t.reshape({-1}).narrow(0, source.ob, source.oe - source.ob).reshape(source.owned_shape);
   }
@@ -282,16 +284,18 @@ torch::Tensor StatePlanner::full_value(const Source& source) const {
 }
 
 // The refusal for a master_param upstream's set_scaled_state asserts on.
+// Megatron-LM PR #4222 (open) fixes only the widened remainder: it casts the fp32 container back
+// to int16 in _set_main_param_and_optimizer_states before set_scaled_state (for a master-mode
+// change its range check refuses instead), so only that refusal names it.
 std::string StatePlanner::master_conversion_refusal(const Source& source, const std::string& what,
-                                                    const std::string& option_does) const {
+                                                    const std::string& option_does,
+                                                    bool widened_remainder) const {
   return source.w + ": " + what +
-         "; upstream Megatron hands it to TransformerEngine's FusedAdam.set_scaled_state as master_param, which "
-         "asserts "
-         "unscaled_state.dtype == " +
-         (tgt_rem_ ? "torch.int16" : "torch.float32") +
-         " and fails (fused_adam.py @d0067d0; a fix is proposed in TransformerEngine PR 4222, open): refusing "
-         "(exact_master_conversion " +
-         option_does + ")";
+         "; upstream Megatron (distrib_optimizer.py _set_main_param_and_optimizer_states @d98e8a6) hands it to "
+         "TransformerEngine's FusedAdam.set_scaled_state as master_param, which asserts unscaled_state.dtype == " +
+         (tgt_rem_ ? "torch.int16" : "torch.float32") + " and fails (fused_adam.py @d0067d0" +
+         (widened_remainder ? "; Megatron-LM PR #4222, open, proposes casting it back to int16 there" : "") +
+         "): refusing (exact_master_conversion " + option_does + ")";
 }
 
 // master_param under per_key, where the PR's int16 decision (pr_int16_) disagrees with the
@@ -337,17 +341,26 @@ bool StatePlanner::plan_saved_remainder(const Source& source, Action& action) {
       throw CheckpointError(
           master_conversion_refusal(source,
                                     "the int16 remainder was saved widened to fp32 (policy " + source.policy + ")",
-                                    "narrows it back to int16 exactly"));
+                                    "narrows it back to int16 exactly", true));
     action.stored = {as_int16(source.data), optim::Dtype::int16, std::nullopt, std::nullopt};
     return true;
   }
+  if (upstream_refuses && source.conv == "remainder_widened_f32")
+    // The fp32 container passes set_scaled_state's float32 assertion: upstream loads the
+    // remainder's integer values as the master, silently. Refused, saying what upstream does.
+    throw CheckpointError(source.w + ": the checkpoint holds an int16 remainder widened to fp32 (policy " +
+                          source.policy + "), this optimizer an " + optim::to_string(opt_.master_mode()) +
+                          " master; upstream Megatron (distrib_optimizer.py _set_main_param_and_optimizer_states "
+                          "@d98e8a6) hands the fp32 container to FusedAdam.set_scaled_state as master_param, which "
+                          "accepts it (assert unscaled_state.dtype == torch.float32, fused_adam.py @d0067d0) and "
+                          "would take the remainder's integer values as the master: refusing (exact_master_conversion "
+                          "joins it with the bf16 weight exactly)");
   if (upstream_refuses)
     throw CheckpointError(
         master_conversion_refusal(source,
-                                  std::string("the checkpoint holds an int16 remainder") +
-                                      (source.conv == "remainder_widened_f32" ? " (widened to fp32)" : "") +
-                                      ", this optimizer an " + optim::to_string(opt_.master_mode()) + " master",
-                                  "joins it with the bf16 weight exactly"));
+                                  "the checkpoint holds an int16 remainder, this optimizer an " +
+                                      optim::to_string(opt_.master_mode()) + " master",
+                                  "joins it with the bf16 weight exactly", false));
   const torch::Tensor rem = as_int16(full(source));
   const TensorInfo& weight_info = mf_.info(source.param);
   if (weight_info.dtype != StDtype::BF16)
@@ -367,7 +380,7 @@ void StatePlanner::plan_conversion(const Source& source, Action& action) {
     throw CheckpointError(master_conversion_refusal(source,
                                                     "the checkpoint holds an " + st_name(source.dt) +
                                                         " master, this optimizer keeps bf16 weight + int16 remainder",
-                                                    "splits it into weight and remainder exactly"));
+                                                    "splits it into weight and remainder exactly", false));
   if (source.conv == "stored" && source.dt == st_of(held.dtype) && !split && !source.repieced) {
     action.stored = {source.data, held.dtype, source.scale, source.scale_inv};
     try {
@@ -399,6 +412,7 @@ void StatePlanner::plan_conversion(const Source& source, Action& action) {
 LoadPlan plan_load(const VerifiedLoad& checkpoint, const optim::PrecisionAdam& opt, const LoadOptions& opts) {
   LoadPlan plan;
   plan.train_state = checkpoint.train_state;
+  check_bucket_layout(checkpoint, opt, opts, plan.notes);
   choose_generators(checkpoint, opt.layout().rank, plan);
   const Entries entries = index_entries(checkpoint, opts, plan.notes);
   StatePlanner planner(checkpoint, opt, opts, entries, plan.notes);

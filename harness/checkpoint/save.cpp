@@ -144,6 +144,9 @@ nlohmann::json write_model(const fs::path& tmp, const SaveInput& in, uint64_t& n
   manifest["git_commit"] = rh::git_commit();
   manifest["iteration"] = in.state->iteration;
   manifest["run_config"] = in.run_config;
+  // Megatron's dp_reshardable saves per_bucket_numel_unpadded beside its per-bucket tensors and
+  // asserts it on load (load_layout.cpp); written for every policy, compared for that one.
+  manifest["per_bucket_numel_unpadded"] = in.optimizer->layout().bucket_numel_unpadded;
   manifest["save_policy"] = to_json(in.policy);
   manifest["train_state"] = to_json(*in.state);
   manifest["tensors"] = nlohmann::json::array();

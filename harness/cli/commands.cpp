@@ -86,6 +86,10 @@ void register_train(CLI::App& app, CommandState& state) {
                   "not upstream: convert a checkpoint's master mode on load exactly (int16 remainder + bf16 "
                   "weight <-> fp32/fp16 master, a widened fp32 remainder back to int16) where upstream "
                   "TransformerEngine fails its set_scaled_state dtype assertion");
+  train->add_flag("--exact-rebucket", job.exact_rebucket,
+                  "not upstream: load a dp_reshardable checkpoint saved with another bucket layout "
+                  "(--ddp-bucket-size) by re-cutting its states exactly, where Megatron's "
+                  "load_parameter_state_from_dp_reshardable asserts the per-bucket sizes equal");
   train->add_flag("--dump-states", job.dump_states, "write lossless state dumps for comparison");
   auto* tq = train->add_flag("-q,--quiet", job.quiet, "print nothing but errors");
   train

@@ -13,9 +13,9 @@
 //   AdamW:     t = wd * p;          u = u + t
 //              u = lr * u;          p = p - u
 // This is TE's AdamFunctor / AdamFunctorMaster / AdamFunctorMasterParamRemainder
-// (transformer_engine/common/multi_tensor/adam.cu @c250752) without the GPU's FMA contraction.
+// (transformer_engine/common/multi_tensor/adam.cu @d0067d0 (TE main)) without the GPU's FMA contraction.
 // The new fp32 m and v feed the update; storage is applied afterwards as FusedAdam.step() does
-// (fused_adam.py @04912bf, "Scaling" loop -> _apply_scale): bf16 by RNE cast, fp16/fp8 moments and
+// (fused_adam.py @d0067d0, "Scaling" loop -> _apply_scale): bf16 by RNE cast, fp16/fp8 moments and
 // an fp16 master by the whole tensor's Scaling (storage_codecs.h). The model param is written from
 // the new fp32 master inside the kernel (`p[i] = static_cast<PARAM_T>(r_p[ii])`), for an fp16
 // master too. NaN results are made the GPU's canonical NaN (storage_codecs.h, canonicalize_nan_).

@@ -103,7 +103,7 @@ class PrecisionAdam {
   void set_step_count(size_t g, int64_t step);
 
   // Upstream get_unscaled_state / set_scaled_state (transformer_engine/pytorch/optimizers/
-  // fused_adam.py @04912bf). fp32 values, except master_param in remainder mode: there both take
+  // fused_adam.py @d0067d0). fp32 values, except master_param in remainder mode: there both take
   // and return the raw int16 remainder and never touch the bf16 weight (upstream asserts the
   // dtype: int16 there, fp32 everywhere else; a wrong dtype throws std::invalid_argument saying
   // that upstream fails that assertion). set_scaled_state re-applies storage (_apply_scale):

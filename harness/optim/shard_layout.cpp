@@ -43,6 +43,7 @@ ShardLayout ShardLayout::make(const std::vector<int64_t>& numels, int rank, int 
   int64_t param_start = 0, bucket_start = 0, param_end = 0;
   bool open = false;   // the current bucket holds a param
   auto finalize = [&](int64_t end) {
+    layout.bucket_numel_unpadded.push_back(end - bucket_start);   // _finalize_bucket's first line
     const int64_t padded = pad_to(end, divisor);
     layout.buckets.emplace_back(bucket_start, padded);
     return padded;

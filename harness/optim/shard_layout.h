@@ -40,6 +40,10 @@ struct ShardLayout {
   std::vector<int64_t> numels;    // elements of parameter i
   std::vector<Range> buckets;     // buffer ranges of the buckets, in buffer order
   std::vector<int> bucket_of;     // bucket of parameter i
+  // Megatron's per_bucket_numel_unpadded: each bucket's last param end minus the bucket's start
+  // (the 64-element alignment gaps counted, the end padding not; so the same at every dp size).
+  // load_parameter_state_from_dp_reshardable asserts it equals the checkpoint's.
+  std::vector<int64_t> bucket_numel_unpadded;
 
   // `model_order`: the indices of `numels` in the model's parameter order (Megatron's buffer holds
   // them reversed); empty = 0, 1, ..., n-1. Throws std::invalid_argument if size < 1, rank is

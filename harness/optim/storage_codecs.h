@@ -14,7 +14,7 @@ namespace rh::optim::codec {
 constexpr float kFp16Range = 32752.0f;   // torch.finfo(torch.float16).max / 2
 constexpr float kFp8Range = 448.0f;      // E4M3 max finite
 
-// One tensor's scaling exactly as TE's FusedAdam._apply_scale leaves it (fused_adam.py @04912bf):
+// One tensor's scaling exactly as TE's FusedAdam._apply_scale leaves it (fused_adam.py @d0067d0):
 //   scale = amax / range                      (torch.div(absmax, max_range, out=scale); fp32)
 //   fp16: rscale = scale > 0 ? 1/scale : 0    (torch.where(scale > 0, scale.reciprocal(), 0.0))
 //         code = fp16(x * rscale); decode = float(code) * scale        (get_unscaled_state)

@@ -91,9 +91,14 @@ std::vector<Field> fields(RunConfig& c) {
       {"optimizer", "store_param_remainders", "--store-param-remainders",
        "bf16 weight + int16 remainder instead of an fp32 master", &o.store_param_remainders},
       {"optimizer", "beta1", "--adam-beta1", "Adam beta1", &o.beta1},
-      {"optimizer", "beta2", "--adam-beta2", "Adam beta2", &o.beta2},
+      {"optimizer", "beta2", "--adam-beta2",
+       "Adam beta2 (Megatron's default is 0.999; 0.95 is its GPT recipes' value, "
+       "examples/gpt3/train_gpt3_175b_distributed.sh)",
+       &o.beta2},
       {"optimizer", "eps", "--adam-eps", "Adam epsilon", &o.eps},
-      {"optimizer", "weight_decay", "--weight-decay", "decoupled (AdamW) or L2 decay", &o.weight_decay},
+      {"optimizer", "weight_decay", "--weight-decay",
+       "decoupled (AdamW) or L2 decay (Megatron's default is 0.01; 0.1 is its GPT recipes' value)",
+       &o.weight_decay},
       {"optimizer", "adam_w_mode", "--adam-w-mode", "AdamW (true) or L2 decay (false)", &o.adam_w_mode},
       {"optimizer", "scale_zero_guard", "--scale-zero-guard",
        "not upstream: fp16/fp8 states whose scale has no finite reciprocal (all-zero) keep zeros "

@@ -132,6 +132,7 @@ ckpt::LoadReport load_into(Run& run, ckpt::TrainState& train_state) {
   ckpt::LoadOptions opts;
   opts.allow_lossy = job.allow_lossy;
   opts.exact_master_conversion = job.exact_master_conversion;
+  opts.exact_rebucket = job.exact_rebucket;
   opts.skip_keys = fault_skip_keys(job.fault);
   ckpt::LoadReport report;
   optim::RankOutcome mine;   // a failure's flag: the checkpoint is damaged

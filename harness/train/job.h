@@ -26,6 +26,7 @@ struct TrainJob {
   Fault fault = Fault::none;
   bool allow_lossy = false;               // accept lossy conversions on load
   bool exact_master_conversion = false;   // LoadOptions::exact_master_conversion
+  bool exact_rebucket = false;            // LoadOptions::exact_rebucket
   bool dump_states = false;               // write state dumps (at save / right after load) for comparison
   bool quiet = false;
   bool verbose = false;                 // -v: also bytes per key of each save and seconds per phase

@@ -58,6 +58,9 @@ bool resume(const Scenario& scenario, const CellRuns& runs, const CheckOptions& 
                                    "--fault",       to_string(scenario.fault)};
   if (scenario.allow_lossy) argv.push_back("--allow-lossy");
   if (scenario.exact_master_conversion) argv.push_back("--exact-master-conversion");
+  if (scenario.exact_rebucket) argv.push_back("--exact-rebucket");
+  if (scenario.resume_ddp_bucket_size >= 0)
+    argv.insert(argv.end(), {"--ddp-bucket-size", std::to_string(scenario.resume_ddp_bucket_size)});
   if (scenario.resume_dp() > 1) argv.insert(argv.end(), {"--nproc", std::to_string(scenario.resume_dp())});
   const auto child = run_process(argv, log.string(), opts.timeout_s, /*prestarted=*/true);
   const fs::path load_result_file = dir / "resumed" / kLoadResultFile;

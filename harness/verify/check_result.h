@@ -44,7 +44,7 @@ struct CheckResult {
   std::vector<MetricDiff> metric_diffs;
   std::vector<TensorDiff> after_load, final_state;
   std::string after_load_differs;   // first key whose state after load differs from the saved one
-  // External cells (external_check.h): the diagnosis code (outcome.h) and the diagnosis in words,
+  // External cells (external_check.h): the diagnosis code (diagnosis.h) and the diagnosis in words,
   // notes on what the comparison could see (a metric's printed resolution), and the seconds the
   // trainer's own runs took (the rest of `seconds` is the harness's overhead).
   std::string diagnosis, explanation;

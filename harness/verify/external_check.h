@@ -11,7 +11,7 @@
 // N), and the probe's records (rhckpt.probe: metrics as hex floats and a hash of every tensor and
 // RNG state, per iteration and right after load), and names the first divergence with a diagnosis
 // in words, in this order: nondeterministic -> before-save -> saved-state -> round-trip ->
-// after-load -> not-in-checkpoint / resumed-metrics -> final-state (codes in outcome.h).
+// after-load -> not-in-checkpoint / resumed-metrics -> final-state (diagnosis.h).
 // Checkpoints: safetensors are read here; torch.save files (and directories of them) are turned
 // into one flat safetensors file by python/rhckpt/torch_bridge.py (restricted unpickler) only when
 // the two files compared are not byte-identical.

@@ -9,8 +9,6 @@ namespace {
 constexpr const char* kNames[] = {"identical", "within-tolerance", "diverged", "load-refused",
                                   "error",     "nondeterministic"};
 constexpr int kCount = sizeof kNames / sizeof kNames[0];
-constexpr const char* kDiagnoses[] = {"none",       "nondeterministic",  "before-save",     "saved-state", "round-trip",
-                                      "after-load", "not-in-checkpoint", "resumed-metrics", "final-state"};
 }   // namespace
 
 const char* to_string(Outcome o) { return kNames[static_cast<int>(o)]; }
@@ -21,18 +19,6 @@ Outcome parse_outcome(const std::string& s) {
   throw std::invalid_argument(
       "unknown outcome '" + s +
       "' (expected identical, within-tolerance, diverged, load-refused, error or nondeterministic)");
-}
-
-bool is_diagnosis_code(const std::string& s) {
-  for (const char* d : kDiagnoses)
-    if (s == d) return true;
-  return false;
-}
-
-std::string diagnosis_codes() {
-  std::string out;
-  for (const char* d : kDiagnoses) out += (out.empty() ? "" : ", ") + std::string(d);
-  return out;
 }
 
 }   // namespace rh

@@ -20,10 +20,6 @@ const char* to_string(Outcome o);
 // The inverse; throws std::invalid_argument naming the text and the valid names.
 Outcome parse_outcome(const std::string& s);
 
-// An external cell's diagnosis (external_check.h), the first that applies in this order: none,
-// nondeterministic, before-save, saved-state, round-trip, after-load, not-in-checkpoint,
-// resumed-metrics, final-state. Scenario files assert them with expect_diagnosis.
-bool is_diagnosis_code(const std::string& s);
-std::string diagnosis_codes();   // "none, nondeterministic, ..."
+// An external cell's diagnosis: diagnosis.h.
 
 }   // namespace rh

@@ -46,6 +46,10 @@ struct Scenario {
   bool resharded() const { return resume_dp() != dp_size; }
   bool allow_lossy = false;               // the load accepts lossy conversions (policies that lose bits)
   bool exact_master_conversion = false;   // the load converts master modes exactly (not upstream)
+  // The resumed run's --ddp-bucket-size (-1: the saved run's). Another bucket layout is refused by
+  // a dp_reshardable load as upstream (load_layout.cpp) unless exact_rebucket (not upstream).
+  int64_t resume_ddp_bucket_size = -1;
+  bool exact_rebucket = false;
   Expectation expect;
   // An external trainer's commands instead of the built-in model (external.h); cfg then only
   // gives N (cfg.train.iterations, set by trainer.iterations).

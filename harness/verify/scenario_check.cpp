@@ -12,9 +12,11 @@ void check_complete(const Scenario& s, const toml::node& at) {
     } catch (const std::invalid_argument& e) {
       fail(s.file, at, s.name, e.what());
     }
-    if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy || s.exact_master_conversion)
+    if (s.fault != Fault::none || s.dp_size != 1 || s.resume_dp_size > 1 || s.allow_lossy || s.exact_master_conversion ||
+        s.exact_rebucket || s.resume_ddp_bucket_size >= 0)
       fail(s.file, at, s.name,
-           "fault, dp_size, resume_dp_size, allow_lossy and exact_master_conversion are the built-in trainer's; "
+           "fault, dp_size, resume_dp_size, resume_ddp_bucket_size, allow_lossy, exact_master_conversion and "
+           "exact_rebucket are the built-in trainer's; "
            "an external trainer's own flags go in trainer.args");
   } else if (!s.expect_diagnosis.empty()) {
     fail(s.file, at, s.name, "expect_diagnosis needs an external trainer ([trainer])");

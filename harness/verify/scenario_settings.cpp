@@ -10,7 +10,7 @@
 #include "harness/base/suggest.h"
 #include "harness/checkpoint/save_policy.h"
 #include "harness/train/metrics.h"
-#include "harness/verify/outcome.h"
+#include "harness/verify/diagnosis.h"
 #include "harness/verify/scenario_toml.h"
 
 namespace rh::scenario_file {
@@ -160,6 +160,12 @@ const std::vector<ScenarioKey>& scenario_keys() {
       {"dp_size", [](Scenario& s, F key, N v, F file) { s.dp_size = need_int(file, v, key); }},
       {"resume_dp_size", [](Scenario& s, F key, N v, F file) { s.resume_dp_size = need_int(file, v, key); }},
       {"allow_lossy", [](Scenario& s, F key, N v, F file) { s.allow_lossy = need_bool(file, v, key); }},
+      {"resume_ddp_bucket_size",
+       [](Scenario& s, F key, N v, F file) {
+         s.resume_ddp_bucket_size = need_int(file, v, key);
+         if (s.resume_ddp_bucket_size < 0) fail(file, v, key, "expected an element count >= 0 (0: one bucket)");
+       }},
+      {"exact_rebucket", [](Scenario& s, F key, N v, F file) { s.exact_rebucket = need_bool(file, v, key); }},
       {"exact_master_conversion",
        [](Scenario& s, F key, N v, F file) { s.exact_master_conversion = need_bool(file, v, key); }},
       {"expect", [](Scenario& s, F key, N v, F file) { s.expect.kind = parse_expectation(file, v, key); }},

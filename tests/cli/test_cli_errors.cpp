@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -206,6 +207,15 @@ TEST(CliHelp, TrainHelpShowsDefaultsAndValidValues) {
   EXPECT_EQ(main_params_line.find("fp8"), std::string::npos) << "fp8 is refused for the master: " << main_params_line;
   EXPECT_NE(tool_run.log.find("skip_rng_restore"), std::string::npos) << "--fault lists its values";
   EXPECT_NE(line_of("--lr").find("0.0"), std::string::npos) << "--lr shows its default: " << line_of("--lr");
+  // Defaults that differ from Megatron's (arguments.py @d98e8a6: --adam-beta2 0.999,
+  // --weight-decay 0.01) say so beside the harness's own.
+  for (const auto& [flag, ours, megatron] : {std::tuple<std::string, std::string, std::string>{
+                                                 "--adam-beta2", "0.95", "Megatron's default is 0.999"},
+                                             {"--weight-decay", "0.1", "Megatron's default is 0.01"}}) {
+    const std::string line = line_of(flag);
+    EXPECT_NE(line.find(megatron), std::string::npos) << line;
+    EXPECT_NE(line.find("FLOAT=" + ours + " "), std::string::npos) << line;
+  }
 }
 
 TEST(CliHelp, DefaultRunPrintsNoRemaindersWarning) {

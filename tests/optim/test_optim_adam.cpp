@@ -135,7 +135,7 @@ TEST(Storage, ScalesAreRecomputedFromAmaxEveryStep) {
 }
 
 // A param stepped with exactly zero gradients (a dead MoE expert: Megatron steps every param) has
-// all-zero moments, TE's all-zero case (fused_adam.py _apply_scale @04912bf): scale = 0 / range
+// all-zero moments, TE's all-zero case (fused_adam.py _apply_scale @d0067d0): scale = 0 / range
 // = 0. fp16 then stores zeros with scale 0 (rscale 0). fp8's quantizer scale is 1/0 = inf, so
 // the codes are E4M3(0 * inf = NaN) = 0x7F and scale_inv = frcp(inf) = 0; on the next step the
 // moment decodes as NaN * 0 = NaN, the update is NaN, and the fp32 master becomes the canonical

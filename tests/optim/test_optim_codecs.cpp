@@ -250,7 +250,7 @@ TEST_P(Scaled, ScaleIsAmaxOverRangeAndRoundTripIsClose) {
   EXPECT_LE(rel.max().item<float>(), fp8 ? 1.0f / 16 : 1.0f / 2048);
 }
 
-// TE _apply_scale's all-zero case (fused_adam.py @04912bf): scale = 0; fp16 rscale 0 -> zeros,
+// TE _apply_scale's all-zero case (fused_adam.py @d0067d0): scale = 0; fp16 rscale 0 -> zeros,
 // decode 0 * 0 = 0; fp8 quantizer scale 1/0 = inf -> codes E4M3(0 * inf = NaN) = 0x7F (the GPU's
 // NaN is positive), scale_inv = frcp(inf) = 0, decode NaN * 0 = NaN (canonical 0x7FFFFFFF).
 // The guard keeps zeros (fp8 quantizer scale 1, scale_inv 1).

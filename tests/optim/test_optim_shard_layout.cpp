@@ -45,6 +45,7 @@ TEST_P(MegatronLayout, EqualsUpstreamsRuleWalkedElementByElement) {
     std::vector<std::vector<int64_t>> buckets;
     for (const auto& [b, e] : L.buckets) buckets.push_back({b, e});
     EXPECT_EQ(buckets, c.at("buckets").get<std::vector<std::vector<int64_t>>>());
+    EXPECT_EQ(L.bucket_numel_unpadded, c.at("per_bucket_numel_unpadded").get<std::vector<int64_t>>());
     for (size_t i = 0; i < numels.size(); ++i) {
       const auto [b, e] = L.piece(i);
       const auto want = c.at("pieces").at(static_cast<size_t>(r)).at(i).get<std::vector<int64_t>>();

@@ -156,7 +156,7 @@ TEST_P(StateAccess, SetScaledThenGetUnscaledAppliesStorage) {
     opt.set_scaled_state("a", key, back);
     EXPECT_TRUE(torch::equal(opt.get_unscaled_state("a", key), back)) << key_name(key);
   }
-  // master_param (TE fused_adam.py @04912bf, set_scaled_state / get_unscaled_state): the model
+  // master_param (TE fused_adam.py @d0067d0, set_scaled_state / get_unscaled_state): the model
   // param is never written; an fp16 master is scaled like an fp16 moment; under remainders both
   // take and return the raw int16 remainder, and an fp32 value fails upstream's dtype assertion.
   const auto w_before = opt.param("a").clone();

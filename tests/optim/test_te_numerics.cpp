@@ -1,8 +1,8 @@
 // TransformerEngine FusedAdam's scalar rules, pinned against an independent numpy computation
 // (tests/te_reference.py, run by this test with Debian's /usr/bin/python3 + python3-numpy):
-//  - bias correction: transformer_engine/common/multi_tensor/adam.cu @c250752,
+//  - bias correction: transformer_engine/common/multi_tensor/adam.cu @d0067d0 (TE main),
 //    multi_tensor_adam*_cuda: `bias_correction1 = 1 - std::pow(beta1, step)` with a float beta;
-//  - the fp32-policy round trip of fp16/fp8 scaling: fused_adam.py @04912bf _apply_scale /
+//  - the fp32-policy round trip of fp16/fp8 scaling: fused_adam.py @d0067d0 _apply_scale /
 //    get_unscaled_state, common/utils.cuh reciprocal<float>, common/util/dequantize_fp8.cuh,
 //    on a strided subset of the amax values bench_scale_roundtrip covers exhaustively.
 #include <gtest/gtest.h>

@@ -15,6 +15,7 @@
 #include "harness/base/text.h"
 #include "harness/checkpoint/errors.h"
 #include "harness/process/process.h"
+#include "harness/verify/diagnosis.h"
 #include "harness/verify/external.h"
 #include "harness/verify/external_check.h"
 #include "harness/verify/external_metrics.h"
@@ -406,6 +407,33 @@ TEST(HostileTorch, LegacyFileWritesNothingAndCwdIsNotImported) {
   EXPECT_TRUE(stray.empty()) << "written outside the run directory: " << stray.front();
   EXPECT_FALSE(fs::exists(marker)) << "the bridge imported " << slurp(marker.string()) << ".py from its cwd";
   fs::remove_all(base);
+}
+
+// ---- the diagnoses' table ----
+
+// The codes are the names result.json, summary.csv and expect_diagnosis use: each enum value has
+// its own, in the order the check applies them, and the two without a fixed cause have none.
+TEST(ExternalDiagnosis, CodesAreTheWrittenNamesInOrder) {
+  const std::vector<std::pair<Diagnosis, std::string>> expected = {{Diagnosis::none, "none"},
+                                                                   {Diagnosis::nondeterministic, "nondeterministic"},
+                                                                   {Diagnosis::before_save, "before-save"},
+                                                                   {Diagnosis::saved_state, "saved-state"},
+                                                                   {Diagnosis::round_trip, "round-trip"},
+                                                                   {Diagnosis::after_load, "after-load"},
+                                                                   {Diagnosis::not_in_checkpoint, "not-in-checkpoint"},
+                                                                   {Diagnosis::resumed_metrics, "resumed-metrics"},
+                                                                   {Diagnosis::final_state, "final-state"}};
+  std::string codes;
+  for (const auto& [diagnosis, code] : expected) {
+    EXPECT_EQ(to_string(diagnosis), code);
+    EXPECT_TRUE(is_diagnosis_code(code)) << code;
+    const bool no_cause = diagnosis == Diagnosis::none || diagnosis == Diagnosis::resumed_metrics;
+    EXPECT_EQ(std::string(cause_of(diagnosis)).empty(), no_cause) << code;
+    codes += (codes.empty() ? "" : ", ") + code;
+  }
+  EXPECT_EQ(diagnosis_codes(), codes);
+  EXPECT_FALSE(is_diagnosis_code("rng"));
+  EXPECT_FALSE(is_diagnosis_code(""));
 }
 
 }   // namespace

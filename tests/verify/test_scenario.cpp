@@ -154,6 +154,28 @@ TEST(Scenarios, FormatsRefusedExpectationAndMasterConversionKey) {
                rh::ScenarioError);
 }
 
+// The resumed run's bucket size and exact_rebucket (not upstream); a negative size is refused,
+// and an external cell may not use them.
+TEST(Scenarios, ResumeBucketSizeAndExactRebucketKeys) {
+  const auto scenarios = rh::load_scenarios_text(
+      "[[scenario]]\nname = \"a\"\n"
+      "[[scenario]]\nname = \"b\"\nresume_ddp_bucket_size = 0\nexact_rebucket = true\n",
+      "buckets.toml");
+  ASSERT_EQ(scenarios.size(), 2u);
+  EXPECT_EQ(scenarios[0].resume_ddp_bucket_size, -1);
+  EXPECT_FALSE(scenarios[0].exact_rebucket);
+  EXPECT_EQ(scenarios[1].resume_ddp_bucket_size, 0);
+  EXPECT_TRUE(scenarios[1].exact_rebucket);
+  try {
+    rh::load_scenarios_text("[[scenario]]\nname = \"c\"\nresume_ddp_bucket_size = -5\n", "x.toml");
+    ADD_FAILURE() << "a negative bucket size must be refused";
+  } catch (const rh::ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("resume_ddp_bucket_size"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rh::load_scenarios_text("[[scenario]]\nname = \"d\"\nexact_rebucket = \"yes\"\n", "x.toml"),
+               rh::ScenarioError);
+}
+
 // A scenario's model/optimizer/train tables and axis keys take a setting's Megatron name (its
 // flag without dashes, '-' as '_') beside its key, as config.json does. Independent expectation:
 // the values written out by hand, and the same file with the keys.

@@ -1,0 +1,209 @@
+// An external trainer's checkpoints; see external_checkpoints.h.
+#include "harness/verify/external_checkpoints.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+#include "harness/checkpoint/checked_io.h"
+#include "harness/checkpoint/errors.h"
+#include "harness/process/bridge_client.h"
+#include "harness/process/process.h"
+#include "harness/verify/external_check.h"
+
+namespace fs = std::filesystem;
+
+namespace rh::external {
+
+namespace {
+
+// Regular files under a directory (relative path -> absolute), refusing symbolic links.
+std::map<std::string, fs::path> files_under(const fs::path& dir) {
+  std::map<std::string, fs::path> out;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    const auto st = it->symlink_status();
+    if (fs::is_symlink(st)) throw ckpt::CheckpointError(it->path().string() + ": is a symbolic link; not followed");
+    if (fs::is_regular_file(st)) out[fs::relative(it->path(), dir).string()] = it->path();
+  }
+  return out;
+}
+
+// True when the two paths hold the same bytes (the same file names under directories).
+bool byte_identical(const fs::path& a, const fs::path& b) {
+  if (fs::is_directory(a) != fs::is_directory(b)) return false;
+  std::map<std::string, fs::path> fa, fb;
+  if (fs::is_directory(a)) fa = files_under(a), fb = files_under(b);
+  else fa[""] = a, fb[""] = b;
+  if (fa.size() != fb.size()) return false;
+  for (const auto& [k, p] : fa) {
+    auto it = fb.find(k);
+    if (it == fb.end()) return false;
+    uint64_t sa = 0, sb = 0;
+    if (fs::file_size(p) != fs::file_size(it->second)) return false;
+    if (ckpt::xxh3_file(p.string(), &sa) != ckpt::xxh3_file(it->second.string(), &sb)) return false;
+  }
+  return true;
+}
+
+bool torch_like(const fs::path& p) {
+  static const char* exts[] = {".pt", ".pth", ".bin", ".ckpt", ".distcp", ".pkl"};
+  const std::string e = p.extension().string();
+  for (const char* x : exts)
+    if (e == x) return true;
+  return false;
+}
+
+void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
+  auto st = ckpt::SafetensorsFile::open(file.string());
+  if (st.compressed()) st = st.decoded();
+  const bool bridged = st.metadata().count("rh_bridge") != 0;
+  for (const auto& t : st.tensors()) f.tensors[prefix + t.key] = {t.dtype, st.tensor(t.key)};
+  for (const auto& [k, v] : st.metadata()) {
+    if (bridged && k.rfind("leaf:", 0) == 0) f.leaves[prefix + k.substr(5)] = v;
+    else if (bridged && k.rfind("dtype:", 0) == 0) f.leaves[prefix + k.substr(6) + " (dtype)"] = v;
+    else if (!bridged) f.leaves[prefix + "__metadata__/" + k] = v;
+  }
+  f.files.push_back(std::move(st));
+}
+
+// How the bridge is started: `python3 -I -c kBridgeLauncher PATHS ARGS...`. -I (isolated) keeps
+// the current directory, the script directory and PYTHON* variables off sys.path, so a json.py
+// where the tool was started is never imported; the launcher puts PATHS (colon-separated) first
+// on sys.path and runs rhckpt.torch_bridge. Kept equal to torch_bridge.LAUNCHER (issue 41).
+const char* const kBridgeLauncher =
+    "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; import runpy; "
+    "runpy.run_module('rhckpt.torch_bridge', run_name='__main__', alter_sys=True)";
+
+// One long-lived `torch_bridge --serve` per tool process, shared by every cell (and worker thread):
+// importing torch costs about 1.5 s of CPU, a conversion of our example's checkpoint 0.05 s.
+BridgeClient& torch_bridge() {
+  static BridgeClient bridge("the torch bridge", [] {
+    const std::string py = python_package_dir();
+    if (py.empty())
+      throw std::runtime_error("python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
+    return BridgeCommand{{python_interpreter(), "-I", "-c", kBridgeLauncher, py, "--serve"},
+                         {{"OMP_NUM_THREADS", "1"}}};
+  });
+  return bridge;
+}
+
+}   // namespace
+
+std::vector<Flat> CheckpointReader::read(const std::vector<fs::path>& paths, const std::string& label) {
+  std::vector<Flat> out(paths.size());
+  std::vector<std::pair<fs::path, fs::path>> bridged;   // input -> flat safetensors
+  std::vector<size_t> bridged_index;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const fs::path& p = paths[i];
+    const bool dir = fs::is_directory(fs::symlink_status(p));
+    if (format_of(p, dir) == "torch") {
+      bridged.emplace_back(p, scratch_ / (label + "_" + std::to_string(i) + ".safetensors"));
+      bridged_index.push_back(i);
+    } else if (!dir) {
+      add_safetensors(out[i], p, "");
+    } else {
+      for (const auto& [rel, abs] : files_under(p)) {
+        if (abs.extension() == ".safetensors") {
+          add_safetensors(out[i], abs, rel + "/");
+        } else {
+          uint64_t size = 0;
+          out[i].leaves[rel + " (file bytes)"] =
+              ckpt::hex64(ckpt::xxh3_file(abs.string(), &size)) + " " + std::to_string(size);
+        }
+      }
+    }
+  }
+  if (!bridged.empty()) bridge(bridged, label);
+  for (size_t k = 0; k < bridged.size(); ++k) add_safetensors(out[bridged_index[k]], bridged[k].second, "");
+  return out;
+}
+
+std::string CheckpointReader::format_of(const fs::path& p, bool dir) const {
+  if (t_.checkpoint.format != "auto") return t_.checkpoint.format;
+  bool torch = !dir && p.extension() != ".safetensors";
+  if (dir)
+    for (const auto& [rel, abs] : files_under(p)) torch = torch || torch_like(abs);
+  return torch ? "torch" : "safetensors";
+}
+
+void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
+  // The root the bridge walks beneath without following links: the directory above the cell
+  // (scratch_ is <cell>/flat), so a link planted in place of the cell or `flat` is refused.
+  const fs::path root = fs::absolute(scratch_).parent_path().parent_path();
+  if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
+    // (no create_directories here: it would follow a planted link; the bridge makes `flat`)
+    nlohmann::json paths = nlohmann::json::array();
+    for (const auto& [in, out] : io)
+      paths.push_back(fs::absolute(in).string()), paths.push_back(fs::absolute(out).string());
+    const nlohmann::json request = {{"root", root.string()}, {"io", paths}};
+    const std::string err = torch_bridge().request(request.dump(), 600);
+    if (!err.empty()) throw ckpt::CheckpointError("cannot read torch checkpoint: " + ckpt::quote_text(err, 500));
+    return;
+  }
+  const std::string py = python_package_dir();
+  if (py.empty())
+    throw std::runtime_error("cannot read torch checkpoint " + io.front().first.string() +
+                             ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
+  fs::create_directories(scratch_);
+  CapturedSpec c;
+  // Isolated too; a trusted pickle's classes are imported from the tool's PYTHONPATH, never cwd.
+  const char* pp = std::getenv("PYTHONPATH");
+  c.argv = {python_interpreter(), "-I", "-c", kBridgeLauncher, py + (pp && *pp ? ":" + std::string(pp) : std::string()),
+            "--trust-pickle", "--root", root.string()};
+  for (const auto& [in, out] : io) {
+    c.argv.push_back(fs::absolute(in).string());
+    c.argv.push_back(fs::absolute(out).string());
+  }
+  c.env = {{"OMP_NUM_THREADS", "1"}};
+  c.stdout_path = (scratch_ / (label + ".bridge.out")).string();
+  c.stderr_path = (scratch_ / (label + ".bridge.err")).string();
+  c.timeout_s = 600;
+  const auto e = run_captured(c);
+  if (!e.ok()) {
+    std::string msg = tail_of_file(c.stderr_path, 600);
+    while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
+    throw ckpt::CheckpointError("cannot read torch checkpoint: " +
+                                (msg.empty() ? "the bridge " + e.describe() : ckpt::quote_text(msg, 500)));
+  }
+}
+
+std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b,
+                                const std::string& label, std::vector<TensorDiff>* diffs) {
+  for (const auto* p : {&a, &b})
+    if (!fs::exists(fs::symlink_status(*p)))
+      throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
+  if (byte_identical(a, b)) return "";
+  const auto flat = reader.read({a, b}, label);
+  const Flat &fa = flat[0], &fb = flat[1];
+  auto td = compare_tensor_maps(fa.tensors, fb.tensors);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : fa.leaves) keys.insert(k);
+  for (const auto& [k, v] : fb.leaves) keys.insert(k);
+  for (const auto& k : keys) {
+    TensorDiff d;
+    d.key = k;
+    d.kind = "leaf";
+    auto ia = fa.leaves.find(k), ib = fb.leaves.find(k);
+    d.dtype_a = ia != fa.leaves.end() ? "text" : "";
+    d.dtype_b = ib != fb.leaves.end() ? "text" : "";
+    d.numel = 1;
+    d.shape_equal = true;
+    d.bit_equal_fraction = (ia != fa.leaves.end() && ib != fb.leaves.end() && ia->second == ib->second) ? 1.0 : 0.0;
+    if (d.bit_equal_fraction < 1) d.max_abs_diff = std::numeric_limits<double>::infinity();
+    td.push_back(d);
+  }
+  std::sort(td.begin(), td.end(), [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
+  std::string first;
+  for (const auto& d : td)
+    if (!d.identical() && first.empty())
+      first = d.key + (d.dtype_a.empty()   ? " (missing in the first)"
+                       : d.dtype_b.empty() ? " (missing in the second)"
+                                           : "");
+  // Files that differ in bytes with every key equal (a zip's record names, a pickle's memo order)
+  // hold the same checkpoint.
+  if (diffs) *diffs = td;
+  return first;
+}
+
+}   // namespace rh::external

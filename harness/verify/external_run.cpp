@@ -1,0 +1,106 @@
+// Running an external trainer's command; see external_run.h.
+#include "harness/verify/external_run.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <system_error>
+
+#include "harness/checkpoint/checked_io.h"
+#include "harness/process/process.h"
+#include "harness/verify/external_check.h"
+
+namespace fs = std::filesystem;
+
+namespace rh::external {
+
+namespace {
+
+constexpr uint64_t kMaxMetricsFileBytes = 256ull << 20;
+
+std::string join_argv(const std::vector<std::string>& argv) {
+  std::string joined;
+  for (const auto& arg : argv) joined += (joined.empty() ? "" : " ") + arg;
+  return joined.size() > 300 ? joined.substr(0, 300) + "..." : joined;
+}
+
+}   // namespace
+
+RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, const fs::path& load_dir,
+                   const std::optional<fs::path>& seed_save_dir) {
+  RunOut out;
+  out.label = label;
+  out.dir = work_ / label;
+  out.save_dir = out.dir / "save";
+  fs::create_directories(out.dir);
+  if (seed_save_dir && fs::exists(fs::symlink_status(*seed_save_dir)))
+    fs::copy(*seed_save_dir, out.save_dir, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  else fs::create_directories(out.save_dir);
+  const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
+  CapturedSpec c;
+  for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
+  for (const auto& a : t_.args) c.argv.push_back(expand_placeholders(a, vars));
+  c.cwd = cwd_for(out);
+  for (const auto& [k, v] : t_.env) c.env.emplace_back(k, expand_placeholders(v, vars));
+  if (t_.probe) {
+    fs::create_directories(out.dir / "probe");
+    c.env.emplace_back("RH_PROBE_DIR", (out.dir / "probe").string());
+    const std::string py = python_package_dir();
+    const char* pp = std::getenv("PYTHONPATH");
+    if (!py.empty()) c.env.emplace_back("PYTHONPATH", py + (pp && *pp ? ":" + std::string(pp) : std::string()));
+  }
+  c.stdout_path = (out.dir / "stdout.log").string();
+  c.stderr_path = (out.dir / "stderr.log").string();
+  c.output_cap_bytes = t_.output_cap_bytes;
+  c.timeout_s = t_.timeout_s;
+  const auto e = run_captured(c);
+  out.seconds = e.seconds;
+  trainer_seconds_ += e.seconds;
+  if (e.output_capped)
+    throw std::runtime_error("the " + label + " run printed more than " + std::to_string(t_.output_cap_bytes >> 20) +
+                             " MiB (trainer.output_cap_mb); it was stopped: " + join_argv(c.argv));
+  if (!e.ok())
+    throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) +
+                             "): " + ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
+  out.metrics = read_metrics(out, vars, c.stdout_path);
+  if (t_.probe) out.probe = read_probe(out.dir / "probe" / "probe.jsonl");
+  return out;
+}
+
+fs::path Runner::checkpoint(const RunOut& r, int64_t iterations, int64_t iteration, const fs::path& load_dir) const {
+  auto vars = vars_for(r, iterations, load_dir.empty() ? r.save_dir : load_dir);
+  vars["iteration"] = std::to_string(iteration);
+  fs::path p = expand_placeholders(t_.checkpoint.path, vars);
+  return p.is_absolute() ? p : fs::path(cwd_for(r)) / p;
+}
+
+std::map<std::string, std::string> Runner::vars_for(const RunOut& r, int64_t iterations,
+                                                    const fs::path& load_dir) const {
+  return {{"iterations", std::to_string(iterations)},
+          {"save_at", std::to_string(s_.save_at)},
+          {"save_dir", r.save_dir.string()},
+          {"load_dir", load_dir.string()},
+          {"run_dir", r.dir.string()},
+          {"tool", o_.tool}};
+}
+
+std::string Runner::cwd_for(const RunOut& r) const {
+  if (t_.cwd.empty()) return r.dir.string();
+  const fs::path c(t_.cwd);
+  return (c.is_absolute() ? c : fs::absolute(fs::path(t_.scenario_dir) / c)).lexically_normal().string();
+}
+
+MetricLog Runner::read_metrics(const RunOut& r, const std::map<std::string, std::string>& vars,
+                               const std::string& stdout_path) {
+  if (!t_.metrics.stdout_regex.empty())
+    return parse_stdout_metrics(ckpt::read_regular_file(stdout_path, t_.output_cap_bytes + 1), t_.metrics.stdout_regex,
+                                "the " + r.label + " run's stdout");
+  fs::path f = expand_placeholders(t_.metrics.file, vars);
+  if (!f.is_absolute()) f = fs::path(cwd_for(r)) / f;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(f, ec)))
+    throw std::runtime_error("the " + r.label + " run wrote no metrics file " + f.string() + " (trainer.metrics.file)");
+  return parse_metrics_file(ckpt::read_regular_file(f.string(), kMaxMetricsFileBytes, true), t_.metrics.format,
+                            f.string());
+}
+
+}   // namespace rh::external
