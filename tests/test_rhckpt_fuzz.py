@@ -9,6 +9,11 @@ checksum:
   - a safetensors header: the same, on its JSON;
   - a compressed file's table (rh_tensors): the same, on its JSON;
   - a data file: random bytes flipped, truncated or extended.
+The torch bridge's reader (python/rhckpt/torch_zip.py, issue 41) gets its own loop (BridgeFuzz,
+RH_BRIDGE_FUZZ_ITERATIONS, default 400): a hand-made torch.save zip whose data.pkl has bytes
+flipped, opcodes inserted, ranges deleted or repeated, ints made huge, or whose zip bytes are
+flipped or cut, converted in-process with a 5 s alarm: each must convert or be refused with one
+BridgeError line naming the file, never another exception or a hang.
 CI runs a bounded number (RH_FUZZ_ITERATIONS, default 500: about 15 s), and every 10th input also
 through the tool's `inspect` (CTest passes its path), which must give the same exit code; any count
 and seed run by hand:
@@ -182,6 +187,99 @@ def fuzz(iterations, seed, tool=None, export=None, tool_every=1):
         return f
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def bridge_seed():
+    """(data.pkl, records) of a torch.save zip file holding every container and leaf kind."""
+    import argparse
+    import collections
+    import pickle
+    sys.path.insert(0, os.path.join(HERE, "conformance"))
+    import hostile_torch as ht
+    extra = pickle.dumps({"a": [1, 2.5, "x", (1, 2), 2 ** 70], "b": collections.OrderedDict(c=None, d=b"xx"),
+                          "ns": argparse.Namespace(lr=1), "s": {1, 2}, "sl": slice(1, 2), "z": 1j}, 2)[2:-1]
+    pkl = (ht.PROTO + b"}" + ht.s("w") + ht.tensor("0", 6, (2, 3), (3, 1)) + b"s" + ht.s("t") +
+           ht.tensor("0", 6, (3, 2), (1, 3), storage="FloatStorage") + b"s" + ht.s("i") +
+           ht.tensor("1", 2, (2,), (1,), storage="LongStorage") + b"s" + ht.s("m") + extra + b"s.")
+    return pkl, {"0": struct.pack("<6f", *range(6)), "1": struct.pack("<2q", -1, 7)}
+
+
+def bridge_fuzz(iterations, seed):
+    """(stats, crashes) of the bridge's reader over mutated torch.save files."""
+    import signal
+    sys.path.insert(0, os.path.join(HERE, "conformance"))
+    import hostile_torch as ht
+    from rhckpt import torch_bridge
+    rng = random.Random(seed)
+    pkl0, records = bridge_seed()
+    ops = [b"(", b"t", b"}", b"]", b"s", b"u", b"a", b"e", b"R", b"b", b"Q", b"0", b"2", b"N", b"\x85", b"\x86",
+           b"\x87", b"\x88", b"h\x00", b"q\x00", b"\x94", b"K\xff", b"J\xff\xff\xff\x7f", b"\x8a\x08" + b"\xff" * 8,
+           b"cbuiltins\nset\n", b"ctorch\nfloat32\n", b"ctorch\nSize\n", b"cargparse\nNamespace\n", b"."]
+    stats, crashes = {"tried": 0, "accepted": 0, "refused": 0}, []
+    work = tempfile.mkdtemp(prefix="rh_bridge_fuzz_")
+
+    def alarm(*_):
+        raise TimeoutError("the bridge took more than 5 s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for n in range(iterations):
+            pkl, recs = bytearray(pkl0), dict(records)
+            kind = rng.randrange(7)
+            at = rng.randrange(2, len(pkl) - 1)
+            if kind == 0:
+                pkl[at] = rng.randrange(256)
+            elif kind == 1:
+                pkl[at:at] = rng.choice(ops)
+            elif kind == 2:
+                del pkl[at:at + rng.randrange(1, 40)]
+            elif kind == 3:
+                pkl[at:at] = pkl[at:at + rng.randrange(1, 60)] * rng.randrange(2, 50)
+            elif kind == 4:
+                recs[rng.choice(list(recs))] = bytes(rng.randrange(40))
+            blob = bytearray(ht.zip_bytes(bytes(pkl), recs))
+            if kind == 5:
+                for _ in range(rng.randrange(1, 8)):
+                    blob[rng.randrange(len(blob))] = rng.randrange(256)
+            elif kind == 6:
+                del blob[rng.randrange(len(blob)):]
+            src = os.path.join(work, "f%05d.pt" % n)
+            with open(src, "wb") as f:
+                f.write(blob)
+            stats["tried"] += 1
+            signal.alarm(5)
+            try:
+                torch_bridge.convert(src, src + ".st")
+                stats["accepted"] += 1
+            except torch_bridge.BridgeError as e:
+                line = str(e)
+                if "\n" in line or src not in line or "internal error" in line:
+                    crashes.append("kind %d: %s" % (kind, line[:300]))
+                else:
+                    stats["refused"] += 1
+            except BaseException as e:   # noqa: BLE001 (anything else escaping convert is a crash)
+                crashes.append("kind %d: %s: %s" % (kind, type(e).__name__, str(e)[:300]))
+            finally:
+                signal.alarm(0)
+            for p in (src, src + ".st"):
+                if os.path.exists(p):
+                    os.unlink(p)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+        shutil.rmtree(work, ignore_errors=True)
+    return stats, crashes
+
+
+class BridgeFuzz(unittest.TestCase):
+    def test_no_input_crashes_the_bridge(self):
+        n = int(os.environ.get("RH_BRIDGE_FUZZ_ITERATIONS", "400"))
+        t0 = time.monotonic()
+        stats, crashes = bridge_fuzz(n, seed=41)
+        print("bridge fuzz: %(tried)d inputs, %(accepted)d accepted, %(refused)d refused" % stats,
+              "%d crashes (%.1f s)" % (len(crashes), time.monotonic() - t0), file=sys.stderr)
+        self.assertEqual(crashes, [], "\n".join(crashes[:20]))
+        self.assertEqual(stats["tried"], n)
+        self.assertGreater(stats["refused"], n // 4)   # the mutations reach the checks
+        self.assertGreater(stats["accepted"], 0)       # and the seed itself is valid
 
 
 TOOL = None   # CTest passes the tool: every 10th input is also judged by its `inspect`

@@ -6,7 +6,13 @@ gives the same bytes; a directory gets relative-path prefixes; the restricted un
 pickle that REDUCEs os.system (and the command never runs) while --trust-pickle accepts a harmless
 class; hostile inputs (truncated, garbage, empty, 10^5-deep nesting, symlinks, a
 torch.distributed.checkpoint directory, a missing output directory) exit 2 with exactly one
-stderr line and no traceback.
+stderr line and no traceback. Issue 41's attacks (tests/conformance/hostile_torch.py): a legacy
+file steering torch's loader into writing a .patch file, a legacy tar with a hard-link member (a
+chmod of another file) or a FIFO member (a hang), storages declared larger than their records,
+tensors past their storage, stride-0 expansion, a deflate record, a million-deep tuple key,
+BUILD on a class or a dtype, a FIFO as input, a json.py in the current directory, links planted
+in place of the output's directories: each refused with one line, exit 2, nothing written,
+memory bounded (the child's peak RSS measured), and the bridge never imports torch.
 
   /usr/bin/python3 tests/test_torch_bridge.py [TOOL]     (the tool argument CTest passes is ignored)
 """
@@ -41,10 +47,27 @@ from rhckpt import safetensors as st  # noqa: E402
 from rhckpt import torch_bridge  # noqa: E402
 
 
-def bridge(*args, extra_path=None):
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + (os.pathsep + extra_path if extra_path else ""))
-    return subprocess.run([sys.executable, "-m", "rhckpt.torch_bridge"] + list(args), env=env,
-                          capture_output=True, text=True, timeout=120)
+def bridge(*args, extra_path=None, cwd=None, timeout=120):
+    """The bridge started as the tool starts it: isolated (-I), the package dir put on sys.path
+    by torch_bridge.LAUNCHER (harness/verify/external_check.cpp)."""
+    paths = PYTHON_DIR + (os.pathsep + extra_path if extra_path else "")
+    return subprocess.run([sys.executable, "-I", "-c", torch_bridge.LAUNCHER, paths] + list(args),
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def peak_rss_mib(*args, limit_mib=1024):
+    """(completed process, the child's peak RSS in MiB) of one bridge run in a fresh process whose
+    address space is capped at limit_mib (a regression cannot take the machine's memory)."""
+    probe = ("import resource, subprocess, sys\n"
+             "def cap():\n"
+             "    resource.setrlimit(resource.RLIMIT_AS, (%d << 20, %d << 20))\n"
+             "p = subprocess.run(sys.argv[1:], preexec_fn=cap, capture_output=True, text=True, timeout=120)\n"
+             "sys.stderr.write(p.stderr)\n"
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+             "sys.exit(p.returncode)\n") % (limit_mib, limit_mib)
+    p = subprocess.run([sys.executable, "-c", probe, sys.executable, "-I", "-c", torch_bridge.LAUNCHER, PYTHON_DIR]
+                       + list(args), capture_output=True, text=True, timeout=180)
+    return p, int(p.stdout.strip() or 0)
 
 
 def inproc(*args):
@@ -123,7 +146,9 @@ class Bridge(unittest.TestCase):
         torch.save(cls.ck, cls.src)
         cls.legacy = cls.path("legacy.pt")
         torch.save(cls.ck, cls.legacy, _use_new_zipfile_serialization=False)
-        p = bridge(cls.src, cls.path("ck.st"), cls.src, cls.path("ck2.st"), cls.legacy, cls.path("legacy.st"))
+        p = bridge(cls.src, cls.path("ck.st"), cls.src, cls.path("ck2.st"))
+        assert p.returncode == 0, p.stderr
+        p = bridge("--trust-pickle", cls.legacy, cls.path("legacy.st"))
         assert p.returncode == 0, p.stderr
         cls.meta, cls.out = read(cls.path("ck.st"))
 
@@ -198,8 +223,12 @@ class Bridge(unittest.TestCase):
         self.assertEqual(self.meta["leaf:rng/python/1/624"], "int:%d" % state[1][624])
 
     def test_deterministic_and_legacy_format(self):
+        """The legacy format: refused untrusted, with --trust-pickle (torch.load) the same output
+        as the zip file's through the torch-free reader."""
         with open(self.path("ck.st"), "rb") as a, open(self.path("ck2.st"), "rb") as b:
             self.assertEqual(a.read(), b.read())
+        self.one_line_refusal(inproc(self.legacy, self.path("legacy_untrusted.st")), "legacy", "trust_pickle")
+        self.assertFalse(os.path.exists(self.path("legacy_untrusted.st")))
         meta, out = read(self.path("legacy.st"))
         self.assertEqual(out, self.out)
         self.assertEqual(meta["rh_source:."], "legacy.pt")
@@ -269,9 +298,9 @@ class Bridge(unittest.TestCase):
         self.assertIn("not a checkpoint type", line)
         self.assertFalse(os.path.exists(marker))
         self.assertFalse(os.path.exists(self.path("evil.st")))
-        # the legacy (non-zip) format goes through the same module
+        # the legacy (non-zip) format is not unpickled at all
         torch.save({"x": Evil()}, self.path("evil_legacy.pt"), _use_new_zipfile_serialization=False)
-        self.one_line_refusal(inproc(self.path("evil_legacy.pt"), self.path("e2.st")), "refused to unpickle posix.system")
+        self.one_line_refusal(inproc(self.path("evil_legacy.pt"), self.path("e2.st")), "legacy")
         self.assertFalse(os.path.exists(marker))
 
     def test_trust_pickle_accepts_a_harmless_class(self):
@@ -340,17 +369,356 @@ class Bridge(unittest.TestCase):
         self.one_line_refusal(inproc())
 
     def test_distributed_checkpoint_directory_refused(self):
+        """A .metadata that is not a DCP Metadata pickle (the real ones: class Dcp)."""
         d = self.path("dcp")
         os.makedirs(d)
         torch.save({"w": torch.ones(1)}, os.path.join(d, "__0_0.distcp"))
         with open(os.path.join(d, ".metadata"), "wb") as f:
-            f.write(b"\x80\x04.")
-        self.one_line_refusal(inproc(d, self.path("dcp.st")), "torch.distributed.checkpoint", torch.__version__)
+            f.write(b"\x80\x04N.")
+        self.one_line_refusal(inproc(d, self.path("dcp.st")), "torch.distributed.checkpoint", "not a Metadata")
 
     def test_torchscript_archive_refused(self):
         src = self.path("script.pt")
         torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), src)
         self.one_line_refusal(inproc(src, self.path("script.st")), "TorchScript")
+
+
+sys.path.insert(0, os.path.join(HERE, "conformance"))
+import hostile_torch as H  # noqa: E402
+
+
+class Hostile(unittest.TestCase):
+    """Issue 41 (round four): what each attack on the bridge gets now. Every case fails on
+    b8ed1e0's bridge (it wrote the .patch file, chmodded the victim, exited 0 on the heap read,
+    segfaulted, hung on the FIFO, imported json.py, had no --root)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="rh_bridge_hostile_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def write(self, name, blob):
+        path = os.path.join(self.tmp, name)
+        with open(path, "wb") as f:
+            f.write(blob)
+        return path
+
+    one_line_refusal = Bridge.one_line_refusal
+
+    def refused(self, name, blob, *needles, run=None):
+        src = self.write(name, blob)
+        out = src + ".st"
+        line = self.one_line_refusal((run or inproc)(src, out), src, *needles)
+        self.assertFalse(os.path.exists(out))
+        self.assertFalse(os.path.exists(out + ".tmp"))
+        return line
+
+    def test_legacy_dump_patches_writes_nothing(self):
+        target = os.path.join(self.tmp, "elsewhere", "pwned")
+        os.makedirs(os.path.dirname(target))
+        before = set(os.listdir(self.tmp))
+        self.refused("patch.pt", H.legacy_dump_patches(target), "legacy", "non-zip", run=bridge)
+        self.assertEqual(os.listdir(os.path.dirname(target)), [])
+        self.assertEqual(set(os.listdir(self.tmp)) - before, {"patch.pt"})
+
+    def test_legacy_tar_hard_link_chmods_nothing(self):
+        victim = self.write("victim", b"v")
+        os.chmod(victim, 0o644)
+        os.utime(victim, (1_700_000_000, 1_700_000_000))
+        self.refused("link.pt", H.legacy_tar("storages", victim), "legacy", "tar format", run=bridge)
+        st_ = os.stat(victim)
+        self.assertEqual((st_.st_mode & 0o7777, st_.st_mtime, st_.st_nlink), (0o644, 1_700_000_000, 1))
+
+    def test_legacy_tar_fifo_member_does_not_block(self):
+        self.refused("fifo.pt", H.legacy_tar("storages", fifo=True), "legacy", run=lambda *a: bridge(*a, timeout=30))
+
+    def test_storage_larger_than_its_record(self):
+        self.refused("over.pt", H.zip_oversize_storage(), "declares 4096 float32 elements", "holds 4 bytes")
+        self.refused("huge.pt", H.zip_huge_storage(), "declares 1073741824", run=bridge)   # segfaulted
+        self.refused("past.pt", H.zip_tensor_past_storage(), "reaches element 8 of a 4-element storage")
+
+    def test_stride0_expansion_bounded(self):
+        src = self.write("stride0.pt", H.zip_stride0())
+        p, rss = peak_rss_mib(src, src + ".st")
+        self.one_line_refusal(p, "expand to more than 4 x the input")
+        self.assertLess(rss, 200, "peak RSS %d MiB" % rss)
+        self.assertFalse(os.path.exists(src + ".st"))
+
+    def test_deflate_record_refused(self):
+        src = self.write("deflate.pt", H.zip_deflate())
+        self.assertLess(os.path.getsize(src), 1 << 20)
+        p, rss = peak_rss_mib(src, src + ".st")
+        self.one_line_refusal(p, "is compressed (method 8)")
+        self.assertLess(rss, 200, "peak RSS %d MiB" % rss)
+
+    def test_million_deep_tuple_key(self):
+        self.refused("deep_key.pt", H.zip_deep_key(), "nested deeper than 100 levels", run=bridge)   # segfaulted
+
+    def test_build_on_class_or_dtype_refused(self):
+        import argparse
+        self.refused("build.pt", H.zip_build_on_class(), "sets the state of the class Namespace")
+        self.assertFalse(hasattr(argparse.Namespace, "dump_patches"))
+        self.refused("dtype.pt", H.zip_dtype_mutation(), "sets the state of a DType")
+        self.assertEqual(str(torch_bridge.torch_zip._DTYPES["float32"]), "torch.float32")
+
+    def test_valid_handmade_file_and_no_torch_import(self):
+        src = self.write("valid.pt", H.zip_valid())
+        probe = ("import sys; sys.path.insert(0, %r); from rhckpt import torch_bridge as b; "
+                 "rc = b.main(sys.argv[1:]); print('torch' in sys.modules); sys.exit(rc)" % PYTHON_DIR)
+        p = subprocess.run([sys.executable, "-I", "-c", probe, src, src + ".st"], capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout.strip()), (0, "False"), p.stderr)
+        meta, out = read(src + ".st")
+        self.assertEqual(out["w"], ("F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)))
+        self.assertEqual(out["t"], ("F32", [2, 2], struct.pack("<4f", 1, 3, 2, 4)))
+
+    def test_fifo_input_refused_without_blocking(self):
+        fifo = os.path.join(self.tmp, "in.pt")
+        os.mkfifo(fifo)
+        self.one_line_refusal(bridge(fifo, fifo + ".st", timeout=30), "in.pt", "not a regular file")
+        d = os.path.join(self.tmp, "dir")   # in a directory: skipped, never opened
+        os.makedirs(d)
+        os.mkfifo(os.path.join(d, "a.pt"))
+        with open(os.path.join(d, "b.pt"), "wb") as f:
+            f.write(H.zip_valid())
+        p = bridge(d, d + ".st", timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(sorted(read(d + ".st")[1]), ["b.pt/t", "b.pt/w"])
+
+    def test_json_py_in_cwd_is_not_imported(self):
+        marker = os.path.join(self.tmp, "imported")
+        cwd = os.path.join(self.tmp, "cwd")
+        os.makedirs(cwd)
+        for mod in ("json", "zipfile", "numpy"):
+            with open(os.path.join(cwd, mod + ".py"), "w") as f:
+                f.write("open(%r, 'w').write(%r)\n" % (marker, mod))
+        src = self.write("valid.pt", H.zip_valid())
+        p = bridge(src, src + ".st", cwd=cwd)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertFalse(os.path.exists(marker))
+
+    def test_planted_links_under_root(self):
+        """--root: a link in place of the cell or `flat` directory is refused naming it, and
+        nothing appears where it points; a missing directory below the root is created."""
+        root = os.path.join(self.tmp, "run")
+        outside = os.path.join(self.tmp, "outside")
+        os.makedirs(os.path.join(root, "cell"))
+        os.makedirs(outside)
+        src = self.write("run/cell/ck.pt", H.zip_valid())
+        out = os.path.join(root, "cell", "flat", "a.safetensors")
+        p = bridge("--root", root, src, out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        shutil.rmtree(os.path.join(root, "cell", "flat"))
+        os.symlink(outside, os.path.join(root, "cell", "flat"))
+        self.one_line_refusal(bridge("--root", root, src, out), os.path.join(root, "cell", "flat"), "symlink")
+        os.unlink(os.path.join(root, "cell", "flat"))
+        os.rename(os.path.join(root, "cell"), os.path.join(self.tmp, "cell_moved"))
+        os.symlink(os.path.join(self.tmp, "cell_moved"), os.path.join(root, "cell"))
+        self.one_line_refusal(bridge("--root", root, os.path.join(root, "cell", "ck.pt"), out),
+                              os.path.join(root, "cell"), "symlink")
+        self.assertEqual(os.listdir(outside), [])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "cell_moved", "flat")))
+        # a link at the output's own name is replaced, not written through
+        os.unlink(os.path.join(root, "cell"))
+        os.rename(os.path.join(self.tmp, "cell_moved"), os.path.join(root, "cell"))
+        os.makedirs(os.path.join(root, "cell", "flat"))
+        os.symlink(os.path.join(outside, "x"), out)
+        self.assertEqual(bridge("--root", root, src, out).returncode, 0)
+        self.assertEqual(os.listdir(outside), [])
+        self.assertFalse(os.path.islink(out))
+        # the --serve protocol's {"root", "io"} form
+        p = subprocess.run([sys.executable, "-I", "-c", torch_bridge.LAUNCHER, PYTHON_DIR, "--serve"],
+                           input=json.dumps({"root": root, "io": [src, os.path.join(outside, "y.st")]}) + "\n",
+                           capture_output=True, text=True, timeout=60)
+        reply = json.loads(p.stdout)
+        self.assertFalse(reply["ok"])
+        self.assertIn("not below the root", reply["error"])
+        self.assertEqual(os.listdir(outside), [])
+
+
+class CorpusVerdicts(unittest.TestCase):
+    """The conformance corpus's torch_* cases (tests/conformance/make_corpus.py): the bridge's
+    verdict from expected_bridge.tsv, one line, nothing written into the case's directory (the
+    tool's readers' verdict on the same directories is held by the corpus's other consumers)."""
+
+    def test_every_torch_case_gets_its_bridge_verdict(self):
+        tmp = tempfile.mkdtemp(prefix="rh_bridge_corpus_")
+        try:
+            gen = [sys.executable, os.path.join(HERE, "conformance", "make_corpus.py"), os.path.join(tmp, "c")]
+            names = [line.split("\t")[0] for line in subprocess.run(gen[:2] + ["--list"], capture_output=True, text=True,
+                                                                     check=True).stdout.splitlines()
+                     if line.startswith(("torch_", "dcp_"))]
+            subprocess.run(gen + names, check=True, timeout=120)
+            with open(os.path.join(tmp, "c", "expected_bridge.tsv")) as f:
+                rows = [line.rstrip("\n").split("\t") for line in f]
+            self.assertGreaterEqual(len(rows), 20)
+            for name, code, reason, what in rows:
+                d = os.path.join(tmp, "c", name)
+                before = sorted(os.listdir(d))
+                out = os.path.join(tmp, name + ".st")
+                src = os.path.join(d, "checkpoint.pt") if what == "checkpoint.pt" else d
+                p = inproc(src, out)
+                if code == "0":
+                    self.assertEqual(p.returncode, 0, name + ": " + p.stderr)
+                    if name.startswith("dcp_"):   # reassembled from its chunks
+                        self.assertEqual(read(out)[1]["w"], ("F32", [4, 2], struct.pack("<8f", *range(8))), name)
+                else:
+                    self.one_line_refusal(p, src, reason)
+                    self.assertFalse(os.path.exists(out), name)
+                self.assertEqual(sorted(os.listdir(d)), before, name)
+                if os.path.exists(os.path.join(d, "victim")):
+                    self.assertEqual(os.stat(os.path.join(d, "victim")).st_mode & 0o7777, 0o644, name)
+        finally:
+            shutil.rmtree(tmp)
+
+    one_line_refusal = Bridge.one_line_refusal
+
+
+def dcp_modules():
+    """torch 1.13's torch.distributed._shard.checkpoint (metadata, filesystem) and sharded_tensor
+    metadata. They do not import on Python 3.11 as shipped (a dataclass field defaults to an
+    unhashable dataclass instance): dataclasses get an identity hash while they import."""
+    import dataclasses
+    orig = dataclasses.dataclass
+
+    def hashable(cls=None, **kw):
+        def wrap(c):
+            c = orig(c, **kw) if kw else orig(c)
+            if c.__hash__ is None:
+                c.__hash__ = object.__hash__
+            return c
+        return wrap(cls) if cls is not None else wrap
+    dataclasses.dataclass = hashable
+    try:
+        import torch.distributed._shard.checkpoint as dcp
+        import torch.distributed._shard.checkpoint.filesystem as fs
+        import torch.distributed._shard.checkpoint.metadata as md
+        import torch.distributed._shard.sharded_tensor.metadata as stm
+    finally:
+        dataclasses.dataclass = orig
+    return dcp, fs, md, stm
+
+
+def write_chunked_dcp(d, w, rows, protocol=4, newer=False, chunk_rows=None, length_extra=0):
+    """A DCP directory holding tensor `w` in row chunks `rows` ([(begin, end)], one .distcp file
+    each, a torch.save blob at an offset after 16 bytes of padding), plus the bytes item "step" = 7,
+    written with torch 1.13's own dataclasses. newer: the pickle's class paths rewritten to
+    torch.distributed.checkpoint.metadata / .filesystem (torch >= 2.0's module)."""
+    _, fs, md, stm = dcp_modules()
+    os.makedirs(d)
+    chunks, storage = [], {}
+    for n, (b, e) in enumerate(chunk_rows or rows):
+        buf = io.BytesIO()
+        torch.save(w[b:e].clone(), buf)
+        blob = buf.getvalue()
+        name = "__0_%d.distcp" % n
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"\0" * 16 + blob)
+        off = torch.Size([b] + [0] * (w.dim() - 1))
+        chunks.append(md.ChunkStorageMetadata(offsets=off, sizes=torch.Size([e - b] + list(w.shape[1:]))))
+        storage[md.MetadataIndex("w", off, n)] = fs._StorageInfo(name, 16, len(blob) + length_extra)
+    buf = io.BytesIO()
+    torch.save(7, buf)
+    with open(os.path.join(d, "__1_0.distcp"), "wb") as f:
+        f.write(buf.getvalue())
+    storage[md.MetadataIndex("step")] = fs._StorageInfo("__1_0.distcp", 0, len(buf.getvalue()))
+    props = stm.TensorProperties(dtype=w.dtype, layout=torch.strided, requires_grad=False,
+                                 memory_format=torch.contiguous_format, pin_memory=False)
+    meta = md.Metadata(state_dict_metadata={"w": md.TensorStorageMetadata(properties=props, size=w.shape, chunks=chunks),
+                                            "step": md.BytesStorageMetadata()},
+                       planner_data=None, storage_data=storage)
+    import pickle
+    raw = pickle.dumps(meta, protocol=2 if newer else protocol)
+    if newer:
+        for old, new in ((b"torch.distributed._shard.checkpoint.metadata\n", b"torch.distributed.checkpoint.metadata\n"),
+                         (b"torch.distributed._shard.sharded_tensor.metadata\n", b"torch.distributed.checkpoint.metadata\n"),
+                         (b"torch.distributed._shard.checkpoint.filesystem\n", b"torch.distributed.checkpoint.filesystem\n")):
+            assert old in raw, old
+            raw = raw.replace(old, new)
+        raw = raw.replace(b"\nMEM_FORMAT_ENCODING\n", b"\n_MEM_FORMAT_ENCODING\n")
+    with open(os.path.join(d, ".metadata"), "wb") as f:
+        f.write(raw)
+
+
+class Dcp(unittest.TestCase):
+    """torch.distributed.checkpoint directories (issue 43), read without torch (rhckpt/dcp.py):
+    torch 1.13's own FileSystemWriter, hand-chunked tensors with 1.13's classes and with the newer
+    module's class paths, a changed element, and hostile directories."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rh_bridge_dcp_")
+        g = torch.Generator().manual_seed(5)
+        cls.w = torch.randn(4, 3, generator=g)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    one_line_refusal = Bridge.one_line_refusal
+
+    def path(self, *p):
+        return os.path.join(self.tmp, *p)
+
+    def test_torch_113_writer(self):
+        dcp, _, _, _ = dcp_modules()
+        sd = {"model.w": self.w, "b": torch.arange(5), "h": torch.ones(3).bfloat16(), "step": 3, "cfg": {"lr": 0.5}}
+        dcp.save_state_dict(sd, dcp.FileSystemWriter(self.path("w113")), no_dist=True)
+        self.assertTrue(os.path.exists(self.path("w113", ".metadata")))
+        p = inproc(self.path("w113"), self.path("w113.st"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        meta, out = read(self.path("w113.st"))
+        self.assertEqual(out["model.w"], ("F32", [4, 3], raw(self.w)))
+        self.assertEqual(out["b"], ("I64", [5], raw(torch.arange(5))))
+        self.assertEqual(out["h"][2], raw(torch.ones(3).bfloat16()))
+        self.assertEqual(meta["leaf:step"], "int:3")
+        self.assertEqual(meta["leaf:cfg/lr"], "float:0x1.0000000000000p-1")
+        # one changed element: only that key's bytes differ
+        sd2 = dict(sd, **{"model.w": self.w.clone()})
+        sd2["model.w"][2, 1] += 1
+        dcp.save_state_dict(sd2, dcp.FileSystemWriter(self.path("w113b")), no_dist=True)
+        self.assertEqual(inproc(self.path("w113b"), self.path("w113b.st")).returncode, 0)
+        _, out2 = read(self.path("w113b.st"))
+        self.assertEqual(sorted(k for k in out if out[k] != out2[k]), ["model.w"])
+
+    def test_chunks_reassembled_both_class_paths(self):
+        for newer in (False, True):
+            d = self.path("chunked_%d" % newer)
+            write_chunked_dcp(d, self.w, [(0, 1), (1, 3), (3, 4)], newer=newer)
+            p = inproc(d, d + ".st")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            meta, out = read(d + ".st")
+            self.assertEqual(out["w"], ("F32", [4, 3], raw(self.w)), newer)
+            self.assertEqual(meta["leaf:step"], "int:7")
+
+    def test_hostile_directories(self):
+        d = self.path("past")
+        write_chunked_dcp(d, self.w, [(0, 2), (2, 4)], length_extra=1)
+        self.one_line_refusal(inproc(d, d + ".st"), "past its end")
+        d = self.path("overlap")
+        write_chunked_dcp(d, self.w, [(0, 2), (1, 4)])
+        self.one_line_refusal(inproc(d, d + ".st"), "overlap")
+        d = self.path("gap")
+        write_chunked_dcp(d, self.w, [(0, 1), (2, 4)])
+        self.one_line_refusal(inproc(d, d + ".st"), "cover 9 of its 12 elements")
+        d = self.path("evil")
+        write_chunked_dcp(d, self.w, [(0, 4)])
+        marker = self.path("evil_ran")
+        with open(os.path.join(d, ".metadata"), "wb") as f:
+            f.write(b"\x80\x02cposix\nsystem\nX" + struct.pack("<I", len("touch " + marker)) +
+                    ("touch " + marker).encode() + b"\x85R.")
+        self.one_line_refusal(inproc(d, d + ".st"), ".metadata: refused to unpickle posix.system")
+        self.assertFalse(os.path.exists(marker))
+        d = self.path("escape")
+        write_chunked_dcp(d, self.w, [(0, 4)])
+        with open(os.path.join(d, ".metadata"), "rb") as f:
+            m = f.read()
+        with open(os.path.join(d, ".metadata"), "wb") as f:
+            f.write(m.replace(b"\x8c\x0c__0_0.distcp", b"\x8c\x0c../0_0.distc"))
+        self.one_line_refusal(inproc(d, d + ".st"), "not a plain file name")
+        os.makedirs(self.path("nometa"))
+        open(self.path("nometa", "__0_0.distcp"), "wb").close()
+        self.one_line_refusal(inproc(self.path("nometa"), self.path("nometa.st")), "without a .metadata")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,14 @@ void add_safetensors(Flat& f, const fs::path& file, const std::string& prefix) {
   f.files.push_back(std::move(st));
 }
 
+// How the bridge is started: `python3 -I -c kBridgeLauncher PATHS ARGS...`. -I (isolated) keeps
+// the current directory, the script directory and PYTHON* variables off sys.path, so a json.py
+// where the tool was started is never imported; the launcher puts PATHS (colon-separated) first
+// on sys.path and runs rhckpt.torch_bridge. Kept equal to torch_bridge.LAUNCHER (issue 41).
+const char* const kBridgeLauncher =
+    "import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') if p]; import runpy; "
+    "runpy.run_module('rhckpt.torch_bridge', run_name='__main__', alter_sys=True)";
+
 // One long-lived `torch_bridge --serve` per tool process, shared by every cell (and worker thread):
 // importing torch costs about 1.5 s of CPU, a conversion of our example's checkpoint 0.05 s.
 BridgeClient& torch_bridge() {
@@ -77,8 +85,8 @@ BridgeClient& torch_bridge() {
     const std::string py = python_package_dir();
     if (py.empty())
       throw std::runtime_error("python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
-    return BridgeCommand{{python_interpreter(), "-m", "rhckpt.torch_bridge", "--serve"},
-                         {{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}}};
+    return BridgeCommand{{python_interpreter(), "-I", "-c", kBridgeLauncher, py, "--serve"},
+                         {{"OMP_NUM_THREADS", "1"}}};
   });
   return bridge;
 }
@@ -124,9 +132,15 @@ std::string CheckpointReader::format_of(const fs::path& p, bool dir) const {
 
 void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& io, const std::string& label) {
   external::cell_dir(cell(), scratch_.filename(), /*create=*/true);   // flat/, never through a link
+  // The root the bridge walks beneath without following links: the directory above the cell
+  // (scratch_ is <cell>/flat), so a link planted in place of the cell or `flat` is refused.
+  const fs::path root = fs::absolute(scratch_).parent_path().parent_path();
   if (!t_.checkpoint.trust_pickle) {   // trusted pickles run code: in a process of their own
-    nlohmann::json request = nlohmann::json::array();
-    for (const auto& [in, out] : io) request.push_back(fs::absolute(in).string()), request.push_back(out.string());
+    // (no create_directories here: it would follow a planted link; the bridge makes `flat`)
+    nlohmann::json paths = nlohmann::json::array();
+    for (const auto& [in, out] : io)
+      paths.push_back(fs::absolute(in).string()), paths.push_back(fs::absolute(out).string());
+    const nlohmann::json request = {{"root", root.string()}, {"io", paths}};
     const std::string err = torch_bridge().request(request.dump(), 600);
     if (!err.empty()) throw ckpt::CheckpointError("cannot read torch checkpoint: " + ckpt::quote_text(err, 500));
     return;
@@ -137,13 +151,15 @@ void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& 
                              ": python/rhckpt not found (set RH_PYTHON_DIR to the repository's python/ directory)");
   external::cell_dir(cell(), scratch_.filename(), /*create=*/true);   // flat/, never through a link
   CapturedSpec c;
-  c.argv = {python_interpreter(), "-m", "rhckpt.torch_bridge"};
-  if (t_.checkpoint.trust_pickle) c.argv.push_back("--trust-pickle");
+  // Isolated too; a trusted pickle's classes are imported from the tool's PYTHONPATH, never cwd.
+  const char* pp = std::getenv("PYTHONPATH");
+  c.argv = {python_interpreter(), "-I", "-c", kBridgeLauncher, py + (pp && *pp ? ":" + std::string(pp) : std::string()),
+            "--trust-pickle", "--root", root.string()};
   for (const auto& [in, out] : io) {
     c.argv.push_back(fs::absolute(in).string());
-    c.argv.push_back(out.string());
+    c.argv.push_back(fs::absolute(out).string());
   }
-  c.env = {{"PYTHONPATH", py}, {"OMP_NUM_THREADS", "1"}};
+  c.env = {{"OMP_NUM_THREADS", "1"}};
   c.stdout_path = (scratch_ / (label + ".bridge.out")).string();
   c.stderr_path = (scratch_ / (label + ".bridge.err")).string();
   c.timeout_s = 600;

@@ -9,6 +9,14 @@ The rules the cases exercise are listed in docs/checkpoint-format.md; each case 
                                   readers' message must hold (tab-separated)
     make_corpus.py --list         prints that table for every case
 
+The torch_* cases (issue 41) are hostile torch.save files (tests/conformance/hostile_torch.py), each
+as OUT/<case>/checkpoint.pt, and the dcp_* cases torch.distributed.checkpoint directories
+(OUT/<case>/.metadata, *.distcp; issue 43): the tool's own readers refuse the directory (R1, no
+manifest.json, exit 2), and OUT/expected_bridge.tsv (name, exit code, a substring of the one-line
+message, the input: checkpoint.pt or . for the directory) holds the verdict of the third reader,
+python/rhckpt/torch_bridge.py (tests/test_torch_bridge.py), which must also write nothing into
+the case's directory.
+
 Every case starts from one of two tiny checkpoints the tool wrote (base/plain_dp2, base/zstd_dp2:
 two data-parallel ranks, a 1-layer model of width 8; regenerate them as base/README.md says after a
 format change), applies one change and, unless the case is about a checksum, RESEALS what it
@@ -26,6 +34,8 @@ import xxhash
 import zstandard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hostile_torch as ht  # noqa: E402
 BASES = ("plain_dp2", "zstd_dp2")
 SHARD0, SHARD1, MODEL = "optim_rank_00000.safetensors", "optim_rank_00001.safetensors", "model.safetensors"
 SPLIT = "layers.0.moe.experts.0.fc1.weight"   # the param whose optimizer state both ranks share
@@ -545,6 +555,48 @@ CASES = [
 ]
 
 
+# (name, maker(case dir) -> bytes, the bridge's exit code, a substring of its one-line message)
+LEGACY = "a legacy (torch < 1.6"
+TORCH_CASES = [
+    ("torch_valid_zip", lambda d: ht.zip_valid(), 0, ""),
+    ("torch_legacy_dump_patches", lambda d: ht.legacy_dump_patches(os.path.join(os.path.abspath(d), "pwned")), 2,
+     LEGACY + ", non-zip pickle format)"),
+    ("torch_legacy_tar_hard_link", lambda d: ht.legacy_tar("storages", os.path.join(os.path.abspath(d), "victim")), 2,
+     LEGACY + ", tar format)"),
+    ("torch_legacy_tar_fifo", lambda d: ht.legacy_tar("storages", fifo=True), 2, LEGACY + ", tar format)"),
+    ("torch_legacy_plain", lambda d: ht.legacy_plain(), 2, LEGACY + ", non-zip pickle format)"),
+    ("torch_storage_oversize", lambda d: ht.zip_oversize_storage(), 2, "declares 4096 float32 elements (16384 bytes)"),
+    ("torch_storage_2e30", lambda d: ht.zip_huge_storage(), 2, "declares 1073741824 float32 elements"),
+    ("torch_tensor_past_storage", lambda d: ht.zip_tensor_past_storage(), 2, "reaches element 8 of a 4-element storage"),
+    ("torch_stride0_4gib", lambda d: ht.zip_stride0(), 2, "would expand to more than 4 x the input's bytes"),
+    ("torch_deflate_record", lambda d: ht.zip_deflate(), 2, "is compressed (method 8)"),
+    ("torch_deep_tuple_key", lambda d: ht.zip_deep_key(), 2, "nested deeper than 100 levels"),
+    ("torch_build_on_class", lambda d: ht.zip_build_on_class(), 2, "sets the state of the class Namespace"),
+    ("torch_build_on_dtype", lambda d: ht.zip_dtype_mutation(), 2, "sets the state of a DType"),
+    ("torch_os_system", lambda d: ht.zip_system(), 2, "refused to unpickle posix.system"),
+    ("dcp_valid_two_chunks", lambda d: ht.dcp_dir([(0, 1), (1, 4)]), 0, ""),
+    ("dcp_newer_class_paths", lambda d: ht.dcp_newer_paths(), 0, ""),
+    ("dcp_chunk_past_its_file", lambda d: ht.dcp_dir([(0, 2), (2, 4)], lengths_extra=1), 2, "past its end"),
+    ("dcp_chunks_overlap", lambda d: ht.dcp_dir([(0, 3), (2, 4)]), 2, "overlap"),
+    ("dcp_chunks_leave_a_gap", lambda d: ht.dcp_dir([(0, 1), (2, 4)]), 2, "cover 6 of its 8 elements"),
+    ("dcp_disallowed_class", lambda d: ht.dcp_disallowed_class(), 2, ".metadata: refused to unpickle posix.system"),
+]
+
+
+def build_torch(out, name, maker):
+    d = os.path.join(out, name)
+    os.makedirs(d)
+    if name == "torch_legacy_tar_hard_link":
+        with open(os.path.join(d, "victim"), "w") as f:
+            f.write("the hard link's target; its mode must stay 0644\n")
+        os.chmod(os.path.join(d, "victim"), 0o644)
+    made = maker(d)
+    for name, blob in (made.items() if isinstance(made, dict) else [("checkpoint.pt", made)]):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(blob)
+    return "." if isinstance(made, dict) else "checkpoint.pt"
+
+
 def build(out, name, base, mutate, reseal):
     """Copies the base, applies the mutation, and writes the manifest back (resealed unless the case
     is an edit the sidecar must catch) when the mutation changed it."""
@@ -562,12 +614,14 @@ def main(argv):
     if argv == ["--list"]:
         for name, _, _, _, code, reason, rule in CASES:
             print("%s\t%d\t%s\t%s" % (name, code, rule, reason))
+        for name, _, _, _ in TORCH_CASES:
+            print("%s\t2\tR1\tno manifest.json" % name)
         return 0
     if not argv or argv[0].startswith("-"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     out, only = argv[0], set(argv[1:])
-    names = [c[0] for c in CASES]
+    names = [c[0] for c in CASES] + [c[0] for c in TORCH_CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     unknown = only - set(names)
     if unknown:
@@ -580,6 +634,13 @@ def main(argv):
                 continue
             build(out, name, base, mutate, reseal)
             f.write("%s\t%d\t%s\t%s\n" % (name, code, rule, reason))
+        with open(os.path.join(out, "expected_bridge.tsv"), "w") as fb:
+            for name, maker, code, reason in TORCH_CASES:
+                if only and name not in only:
+                    continue
+                what = build_torch(out, name, maker)
+                f.write("%s\t2\tR1\tno manifest.json\n" % name)   # the tool's readers: not a checkpoint directory
+                fb.write("%s\t%d\t%s\t%s\n" % (name, code, reason, what))
     return 0
 
 

@@ -2,7 +2,9 @@
 """A stand-in trainer for tests/verify/test_external.cpp: standard library only (starts in ~30 ms), a
 deterministic "training" of one float64 vector driven by a random.Random stream, checkpoints as
 hand-written safetensors files. Switches make it misbehave the ways the external check must
-handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log.
+handle: a resume bug, nondeterminism, a crash, a hang, a flood of output, garbage in its log, a
+hostile legacy torch file (garbage_legacy_torch: torch's own loader would append a .patch file to
+OUT/../../../pwned_<iters>.patch, outside the tool's run directory; tests/conformance/hostile_torch.py).
 Two modes are for tests/verify/test_lifetime.cpp: `daemons` starts a setsid() worker and a
 double-forked daemon, writes their pids (and its own) to $RH_TEST_PIDS_DIR/<what>-<trainer pid>.pid and sleeps;
 `fifo_torch` writes its final torch checkpoint as a legacy (tar) torch.save file whose `storages`
@@ -18,8 +20,8 @@ run leaves a sparse file of M MiB (two bytes of data) in its save directory.
 import argparse, json, os, random, struct, sys, time
 
 MODES = ["ok", "rng_not_saved", "nondeterministic", "crash_interrupted", "hang", "spam", "bad_iteration",
-         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "csv", "jsonl", "daemons",
-         "fifo_torch"]
+         "iters_dependent", "no_checkpoint", "garbage_checkpoint", "garbage_torch", "garbage_legacy_torch", "csv",
+         "jsonl", "daemons", "fifo_torch"]
 
 
 def save(path, w, it, rng_state, with_rng):
@@ -133,6 +135,11 @@ def main():
                 save(path, w, it, rng.getstate(), True)
             elif a.mode == "garbage_torch":   # not a torch.save file, different bytes per run length
                 open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(b"garbage %d" % a.iters)
+            elif a.mode == "garbage_legacy_torch":
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conformance"))
+                import hostile_torch
+                target = os.path.abspath(os.path.join(a.out, "..", "..", "..", "pwned_%d" % a.iters))
+                open(os.path.join(a.out, "iter_%d.pt" % it), "wb").write(hostile_torch.legacy_dump_patches(target))
             elif a.mode == "garbage_checkpoint" and a.iters < 20:   # only the interrupted run's
                 open(path, "wb").write(b"\x00" * 12)
             else:

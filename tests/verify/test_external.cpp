@@ -651,8 +651,48 @@ INSTANTIATE_TEST_SUITE_P(
         // through the shared torch bridge: refused naming the file, and the bridge serves on
         CellCase{"garbage_torch", "garbage_torch", "torch", Outcome::error, "", "iter_10.pt: not a torch.save file"},
         CellCase{"garbage_torch_again", "garbage_torch", "torch", Outcome::error, "",
-                 "iter_10.pt: not a torch.save file"}),
+                 "iter_10.pt: not a torch.save file"},
+        // a legacy torch file whose torch.load would append to ../../../pwned_<iters>.patch
+        // (issue 41): bad input, never a divergence; HostileTorch below checks nothing was written
+        CellCase{"garbage_legacy_torch", "garbage_legacy_torch", "torch", Outcome::error, "",
+                 "iter_10.pt: a legacy (torch < 1.6, non-zip pickle format) torch.save file, refused"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Issue 41 through the tool's own path: a trainer writing a legacy torch file that steers torch's
+// loader (dump_patches) into writing outside the run directory gets an error, and nothing appears
+// outside; the bridge, started from a directory holding a json.py (here with trust_pickle, which
+// starts a bridge process of its own), never imports it.
+TEST(HostileTorch, LegacyFileWritesNothingAndCwdIsNotImported) {
+  const fs::path base = temp_dir("hostile_torch");
+  const fs::path cwd = base / "cwd", marker = base / "imported";
+  fs::create_directories(cwd);
+  for (const char* mod : {"json", "zipfile", "struct"})
+    std::ofstream(cwd / (std::string(mod) + ".py")) << "open('" << marker.string() << "', 'w').write('" << mod << "')\n";
+  const fs::path before = fs::current_path();
+  fs::current_path(cwd);
+  for (const bool trust : {false, true}) {
+    // trusted, the legacy file would be torch.load-ed (and write): the trusted run reads garbage
+    std::string toml =
+        cell_toml(CellCase{"h", trust ? "garbage_torch" : "garbage_legacy_torch", "torch", Outcome::error, "", ""});
+    const std::string key = "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\" }";
+    if (trust) toml.replace(toml.find(key), key.size() - 2, "checkpoint = { path = \"{save_dir}/iter_{iteration}.pt\", trust_pickle = true");
+    const auto scenario = load_scenarios_text(toml, (base / "ext.toml").string()).front();
+    CheckOptions options;
+    options.tool = RH_TOOL;
+    options.work_dir = (base / "run" / "cell").string();
+    const auto result = run_check(scenario, options);
+    EXPECT_EQ(to_string(result.outcome), std::string("error")) << result.first_divergence;
+    EXPECT_TRUE(result.bad_input) << result.first_divergence;
+    fs::remove_all(base / "run");
+  }
+  fs::current_path(before);
+  std::vector<std::string> stray;
+  for (const auto& e : fs::directory_iterator(base))
+    if (e.path().filename() != "cwd" && e.path().filename() != "ext.toml") stray.push_back(e.path().filename().string());
+  EXPECT_TRUE(stray.empty()) << "written outside the run directory: " << stray.front();
+  EXPECT_FALSE(fs::exists(marker)) << "the bridge imported " << slurp(marker.string()) << ".py from its cwd";
+  fs::remove_all(base);
+}
 
 // ---- the diagnoses' table ----
 
