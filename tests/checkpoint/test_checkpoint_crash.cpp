@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint_fixture.h"
+#include "harness/checkpoint/manifest.h"
 
 using namespace ckfix;
 using namespace rh::ckpt;
