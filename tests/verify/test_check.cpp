@@ -332,14 +332,14 @@ TEST(CheckCli, DotDotScenarioNameIsBadInputAndRemovesNothing) {
   fs::remove_all(dir);
 }
 
-// The matrix's plan: the CI file's 55 cells train 23 baselines; cells differing only in save
-// policy, compression or fault share one, and a resharded cell's reference is the baseline of its
-// resumed size.
+// The matrix's plan: the CI file's 57 cells train 24 baselines; cells differing only in save
+// policy, compression, fault or the resumed bucket layout share one, and a resharded cell's
+// reference is the baseline of its resumed size.
 TEST(CheckPlan, CellsThatDifferOnlyAtSaveOrLoadShareABaseline) {
   const auto all = rh::load_scenarios(std::string(RH_SOURCE_DIR) + "/scenarios/ci.toml");
   const auto plan = rh::plan_checks(all, "/nonexistent/baselines");
   ASSERT_EQ(plan.cells.size(), all.size());
-  EXPECT_EQ(plan.baselines.size(), 23u);
+  EXPECT_EQ(plan.baselines.size(), 24u);
   auto cell = [&](const std::string& name) {
     for (const auto& c : plan.cells)
       if (all[c.scenario].name == name) return c;
@@ -348,6 +348,7 @@ TEST(CheckPlan, CellsThatDifferOnlyAtSaveOrLoadShareABaseline) {
   const auto native_cell = cell("states/moments=bf16,master=fp32,policy=native");
   const auto per_key_cell = cell("states/moments=bf16,master=fp32,policy=per_key");
   EXPECT_EQ(native_cell.baseline, per_key_cell.baseline);
+  EXPECT_EQ(cell("buckets/resume=same").baseline, cell("buckets/resume=one-bucket").baseline);
   EXPECT_NE(native_cell.save, per_key_cell.save);   // two checkpoints of one state
   const auto rng_fault_cell = cell("faults/fault=skip_rng_restore");
   const auto remainders_fault_cell = cell("faults/fault=drop_remainders");

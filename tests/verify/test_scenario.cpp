@@ -45,8 +45,10 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   // states: 2 x 2 x 3 minus the excluded fp32+remainders row (3) = 9; scaled 6; faults 9; 2 named.
   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
   // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault),
-  // compressed (2 sizes x 2 moments), token-drop (2 drop policies), formats (2 policies x 2 masters)
-  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u + 4u);
+  // compressed (2 sizes x 2 moments), token-drop (2 drop policies), formats (2 policies x 2 masters),
+  // buckets (resumed with the same bucket layout and with one bucket)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u + 4u + 2u);
+  EXPECT_EQ(by_name(all, "buckets/resume=one-bucket").expect.kind, rh::Expectation::Kind::refused);
   // Megatron's widened remainder (dp_zero) into a remainder optimizer: upstream TE refuses it.
   EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=remainders").expect.kind, rh::Expectation::Kind::refused);
   EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=fp32").expect.kind, rh::Expectation::Kind::exact);
