@@ -2,8 +2,9 @@
 """python/rhckpt/probe.py: the records a user's training loop writes for resume-harness. Without
 RH_PROBE_DIR nothing is written and torch is not imported; with it, one JSON line per call with
 the documented key order; the hashes follow the bytes (one flipped parameter bit, an advanced
-RNG, a missing optimizer state each change exactly the keys they should); and the probe does not
-change training (losses bit-identical with and without it).
+RNG, a missing optimizer state, a model left in eval mode, a param group with its parameters in
+another order each change exactly the keys they should); and the probe neither draws from any RNG
+nor changes training (losses bit-identical with and without it).
 
   /usr/bin/python3 tests/test_probe.py [TOOL]     (the tool argument CTest passes is ignored)
 """
@@ -122,11 +123,15 @@ class Probe(unittest.TestCase):
         want_prefix = ["data/batch", "rng/python", "rng/numpy", "rng/torch"]
         self.assertEqual(keys[:4], want_prefix)
         groups = [k.split("/")[0] if not k.startswith("optimizer/") else "/".join(k.split("/")[:2]) for k in keys[4:]]
-        order = ["scheduler", "optimizer/param_groups", "param", "buffer", "optimizer/state", "state"]
+        order = ["scheduler", "optimizer/param_groups", "mode", "param", "buffer", "optimizer/state", "state"]
         self.assertEqual([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g], order)
         self.assertIn("scheduler/last_epoch", keys)
         self.assertIn("optimizer/param_groups/0/lr", keys)
-        self.assertNotIn("optimizer/param_groups/0/params", keys)
+        self.assertIn("optimizer/param_groups/0/params", keys)
+        self.assertEqual([k for k in keys if k.startswith("mode/")], ["mode/."])   # every submodule trains too
+        self.assertEqual(dict(r["state"])["mode/."], xxhash.xxh3_64_hexdigest(b"true"))
+        self.assertEqual(dict(r["state"])["optimizer/param_groups/0/params"],
+                         xxhash.xxh3_64_hexdigest(b"(fc.weight,fc.bias,bn.weight,bn.bias)"))
         self.assertEqual([k for k in keys if k.startswith("param/")], ["param/fc.weight", "param/fc.bias", "param/bn.weight",
                                                                         "param/bn.bias"])
         self.assertEqual([k for k in keys if k.startswith("buffer/")], ["buffer/bn.running_mean", "buffer/bn.running_var",
@@ -175,6 +180,66 @@ class Probe(unittest.TestCase):
         opt2.step()
         st, _ = self.state_of(0, model, opt2)
         self.assertIn("optimizer/state/0/momentum_buffer", st)
+
+    def test_mode_after_resume(self):
+        _, (model, opt, sched) = train(2, use_probe=False)
+        base, order = self.state_of(2, model, opt, sched)
+        self.assertIn("mode/.", base)
+        self.assertLess(order.index("optimizer/param_groups/0/params"), order.index("mode/."))
+        self.assertLess(order.index("mode/."), order.index("param/fc.weight"))
+        model.eval()   # an evaluation after the restore that forgets model.train()
+        evaluated, _ = self.state_of(2, model, opt, sched)
+        self.assertEqual({k for k in base if base[k] != evaluated[k]}, {"mode/."})
+        self.assertEqual(set(evaluated), set(base))   # every submodule as the root: no mode/<name>
+        model.train()
+        model.drop.eval()   # one submodule off: a key of its own, the root unchanged
+        one_off, keys = self.state_of(2, model, opt, sched)
+        self.assertEqual(set(one_off) - set(base), {"mode/drop"})
+        self.assertEqual(one_off["mode/drop"], xxhash.xxh3_64_hexdigest(b"false"))
+        self.assertEqual(keys.index("mode/drop"), keys.index("mode/.") + 1)
+        self.assertEqual({k for k in base if base[k] != one_off[k]}, set())
+        model.train()
+        self.assertEqual(self.state_of(2, model, opt, sched), (base, order))
+
+    def test_param_group_layout(self):
+        _, (model, opt, sched) = train(2, use_probe=False)
+        base, _ = self.state_of(2, model, opt, sched)
+        # the optimizer rebuilt with the parameters in another order, then its saved state loaded:
+        # the state keyed by position lands on other parameters, and no error is raised
+        saved = opt.state_dict()
+        params = list(model.parameters())
+        params[0], params[1] = params[1], params[0]
+        swapped = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+        swapped.load_state_dict(saved)
+        now, _ = self.state_of(2, model, swapped, sched)
+        self.assertNotEqual(now["optimizer/param_groups/0/params"], base["optimizer/param_groups/0/params"])
+        self.assertEqual(now["optimizer/param_groups/0/params"],
+                         xxhash.xxh3_64_hexdigest(b"(fc.bias,fc.weight,bn.weight,bn.bias)"))
+        changed = {k for k in base if base[k] != now.get(k)}
+        self.assertIn("optimizer/param_groups/0/params", changed)
+        self.assertFalse({k for k in changed if not k.startswith("optimizer/")}, changed)
+        # the same layout rebuilt in the same order: nothing differs
+        same = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        same.load_state_dict(saved)
+        self.assertEqual(self.state_of(2, model, same, sched)[0], base)
+        # parameters the model does not name: labelled by their index across groups
+        a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+        two = torch.optim.SGD([{"params": [a]}, {"params": [b, model.fc.bias]}], lr=0.1)
+        st, _ = self.state_of(0, model, two)
+        self.assertEqual(st["optimizer/param_groups/0/params"], xxhash.xxh3_64_hexdigest(b"(0)"))
+        self.assertEqual(st["optimizer/param_groups/1/params"], xxhash.xxh3_64_hexdigest(b"(1,fc.bias)"))
+
+    def test_probe_draws_no_rng(self):
+        _, (model, opt, sched) = train(2, use_probe=False)
+        model.drop.eval()   # a mode key recorded as well
+        before = (torch.get_rng_state().tolist(), np.random.get_state()[1].tolist(), random.getstate())
+        os.environ[probe.ENV] = self.dir
+        probe.after_load(2, model, opt, sched, state={"seen": 16})
+        probe.after_step(3, model, opt, sched, loss=torch.ones(()), batch=(torch.zeros(2),), metrics={"lr": 0.1})
+        after = (torch.get_rng_state().tolist(), np.random.get_state()[1].tolist(), random.getstate())
+        self.assertEqual(after, before)
+        self.assertEqual(len(self.records()), 2)
+        self.assertIn("mode/drop", dict(self.records()[1]["state"]))
 
     def test_probe_does_not_change_training(self):
         without, _ = train(4, use_probe=False)

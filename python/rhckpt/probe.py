@@ -18,10 +18,14 @@ metrics (step only): `loss` first, then the `metrics` dict in insertion order; f
 one-element tensors as float.hex of the Python float (exact: float32/bf16/fp16 widen exactly),
 ints in decimal, bools true/false. state, cause before effect: data/batch (step only), rng/python,
 rng/numpy (only if numpy is already imported), rng/torch, rng/cuda/<i>, scheduler/<key> (sorted,
-nested dicts joined with '/'), optimizer/param_groups/<i>/<key> (sorted, all but 'params'),
-param/<name>, buffer/<name>, optimizer/state/<param name>/<key> (ids mapped to names through
-identity with model.named_parameters(); others optimizer/state/<index>/<key>, the index as in
-optimizer.state_dict()), state/<key> (the user's dict, keys sorted by str).
+nested dicts joined with '/'), optimizer/param_groups/<i>/<key> (sorted; 'params' is the tuple of
+the group's parameter labels, in the group's order, so a layout with the parameters in another
+order differs there), mode/. (the root module's .training) and mode/<name> for each submodule of
+model.named_modules() whose .training differs from the root's (a model left in eval mode differs
+at mode/.), param/<name>, buffer/<name>, optimizer/state/<label>/<key>. A parameter's label is
+its name, mapped through identity with model.named_parameters(); a parameter the model does not
+name is labelled by its index as in optimizer.state_dict(). state/<key> (the user's dict, keys
+sorted by str) comes last.
 hash: 16 lower-case hex digits of XXH3-64 over a canonical serialization: a tensor is
 b"T" + dtype name ("float32") + b":" + shape ("2x3", "" for 0-dim) + b":" + its raw bytes
 (contiguous, on the CPU); a numpy array the same with b"N"; other values the UTF-8 of an exact
@@ -158,6 +162,19 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             out.append(["rng/cuda/%d" % i, digest(torch.cuda.get_rng_state(i))])
+    model = _unwrap(model)
+    names = {}
+    if model is not None:
+        for name, p in model.named_parameters():
+            names.setdefault(id(p), name)
+    labels = []   # per group: (parameter, label), the label also keying optimizer/state
+    if optimizer is not None:
+        index = 0
+        for group in optimizer.param_groups:
+            labels.append([])
+            for p in group["params"]:
+                labels[-1].append((p, names.get(id(p), str(index))))
+                index += 1
     if scheduler is not None:
         sd = scheduler.state_dict()
         for k in sorted(sd, key=str):
@@ -165,27 +182,27 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
     if optimizer is not None:
         for i, group in enumerate(optimizer.param_groups):
             for k in sorted(group, key=str):
-                if k != "params":
+                if k == "params":
+                    out.append(["optimizer/param_groups/%d/params" % i, digest(tuple(label for _, label in labels[i]))])
+                else:
                     _flatten("optimizer/param_groups/%d/%s" % (i, k), group[k], out)
-    model = _unwrap(model)
-    names = {}
     if model is not None:
+        root = bool(model.training)
+        out.append(["mode/.", digest(root)])
+        for name, m in model.named_modules():
+            if name and bool(m.training) != root:
+                out.append(["mode/" + name, digest(bool(m.training))])
         for name, p in model.named_parameters():
-            names.setdefault(id(p), name)
             out.append(["param/" + name, digest(p)])
         for name, b in model.named_buffers():
             out.append(["buffer/" + name, digest(b)])
-    if optimizer is not None:
-        index = 0
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                st = optimizer.state.get(p)
-                label = names.get(id(p), str(index))
-                index += 1
-                if not st:
-                    continue
-                for k in sorted(st, key=str):
-                    _flatten("optimizer/state/%s/%s" % (label, k), st[k], out)
+    for group in labels:
+        for p, label in group:
+            st = optimizer.state.get(p)
+            if not st:
+                continue
+            for k in sorted(st, key=str):
+                _flatten("optimizer/state/%s/%s" % (label, k), st[k], out)
     if user_state:
         for k in sorted(user_state, key=str):
             _flatten("state/" + str(k), user_state[k], out)
