@@ -273,7 +273,8 @@ std::vector<StateRow> read_state_csv(const std::string& path) {
   std::vector<StateRow> out;
   for (const auto& [line, f] : read_csv<9>(path, {"phase", "key", "kind", "dtype_saved", "dtype_loaded", "numel",
                                                   "bit_equal_fraction", "max_abs_diff", "max_ulp"})) {
-    if (f[0] != "after_load" && f[0] != "final") bad_field(path, line, "phase", "after_load or final", f[0]);
+    if (f[0] != "after_load" && f[0] != "final" && f[0] != "determinism" && f[0] != "round_trip")
+      bad_field(path, line, "phase", "after_load, final, determinism or round_trip", f[0]);
     StateRow r;
     r.phase = f[0];
     r.key = f[1];

@@ -60,7 +60,7 @@ struct DiskRow {
 
 // One row of state_compare.csv.
 struct StateRow {
-  std::string phase, key, kind, dtype_saved, dtype_loaded;   // phase: after_load | final
+  std::string phase, key, kind, dtype_saved, dtype_loaded;   // phase: after_load | final | determinism | round_trip
   uint64_t numel = 0, max_ulp = 0;
   double bit_equal_fraction = 0, max_abs_diff = 0;
 };

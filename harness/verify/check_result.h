@@ -50,6 +50,11 @@ struct CheckResult {
   std::string diagnosis, explanation;
   std::vector<std::string> notes;
   double trainer_seconds = 0;
+  // Saved keys that differed only by what the harness varied between the runs (key -> what they
+  // were matched as, external/run_varied.h) and keys left out by trainer.checkpoint.ignore (key ->
+  // its reason); the other checkpoint comparisons by phase ("determinism", "round_trip"), every key.
+  std::vector<std::pair<std::string, std::string>> harness_varied, ignored;
+  std::vector<std::pair<std::string, std::vector<TensorDiff>>> other_state;
   bool bad_input = false;   // an external trainer's output or checkpoint could not be read (exit 2)
   bool disk_failed = false;   // the disk failed under an external cell (base/text.h DiskError; exit 4)
 };

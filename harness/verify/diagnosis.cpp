@@ -25,10 +25,21 @@ constexpr DiagnosisRow kDiagnoses[] = {
     {Diagnosis::after_load, "after-load",
      "it is not saved, or not restored, or restored and then changed (e.g. a re-seed)"},
     {Diagnosis::not_in_checkpoint, "not-in-checkpoint",
-     "what differs is not in the checkpoint: data order, RNG streams, or a schedule derived from the process start"},
+     "what differs is not in the state probed after load: data order or position, an RNG stream or mode the probe "
+     "does not see, or a schedule derived from the process start"},
     {Diagnosis::resumed_metrics, "resumed-metrics", ""},
     {Diagnosis::final_state, "final-state",
      "a state that does not (yet) reach the logged metrics was not resumed exactly"},
+    {Diagnosis::not_restored, "not-restored",
+     "the state the resumed run computes with is not the uninterrupted run's: not saved (data position, an RNG "
+     "stream), saved lossily in both runs, or restored into the wrong place (optimizer state by position); the "
+     "probe (trainer.probe) tells which"},
+    {Diagnosis::lossy_save, "lossy-save",
+     "optimizer state saved narrower than it is held loses bits at every save: the uninterrupted run goes on with "
+     "the wide copy, the resumed run with the narrowed one; save it in the dtype it is held in"},
+    {Diagnosis::metadata, "metadata",
+     "every tensor and every logged metric is equal; if the value is expected to vary between runs (a time, a host "
+     "name), declare its key in trainer.checkpoint.ignore with the reason"},
 };
 
 const DiagnosisRow& row_of(Diagnosis d) { return kDiagnoses[static_cast<int>(d)]; }

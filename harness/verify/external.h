@@ -31,6 +31,12 @@ struct ExternalTrainer {
     std::string path;              // "" = checkpoints are not compared; {iteration} names one per iteration
     std::string format = "auto";   // "auto" | "safetensors" | "torch"
     bool trust_pickle = false;     // torch files: full unpickling (runs code from the file)
+    // Saved keys left out of every comparison (a time, a host name), each with its reason; `key`
+    // is a glob ('*' any run of characters, '/' included; '?' one).
+    struct Ignore {
+      std::string key, reason;
+    };
+    std::vector<Ignore> ignore;
   } checkpoint;
   std::string scenario_dir;   // the scenario file's directory (cwd is relative to it)
 };

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "harness/base/data_files.h"
@@ -58,11 +59,13 @@ void resolution_notes(const MetricLog& log, bool bitwise_elsewhere, std::vector<
 
 // The first diagnosis stays: `where` becomes the first divergence, the facts and the diagnosis's
 // cause (diagnosis.h) its explanation.
-void diagnose(CheckResult& result, Diagnosis diagnosis, const std::string& where, const std::string& facts) {
+// A cause other than the diagnosis's own when the evidence names a narrower one.
+void diagnose(CheckResult& result, Diagnosis diagnosis, const std::string& where, const std::string& facts,
+              const char* narrower_cause = nullptr) {
   if (!result.diagnosis.empty() && result.diagnosis != to_string(Diagnosis::none)) return;
   result.diagnosis = to_string(diagnosis);
   result.first_divergence = where;
-  const std::string cause = cause_of(diagnosis);
+  const std::string cause = narrower_cause ? narrower_cause : cause_of(diagnosis);
   result.explanation = cause.empty() ? facts : facts + ": " + cause;
 }
 
@@ -86,13 +89,39 @@ struct Cell {
   std::vector<RunOut> uninterrupted_runs;
   RunOut interrupted, resumed;
   fs::path saved_at_k;                    // the interrupted run's checkpoint (ckpts)
-  bool saved_state_known_equal = false;   // the state at K or after load equals the uninterrupted run's
+  bool saved_state_known_equal = false;   // the checkpoint at K equals the uninterrupted run's
+  bool after_load_equal = false;          // the probed state after load equals the state at K
+  std::set<std::string> run_varying;      // non-tensor keys two uninterrupted runs saved differently
+  std::set<std::string> unused;           // RNG streams no run draws from (external_compare.h)
+  std::string metadata_diff;              // the first comparison where only metadata differed
 
   const RunOut& uninterrupted() const { return uninterrupted_runs.front(); }
 };
 
+// Keeps what a checkpoint comparison matched or left out (once per key) and, for a phase other than
+// after_load / final, its rows for state_compare.csv; notes the first metadata-only difference.
+void keep(Cell& cell, CheckResult& result, const std::string& phase, external::Comparison& cmp) {
+  auto add = [](std::vector<std::pair<std::string, std::string>>& to,
+                const std::vector<std::pair<std::string, std::string>>& from) {
+    for (const auto& row : from)
+      if (std::none_of(to.begin(), to.end(), [&](const auto& have) { return have.first == row.first; }))
+        to.push_back(row);
+  };
+  add(result.harness_varied, cmp.varied);
+  add(result.ignored, cmp.ignored);
+  if (cmp.first_state().empty() && !cmp.first_metadata.empty() && cell.metadata_diff.empty())
+    cell.metadata_diff = phase + ": " + cmp.first_metadata;
+  if (phase == "determinism" || phase == "round_trip") result.other_state.emplace_back(phase, cmp.diffs);
+}
+
+std::string count_of(const external::Comparison& cmp) {
+  return cmp.changed.size() > 1 ? "; " + std::to_string(cmp.changed.size()) + " keys differ, every one in state_compare.csv"
+                                : "";
+}
+
 // 1. Determinism: the uninterrupted run, determinism_runs times, every run against the first.
-// False when they differ (nondeterministic: resume is not judged).
+// False when their computation differs (nondeterministic: resume is not judged). Non-tensor values
+// that differ while every tensor and metric is equal are kept as run-varying (metadata).
 bool check_determinism(Cell& cell, CheckResult& result) {
   for (int d = 1; d <= cell.trainer.determinism_runs; ++d)
     cell.uninterrupted_runs.push_back(
@@ -101,22 +130,32 @@ bool check_determinism(Cell& cell, CheckResult& result) {
   if (uninterrupted.metrics.rows.empty())
     throw std::runtime_error("the uninterrupted run logged no metric rows (trainer.metrics matched nothing in " +
                              (uninterrupted.dir / "stdout.log").string() + ")");
+  std::vector<const std::vector<ProbeRecord>*> probes;
+  for (const auto& r : cell.uninterrupted_runs) probes.push_back(&r.probe);
+  if (cell.trainer.probe) cell.unused = external::unused_streams(probes);
   for (size_t d = 1; d < cell.uninterrupted_runs.size(); ++d) {
     const RunOut& other = cell.uninterrupted_runs[d];
     Difference diff = compare_rows(uninterrupted.metrics, other.metrics, kFirst, kLast, other.label, nullptr);
     offer_missing(uninterrupted.metrics, other.metrics, kFirst, kLast, other.label, diff);
-    Difference probe_diff = compare_probe_steps(uninterrupted.probe, other.probe, 0, cell.N);
+    Difference probe_diff = compare_probe_steps(uninterrupted.probe, other.probe, 0, cell.N, cell.unused);
     if (probe_diff.found() && probe_diff.iteration <= diff.iteration) diff = probe_diff;
-    std::string key;
+    external::Comparison cmp;
     const fs::path ckpt_first = cell.ckpts ? cell.run.checkpoint(uninterrupted, cell.N, cell.N, {}) : fs::path(),
                    ckpt_other = cell.ckpts ? cell.run.checkpoint(other, cell.N, cell.N, {}) : fs::path();
-    if (!diff.found() && cell.ckpts && present(ckpt_first) && present(ckpt_other))
-      key = compare_checkpoints(cell.reader, ckpt_first, ckpt_other, "determinism", nullptr);
-    if (diff.found() || !key.empty()) {
+    if (!diff.found() && cell.ckpts && present(ckpt_first) && present(ckpt_other)) {
+      cmp = compare_checkpoints(cell.reader, ckpt_first, ckpt_other, &uninterrupted.side, &other.side, "determinism");
+      for (const auto& row : cmp.diffs)
+        if ((row.kind == "value" || row.kind == "metadata") && !row.identical()) cell.run_varying.insert(row.key);
+      if (cmp.first_tensor.empty() && !cmp.changed.empty() && cell.metadata_diff.empty())
+        cell.metadata_diff = "the uninterrupted runs' final checkpoints: " +
+                             (!cmp.first_value.empty() ? cmp.first_value : cmp.first_metadata);
+      keep(cell, result, "determinism", cmp);
+    }
+    if (diff.found() || !cmp.first_tensor.empty()) {
       result.outcome = Outcome::nondeterministic;
-      const std::string where = diff.found() ? diff.what : "final checkpoint: " + key;
+      const std::string where = diff.found() ? diff.what : "final checkpoint: " + cmp.first_tensor;
       diagnose(result, Diagnosis::nondeterministic, "uninterrupted runs differ: " + where,
-               "two uninterrupted runs of the same command differ (" + where + ")");
+               "two uninterrupted runs of the same command differ (" + where + count_of(cmp) + ")");
       return false;
     }
   }
@@ -134,7 +173,8 @@ void check_interrupted(Cell& cell, CheckResult& result) {
   Difference diff =
       compare_rows(uninterrupted.metrics, cell.interrupted.metrics, kFirst, cell.K, "interrupted", nullptr);
   offer_missing(uninterrupted.metrics, cell.interrupted.metrics, kFirst, cell.K, "interrupted", diff);
-  Difference probe_diff = compare_probe_steps(uninterrupted.probe, cell.interrupted.probe, kFirst, cell.K);
+  Difference probe_diff =
+      compare_probe_steps(uninterrupted.probe, cell.interrupted.probe, kFirst, cell.K, cell.unused);
   if (probe_diff.found() && probe_diff.iteration <= diff.iteration) diff = probe_diff;
   if (diff.found())
     diagnose(result, Diagnosis::before_save, "interrupted run: " + diff.what,
@@ -157,14 +197,29 @@ void check_saved_state(Cell& cell, CheckResult& result) {
                            uninterrupted_at_k.string());
     return;
   }
-  const std::string key =
-      compare_checkpoints(cell.reader, uninterrupted_at_k, cell.saved_at_k, "saved_at_k", &result.after_load);
+  auto cmp = compare_checkpoints(cell.reader, uninterrupted_at_k, cell.saved_at_k, &cell.uninterrupted().side,
+                                 &cell.interrupted.side, "saved_at_k", cell.run_varying);
+  result.after_load = cmp.diffs;
+  keep(cell, result, "saved at " + std::to_string(K), cmp);
+  const std::string key = cmp.first_state();
   if (!key.empty())
     diagnose(result, Diagnosis::saved_state, "saved state at " + std::to_string(K) + ": " + key,
              "the checkpoint the interrupted run saved at " + std::to_string(K) +
                  " differs from the one the uninterrupted run saved at " + std::to_string(K) + " (first key " + key +
-                 ")");
+                 count_of(cmp) + ")");
   else cell.saved_state_known_equal = true;
+}
+
+// Iterations a run logged in [lo, hi], as "10" or "10-12" or "10, 12".
+std::string iterations_text(const std::vector<int64_t>& its) {
+  std::string out;
+  for (size_t i = 0; i < its.size();) {
+    size_t j = i;
+    while (j + 1 < its.size() && its[j + 1] == its[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(its[i]) + (j > i ? "-" + std::to_string(its[j]) : "");
+    i = j + 1;
+  }
+  return out;
 }
 
 // 4. The round trip (trainer.round_trip): load K, train nothing, save.
@@ -172,13 +227,29 @@ void check_round_trip(Cell& cell, CheckResult& result) {
   if (!cell.trainer.round_trip) return;
   const fs::path& load_dir = cell.interrupted.save_dir;
   RunOut round_trip = cell.run.run("round_trip", true, cell.K, load_dir, load_dir);
-  const std::string key =
-      compare_checkpoints(cell.reader, cell.saved_at_k, cell.run.checkpoint(round_trip, cell.K, cell.K, load_dir),
-                          "round_trip", nullptr);
-  if (!key.empty())
+  std::vector<int64_t> trained;
+  for (const auto& row : round_trip.metrics.rows) trained.push_back(row.iteration);
+  if (!trained.empty())
+    result.notes.push_back("the round trip ({iterations} = " + std::to_string(cell.K) + ", loading " +
+                           std::to_string(cell.K) + ") logged iteration " + iterations_text(trained) +
+                           ": it trained instead of only loading and saving");
+  auto cmp = compare_checkpoints(cell.reader, cell.saved_at_k,
+                                 cell.run.checkpoint(round_trip, cell.K, cell.K, load_dir), &cell.interrupted.side,
+                                 &round_trip.side, "round_trip", cell.run_varying);
+  keep(cell, result, "round_trip", cmp);
+  const std::string key = cmp.first_state();
+  if (key.empty()) return;
+  if (!trained.empty())   // a step trained where none should be: the loop's start, not the load
+    diagnose(result, Diagnosis::round_trip, "round trip: trained iteration " + iterations_text(trained) + "; " + key,
+             "loading the checkpoint at " + std::to_string(cell.K) + " with {iterations} = " + std::to_string(cell.K) +
+                 " should train nothing, but the run trained iteration " + iterations_text(trained) + " and saved " +
+                 key + " changed" + count_of(cmp),
+             "a resumed run starts at the iteration it loaded instead of the next one (it repeats a finished step): "
+             "the saved iteration count and the loop's first iteration disagree");
+  else
     diagnose(result, Diagnosis::round_trip, "round trip: " + key,
              "loading the checkpoint at " + std::to_string(cell.K) + " and saving it again without training changes " +
-                 key);
+                 key + count_of(cmp));
 }
 
 // The resumed run's state right after load (the probe) against the uninterrupted run's at K.
@@ -194,12 +265,34 @@ void check_after_load(Cell& cell, CheckResult& result) {
                                       : "the uninterrupted run recorded no probe.after_step at " + std::to_string(K)) +
                              " (is RH_PROBE_DIR reaching the trainer, and does it call the probe?)");
   std::string key = loaded->iteration != K ? "iteration (restored " + std::to_string(loaded->iteration) + ")" : "";
-  if (key.empty()) key = first_differing(at_k->state, loaded->state, "data/");
+  if (key.empty()) key = first_differing(at_k->state, loaded->state, "data/", cell.unused);
   if (!key.empty())
     diagnose(result, Diagnosis::after_load, "after load: " + key,
              "the state right after loading differs from the uninterrupted run's state at " + std::to_string(K) +
                  " (first " + key + ")");
-  else cell.saved_state_known_equal = true;
+  else cell.after_load_equal = true;
+}
+
+// What the resumed run logged of iterations the interrupted run also logged, or skipped: facts.
+void overlap_notes(const Cell& cell, CheckResult& result) {
+  std::vector<int64_t> again, skipped;
+  for (const auto& row : cell.resumed.metrics.rows)
+    if (row.iteration <= cell.K && cell.interrupted.metrics.find(row.iteration)) again.push_back(row.iteration);
+  for (const auto& row : cell.uninterrupted().metrics.rows)
+    if (row.iteration > cell.K && row.iteration <= cell.N && !cell.resumed.metrics.find(row.iteration))
+      skipped.push_back(row.iteration);
+  if (!again.empty())
+    result.notes.push_back("the resumed run logged iteration " + iterations_text(again) +
+                           ", which the interrupted run logged too; those rows were compared with the uninterrupted "
+                           "run's (a checkpoint \"at K\" that holds the state before step K repeats K by design)");
+  if (!skipped.empty())
+    result.notes.push_back("the resumed run did not log iteration " + iterations_text(skipped) +
+                           ", which the uninterrupted run logged");
+  for (const auto& repeat : cell.resumed.metrics.repeated)
+    result.notes.push_back("the resumed run logged iteration " + std::to_string(repeat.iteration) +
+                           " more than once (lines " + std::to_string(repeat.first_line) + " and " +
+                           std::to_string(repeat.line) + " of its log); each row was compared with the uninterrupted "
+                           "run's");
 }
 
 // 5. The resumed run: its state after load (the probe), then its rows (and probe records) after K.
@@ -207,21 +300,42 @@ void check_resumed(Cell& cell, CheckResult& result) {
   const int64_t K = cell.K, N = cell.N;
   const RunOut& uninterrupted = cell.uninterrupted();
   cell.resumed = cell.run.run("resumed", true, N, cell.interrupted.save_dir, cell.interrupted.save_dir);
-  if (cell.trainer.probe) check_after_load(cell, result);
+  if (cell.trainer.probe) {
+    for (const auto& stream : external::unused_streams({&uninterrupted.probe, &cell.resumed.probe}))
+      cell.unused.insert(stream);
+    check_after_load(cell, result);
+  }
+  overlap_notes(cell, result);
   Difference diff =
       compare_rows(uninterrupted.metrics, cell.resumed.metrics, kFirst, N, "resumed", &result.metric_diffs);
   offer_missing(uninterrupted.metrics, cell.resumed.metrics, K + 1, N, "resumed", diff);
   for (const auto& row : cell.resumed.metrics.rows)
     result.control_fresh_differs = result.control_fresh_differs || (row.iteration > K && row.iteration <= N);
-  Difference probe_diff = compare_probe_steps(uninterrupted.probe, cell.resumed.probe, K + 1, N);
+  Difference probe_diff = compare_probe_steps(uninterrupted.probe, cell.resumed.probe, K + 1, N, cell.unused);
   std::string where = diff.found() ? diff.what : "";
   if (probe_diff.found() && probe_diff.iteration <= diff.iteration) where = probe_diff.what;
   for (const auto& metric_diff : result.metric_diffs)
     if (metric_diff.metric == "loss" || metric_diff.metric == "lm_loss" || metric_diff.metric == "lm loss")
       result.max_abs_dloss = std::max(result.max_abs_dloss, metric_diff.abs_diff);
   if (where.empty()) return;
-  if (cell.saved_state_known_equal)
-    diagnose(result, Diagnosis::not_in_checkpoint, where, where + " while the saved state is identical");
+  // The dtype audit of what was saved: optimizer state narrower than its parameters.
+  std::vector<std::string> lossy;
+  if (cell.ckpts && present(cell.saved_at_k))
+    lossy = external::lossy_optimizer_state(cell.reader.read({cell.saved_at_k}, "audit").front());
+  if (!lossy.empty())
+    result.notes.push_back("lossy save: " + std::to_string(lossy.size()) +
+                           " optimizer-state tensor(s) saved narrower than the parameters of their shape (" +
+                           lossy.front() + (lossy.size() > 1 ? "; ..." : "") + ")");
+  if (cell.saved_state_known_equal && !lossy.empty())
+    diagnose(result, Diagnosis::lossy_save, "lossy save: " + lossy.front(),
+             where + " after resume while the saved state equals the uninterrupted run's, and the checkpoint holds " +
+                 lossy.front());
+  else if (cell.after_load_equal)
+    diagnose(result, Diagnosis::not_in_checkpoint, where, where + " while the probed state after load is identical");
+  else if (cell.saved_state_known_equal)
+    diagnose(result, Diagnosis::not_restored, where,
+             where + " after resume while the checkpoint at " + std::to_string(K) +
+                 " equals the uninterrupted run's" + (cell.trainer.round_trip ? " and round-trips" : ""));
   else
     diagnose(result, Diagnosis::resumed_metrics, where,
              where + " after resume" +
@@ -239,18 +353,39 @@ void check_final_state(Cell& cell, CheckResult& result) {
                            final_uninterrupted.string());
     return;
   }
-  const std::string key =
-      compare_checkpoints(cell.reader, final_uninterrupted,
-                          cell.run.checkpoint(cell.resumed, cell.N, cell.N, cell.interrupted.save_dir), "final",
-                          &result.final_state);
+  auto cmp = compare_checkpoints(cell.reader, final_uninterrupted,
+                                 cell.run.checkpoint(cell.resumed, cell.N, cell.N, cell.interrupted.save_dir),
+                                 &cell.uninterrupted().side, &cell.resumed.side, "final", cell.run_varying);
+  result.final_state = cmp.diffs;
+  keep(cell, result, "final state", cmp);
+  const std::string key = cmp.first_state();
   if (!key.empty())
     diagnose(result, Diagnosis::final_state, "final state: " + key,
-             "every compared metric is equal but the final checkpoint differs at " + key);
+             "every compared metric is equal but the final checkpoint differs at " + key + count_of(cmp));
+}
+
+std::string listed(const std::vector<std::pair<std::string, std::string>>& rows, const char* joiner) {
+  std::string out;
+  for (size_t i = 0; i < rows.size() && i < 8; ++i)
+    out += (i ? ", " : "") + rows[i].first + " (" + joiner + rows[i].second + ")";
+  if (rows.size() > 8) out += " and " + std::to_string(rows.size() - 8) + " more (result.json)";
+  return out;
 }
 
 // The notes, the diagnosis when nothing differs, the outcome.
 void conclude(const Cell& cell, CheckResult& result) {
   resolution_notes(cell.uninterrupted().metrics, cell.ckpts || cell.trainer.probe, result.notes);
+  if (!result.harness_varied.empty())
+    result.notes.push_back("saved values that differ only by what the harness gave each run, compared as that: " +
+                           listed(result.harness_varied, ""));
+  if (!result.ignored.empty())
+    result.notes.push_back("left out by trainer.checkpoint.ignore: " + listed(result.ignored, "reason: "));
+  for (const auto& stream : cell.unused)
+    result.notes.push_back(stream + " never changes within a run (the trainer does not draw from it during the "
+                                    "recorded steps): left out of the probe's verdict");
+  if (result.diagnosis.empty() && !cell.metadata_diff.empty())
+    diagnose(result, Diagnosis::metadata, "metadata: " + cell.metadata_diff,
+             "only non-tensor values differ (" + cell.metadata_diff + ")");
   if (result.diagnosis.empty()) {
     result.diagnosis = to_string(Diagnosis::none);
     result.explanation = "every logged metric" + std::string(cell.ckpts ? ", every checkpoint key" : "") +

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -172,43 +173,117 @@ void CheckpointReader::bridge(const std::vector<std::pair<fs::path, fs::path>>& 
   }
 }
 
-std::string compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b,
-                                const std::string& label, std::vector<TensorDiff>* diffs) {
+namespace {
+
+// A non-tensor value's sort by the bridge's type prefix: numbers and bools are state.
+const char* leaf_kind(const std::string& text) {
+  const std::string type = text.substr(0, text.find(':'));
+  const bool numeric = type == "int" || type == "float" || type == "bool" || type == "complex" ||
+                       (type.rfind("numpy.", 0) == 0 && type != "numpy.str_" && type != "numpy.bytes_");
+  return numeric ? "value" : "metadata";
+}
+
+std::string short_text(const std::string& text) { return text.size() > 60 ? text.substr(0, 60) + "..." : text; }
+
+const std::string* ignore_reason(const ExternalTrainer& t, const std::string& key) {
+  for (const auto& rule : t.checkpoint.ignore)
+    if (key_glob_match(rule.key, key)) return &rule.reason;
+  return nullptr;
+}
+
+}   // namespace
+
+Comparison compare_checkpoints(CheckpointReader& reader, const fs::path& a, const fs::path& b, const RunSide* side_a,
+                               const RunSide* side_b, const std::string& label,
+                               const std::set<std::string>& run_varying) {
   for (const auto* p : {&a, &b}) external::refuse_links_to(reader.cell(), *p);   // a run directory swapped
   for (const auto* p : {&a, &b})
     if (!fs::exists(fs::symlink_status(*p)))
       throw std::runtime_error("checkpoint " + p->string() + " was not written (trainer.checkpoint.path)");
-  if (byte_identical(a, b)) return "";
+  Comparison out;
+  // Files that differ in bytes with every key equal (a zip's record names, a pickle's memo order)
+  // hold the same checkpoint; equal bytes need no reading.
+  if (byte_identical(a, b)) return out;
   const auto flat = reader.read({a, b}, label);
   const Flat &fa = flat[0], &fb = flat[1];
-  auto td = compare_tensor_maps(fa.tensors, fb.tensors);
+  std::vector<TensorDiff> td = compare_tensor_maps(fa.tensors, fb.tensors);
   std::set<std::string> keys;
   for (const auto& [k, v] : fa.leaves) keys.insert(k);
   for (const auto& [k, v] : fb.leaves) keys.insert(k);
+  std::map<std::string, std::string> described;   // leaf key -> "key (a vs b)"
   for (const auto& k : keys) {
     TensorDiff d;
     d.key = k;
-    d.kind = "leaf";
     auto ia = fa.leaves.find(k), ib = fb.leaves.find(k);
-    d.dtype_a = ia != fa.leaves.end() ? "text" : "";
-    d.dtype_b = ib != fb.leaves.end() ? "text" : "";
+    const bool in_a = ia != fa.leaves.end(), in_b = ib != fb.leaves.end();
+    d.kind = run_varying.count(k) ? "metadata" : leaf_kind(in_a ? ia->second : ib->second);
+    d.dtype_a = in_a ? "text" : "";
+    d.dtype_b = in_b ? "text" : "";
     d.numel = 1;
     d.shape_equal = true;
-    d.bit_equal_fraction = (ia != fa.leaves.end() && ib != fb.leaves.end() && ia->second == ib->second) ? 1.0 : 0.0;
-    if (d.bit_equal_fraction < 1) d.max_abs_diff = std::numeric_limits<double>::infinity();
+    d.bit_equal_fraction = (in_a && in_b && ia->second == ib->second) ? 1.0 : 0.0;
+    if (d.bit_equal_fraction < 1) {
+      std::optional<std::string> as;
+      if (in_a && in_b && side_a && side_b) as = harness_varied(k, ia->second, ib->second, *side_a, *side_b);
+      if (as) {
+        out.varied.emplace_back(k, *as);
+        d.bit_equal_fraction = 1.0;   // compared as the placeholder it came from
+      } else {
+        d.max_abs_diff = std::numeric_limits<double>::infinity();
+        if (in_a && in_b) described[k] = k + " (" + short_text(ia->second) + " vs " + short_text(ib->second) + ")";
+      }
+    }
     td.push_back(d);
   }
   std::sort(td.begin(), td.end(), [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
-  std::string first;
-  for (const auto& d : td)
-    if (!d.identical() && first.empty())
-      first = d.key + (d.dtype_a.empty()   ? " (missing in the first)"
-                       : d.dtype_b.empty() ? " (missing in the second)"
-                                           : "");
-  // Files that differ in bytes with every key equal (a zip's record names, a pickle's memo order)
-  // hold the same checkpoint.
-  if (diffs) *diffs = td;
-  return first;
+  for (auto& d : td) {
+    if (d.identical()) continue;
+    if (const std::string* reason = ignore_reason(reader.trainer(), d.key)) {
+      out.ignored.emplace_back(d.key, *reason);
+      continue;
+    }
+    out.changed.push_back(d.key);
+    const std::string what = d.dtype_a.empty()   ? d.key + " (missing in the first)"
+                             : d.dtype_b.empty() ? d.key + " (missing in the second)"
+                             : described.count(d.key) ? described[d.key]
+                                                      : d.key;
+    std::string& first = d.kind == "metadata" ? out.first_metadata : d.kind == "value" ? out.first_value : out.first_tensor;
+    if (first.empty()) first = what;
+  }
+  out.diffs = std::move(td);
+  return out;
+}
+
+std::vector<std::string> lossy_optimizer_state(const Flat& flat) {
+  static const std::set<std::string> kStateNames = {"exp_avg",    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                                                    "square_avg", "acc_delta",  "sum"};
+  auto float_width = [](const std::string& dtype) -> int {
+    if (dtype == "F64") return 64;
+    if (dtype == "F32") return 32;
+    if (dtype == "F16" || dtype == "BF16") return 16;
+    if (dtype.rfind("F8", 0) == 0) return 8;
+    return 0;
+  };
+  auto is_state = [](const std::string& key) {
+    return key.find("/state/") != std::string::npos || key.rfind("state/", 0) == 0;
+  };
+  std::vector<std::string> out;
+  for (const auto& [key, tensor] : flat.tensors) {
+    const std::string last = key.substr(key.rfind('/') == std::string::npos ? 0 : key.rfind('/') + 1);
+    const int width = float_width(ckpt::st_name(tensor.first));
+    if (!kStateNames.count(last) || !is_state(key) || width == 0) continue;
+    int narrowest_param = 0;
+    std::string param_dtype;
+    for (const auto& [other_key, other] : flat.tensors) {
+      const int other_width = float_width(ckpt::st_name(other.first));
+      if (is_state(other_key) || other_width == 0 || other.second.sizes() != tensor.second.sizes()) continue;
+      if (narrowest_param == 0 || other_width < narrowest_param)
+        narrowest_param = other_width, param_dtype = ckpt::st_name(other.first);
+    }
+    if (narrowest_param > width)
+      out.push_back(key + " saved as " + ckpt::st_name(tensor.first) + ", the parameters of its shape as " + param_dtype);
+  }
+  return out;
 }
 
 }   // namespace rh::external

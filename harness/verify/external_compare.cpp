@@ -2,6 +2,7 @@
 #include "harness/verify/external_compare.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <system_error>
@@ -69,9 +70,11 @@ const ProbeRecord* probe_step(const std::vector<ProbeRecord>& records, int64_t i
 
 std::string first_differing(const std::vector<std::pair<std::string, std::string>>& ref,
                             const std::vector<std::pair<std::string, std::string>>& got,
-                            const std::string& skip_prefix) {
+                            const std::string& skip_prefix, const std::set<std::string>& skip_keys) {
   std::map<std::string, std::string> ref_values(ref.begin(), ref.end()), got_values(got.begin(), got.end());
-  auto skipped = [&](const std::string& key) { return !skip_prefix.empty() && key.rfind(skip_prefix, 0) == 0; };
+  auto skipped = [&](const std::string& key) {
+    return (!skip_prefix.empty() && key.rfind(skip_prefix, 0) == 0) || skip_keys.count(key) != 0;
+  };
   for (const auto& [key, value] : got) {
     if (skipped(key)) continue;
     auto it = ref_values.find(key);
@@ -83,22 +86,45 @@ std::string first_differing(const std::vector<std::pair<std::string, std::string
   return "";
 }
 
+std::set<std::string> unused_streams(const std::vector<const std::vector<ProbeRecord>*>& runs) {
+  std::map<std::string, bool> constant;   // rng/<stream> -> constant within every run so far
+  for (const auto* records : runs) {
+    std::map<std::string, std::string> first;
+    std::map<std::string, int> seen;
+    for (const auto& record : *records)
+      for (const auto& [key, value] : record.state) {
+        if (key.rfind("rng/", 0) != 0) continue;
+        auto [it, inserted] = first.emplace(key, value);
+        ++seen[key];
+        if (!inserted && it->second != value) constant[key] = false;
+        else constant.emplace(key, true);
+      }
+    for (auto& [key, is_constant] : constant)
+      if (seen[key] < 2) is_constant = false;   // one record shows no change, and no use either
+  }
+  std::set<std::string> out;
+  for (const auto& [key, is_constant] : constant)
+    if (is_constant) out.insert(key);
+  return out;
+}
+
 Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
                         std::vector<MetricDiff>* diffs) {
-  Difference diff;
+  std::map<int64_t, std::vector<std::string>> found;   // iteration -> what differs there, in log order
+  std::map<std::string, int64_t> metric_first;         // metric -> its first differing iteration
+  std::vector<std::string> metric_order;
   for (const auto& row : got.rows) {
     if (row.iteration < lo || row.iteration > hi) continue;
     const MetricRow* ref_row = ref.find(row.iteration);
     if (!ref_row) {
-      diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": not logged by the uninterrupted run");
+      found[row.iteration].push_back("not logged by the uninterrupted run");
       continue;
     }
     std::map<std::string, std::string> ref_values(ref_row->values.begin(), ref_row->values.end());
     for (const auto& [name, text] : row.values) {
       auto it = ref_values.find(name);
       if (it == ref_values.end()) {
-        diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " only in the " +
-                                      got_name + " run");
+        found[row.iteration].push_back("metric " + name + " only in the " + got_name + " run");
         continue;
       }
       MetricDiff metric_diff;
@@ -112,12 +138,28 @@ Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, 
       metric_diff.rel_diff = metric_diff.baseline != 0 ? metric_diff.abs_diff / std::fabs(metric_diff.baseline)
                                                        : (metric_diff.abs_diff == 0 ? 0 : INFINITY);
       metric_diff.ulp = metric_diff.bit_equal ? 0 : ulp_distance(metric_diff.baseline, metric_diff.resumed);
-      if (!metric_diff.bit_equal)
-        diff.offer(row.iteration, "iteration " + std::to_string(row.iteration) + ": metric " + name + " (" +
-                                      it->second + " vs " + text + ")");
+      if (!metric_diff.bit_equal) {
+        found[row.iteration].push_back("metric " + name + " (" + it->second + " vs " + text + ")");
+        auto [first, inserted] = metric_first.emplace(name, row.iteration);
+        if (inserted) metric_order.push_back(name);
+        else first->second = std::min(first->second, row.iteration);
+      }
       if (diffs) diffs->push_back(metric_diff);
     }
   }
+  Difference diff;
+  if (found.empty()) return diff;
+  const auto& [first_iteration, what] = *found.begin();
+  diff.iteration = first_iteration;
+  diff.what = "iteration " + std::to_string(first_iteration) + ": ";
+  for (size_t i = 0; i < what.size(); ++i) diff.what += (i ? ", " : "") + what[i];
+  // Each metric that matched there and differs later, from its own first iteration: "lr at 11;
+  // loss from 12" says step 11's forward matched and its update did not.
+  std::string later;
+  for (const auto& name : metric_order)
+    if (metric_first[name] > first_iteration)
+      later += (later.empty() ? "" : ", ") + name + " from " + std::to_string(metric_first[name]);
+  if (!later.empty()) diff.what += "; " + later;
   return diff;
 }
 
@@ -130,14 +172,15 @@ void offer_missing(const MetricLog& ref, const MetricLog& got, int64_t lo, int64
 }
 
 Difference compare_probe_steps(const std::vector<ProbeRecord>& ref, const std::vector<ProbeRecord>& got, int64_t lo,
-                               int64_t hi) {
+                               int64_t hi, const std::set<std::string>& skip_keys) {
   Difference diff;
   for (const auto& record : got) {
     if (record.event != "step" || record.iteration < lo || record.iteration > hi) continue;
     const ProbeRecord* ref_record = probe_step(ref, record.iteration);
     if (!ref_record) continue;   // rows missing are the metrics' business
-    std::string key = first_differing(ref_record->metrics, record.metrics);
-    if (key.empty()) key = first_differing(ref_record->state, record.state);
+    // The state first (the batch, the RNG streams, then parameters): the cause before the loss.
+    std::string key = first_differing(ref_record->state, record.state, "", skip_keys);
+    if (key.empty()) key = first_differing(ref_record->metrics, record.metrics);
     if (!key.empty()) diff.offer(record.iteration, "iteration " + std::to_string(record.iteration) + ": " + key);
   }
   return diff;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,10 +32,17 @@ std::vector<ProbeRecord> read_probe(const std::filesystem::path& file);
 const ProbeRecord* probe_step(const std::vector<ProbeRecord>& records, int64_t iteration);
 
 // The first key of `got` (in its order) whose text differs from `ref`'s, or is missing there;
-// then keys of `ref` that `got` lacks; "" when none. Keys starting with a skipped prefix are ignored.
+// then keys of `ref` that `got` lacks; "" when none. Keys starting with skip_prefix, and those in
+// skip_keys, are ignored.
 std::string first_differing(const std::vector<std::pair<std::string, std::string>>& ref,
                             const std::vector<std::pair<std::string, std::string>>& got,
-                            const std::string& skip_prefix = "");
+                            const std::string& skip_prefix = "", const std::set<std::string>& skip_keys = {});
+
+// The RNG streams (rng/<name>) whose hash is the same in every record of each run given (two
+// records at least per run): a stream the trainer never draws from during the recorded steps
+// (Python's `random` in a trainer that never seeds or uses it differs between processes and
+// means nothing). Those are left out of the probe's verdict, with a note.
+std::set<std::string> unused_streams(const std::vector<const std::vector<ProbeRecord>*>& runs);
 
 // ---- comparisons ----
 
@@ -49,7 +57,9 @@ struct Difference {
 };
 
 // Every row of `got` with an iteration in [lo, hi] against `ref`'s row of the same number;
-// differences go to diffs (when given).
+// differences go to diffs (when given). The difference names every metric that differs at the
+// first differing iteration, then each other metric from its own first one ("iteration 11:
+// metric lr (a vs b); loss from 12").
 Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
                         std::vector<MetricDiff>* diffs);
 
@@ -57,8 +67,9 @@ Difference compare_rows(const MetricLog& ref, const MetricLog& got, int64_t lo, 
 void offer_missing(const MetricLog& ref, const MetricLog& got, int64_t lo, int64_t hi, const std::string& got_name,
                    Difference& diff);
 
-// The probe's step records of `got` in [lo, hi] against `ref`'s.
+// The probe's step records of `got` in [lo, hi] against `ref`'s: a record's state before its
+// metrics (the batch or an RNG stream that differs is the cause of the loss that differs).
 Difference compare_probe_steps(const std::vector<ProbeRecord>& ref, const std::vector<ProbeRecord>& got, int64_t lo,
-                               int64_t hi);
+                               int64_t hi, const std::set<std::string>& skip_keys = {});
 
 }   // namespace rh::external

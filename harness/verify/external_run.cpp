@@ -36,8 +36,11 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
   make_run_dir(work_, label, seed_save_dir ? *seed_save_dir : fs::path());
   const auto vars = vars_for(out, iterations, load_dir.empty() ? out.save_dir : load_dir);
   CapturedSpec c;
-  for (const auto& a : resume ? t_.resume_command : t_.command) c.argv.push_back(expand_placeholders(a, vars));
-  for (const auto& a : t_.args) c.argv.push_back(expand_placeholders(a, vars));
+  out.side.vars = vars;
+  for (const auto& a : resume ? t_.resume_command : t_.command) out.side.argv_template.push_back(a);
+  for (const auto& a : t_.args) out.side.argv_template.push_back(a);
+  for (const auto& a : out.side.argv_template) c.argv.push_back(expand_placeholders(a, vars));
+  out.side.argv = c.argv;
   c.cwd = cwd_for(out);
   for (const auto& [k, v] : t_.env) c.env.emplace_back(k, expand_placeholders(v, vars));
   if (t_.probe) {

@@ -13,6 +13,7 @@
 #include "harness/verify/check.h"
 #include "harness/verify/external_compare.h"
 #include "harness/verify/external_metrics.h"
+#include "harness/verify/run_varied.h"
 
 namespace rh::external {
 
@@ -23,6 +24,7 @@ struct RunOut {
   MetricLog metrics;
   std::vector<ProbeRecord> probe;
   double seconds = 0;
+  RunSide side;   // what the harness gave it: placeholders and arguments (run_varied.h)
 };
 
 class Runner {

@@ -30,6 +30,28 @@ void apply_config_section(RunConfig& cfg, const std::string& section, const toml
   }
 }
 
+// checkpoint.ignore = [{ key = "run_info/*", reason = "wall-clock time and host name" }, ...]:
+// appends (a matrix or an axis value can add keys); every entry needs both, a reason not blank.
+void apply_checkpoint_ignore(ExternalTrainer& trainer, const toml::node& node, const std::string& file,
+                             const std::string& full) {
+  const toml::array* entries = node.as_array();
+  if (!entries) fail(file, node, full, "expected an array of { key = \"<glob>\", reason = \"...\" } tables");
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const std::string entry_key = full + "[" + std::to_string(i) + "]";
+    ExternalTrainer::Checkpoint::Ignore rule;
+    for (const auto& [ik, iv] : need_table(file, (*entries)[i], entry_key)) {
+      const std::string field(ik.str());
+      if (field == "key") rule.key = need_string(file, iv, entry_key + ".key");
+      else if (field == "reason") rule.reason = need_string(file, iv, entry_key + ".reason");
+      else fail(file, iv, entry_key + "." + field, "unknown key (expected key, reason)");
+    }
+    if (rule.key.empty()) fail(file, (*entries)[i], entry_key + ".key", "expected a non-empty key glob");
+    if (rule.reason.find_first_not_of(" \t") == std::string::npos)
+      fail(file, (*entries)[i], entry_key + ".reason", "expected the reason this key may differ between runs");
+    trainer.checkpoint.ignore.push_back(std::move(rule));
+  }
+}
+
 // Merges a [trainer] table into the scenario's external trainer (creating it): scalars replace,
 // `args` appends (so [defaults], a matrix and each axis value can add arguments).
 void apply_trainer(Scenario& scenario, const toml::table& table, const std::string& file) {
@@ -80,7 +102,8 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
         if (c == "path") trainer.checkpoint.path = need_string(file, cv, cfull);
         else if (c == "format") trainer.checkpoint.format = need_string(file, cv, cfull);
         else if (c == "trust_pickle") trainer.checkpoint.trust_pickle = need_bool(file, cv, cfull);
-        else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle)");
+        else if (c == "ignore") apply_checkpoint_ignore(trainer, cv, file, cfull);
+        else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle, ignore)");
       }
     } else {
       fail(file, node, full,

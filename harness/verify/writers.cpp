@@ -13,6 +13,16 @@ namespace fs = std::filesystem;
 
 namespace rh {
 
+namespace {
+
+nlohmann::json key_table(const std::vector<std::pair<std::string, std::string>>& rows, const char* field) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [key, value] : rows) out.push_back({{"key", key}, {field, value}});
+  return out;
+}
+
+}   // namespace
+
 nlohmann::json result_json(const Scenario& scenario, const CheckResult& result) {
   return {{"name", result.name},
           {"description", scenario.description},
@@ -46,6 +56,8 @@ nlohmann::json result_json(const Scenario& scenario, const CheckResult& result) 
           {"diagnosis", result.diagnosis},
           {"explanation", result.explanation},
           {"notes", result.notes},
+          {"harness_varied", key_table(result.harness_varied, "as")},
+          {"ignored", key_table(result.ignored, "reason")},
           {"trainer_seconds", result.trainer_seconds}};
 }
 
@@ -64,12 +76,13 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, co
   std::string state_csv = "phase,key,kind,dtype_saved,dtype_loaded,numel,bit_equal_fraction,max_abs_diff,max_ulp\n";
   auto rows = [&](const char* phase, const std::vector<TensorDiff>& diffs) {
     for (const auto& diff : diffs)
-      state_csv += std::string(phase) + "," + diff.key + "," + diff.kind + "," + diff.dtype_a + "," + diff.dtype_b +
+      state_csv += std::string(phase) + "," + csv_field(diff.key) + "," + diff.kind + "," + diff.dtype_a + "," + diff.dtype_b +
                    "," + std::to_string(diff.numel) + "," + exact_decimal(diff.bit_equal_fraction) + "," +
                    exact_decimal(diff.max_abs_diff) + "," + std::to_string(diff.max_ulp) + "\n";
   };
   rows("after_load", result.after_load);
   rows("final", result.final_state);
+  for (const auto& [phase, diffs] : result.other_state) rows(phase.c_str(), diffs);
   dir.write_file("state_compare.csv", state_csv);
   dir.write_file("result.json", dump_text(result_json(scenario, result), 2) + "\n");
 }

@@ -513,6 +513,18 @@ INSTANTIATE_TEST_SUITE_P(
         TableError{"round_trip", minimal("round_trip = true\n"), "trainer.round_trip: needs trainer.checkpoint.path"},
         TableError{"fault", minimal("", "fault = \"skip_rng_restore\"\n"), "built-in trainer's"},
         TableError{"diagnosis", minimal("", "expect_diagnosis = \"rng\"\n"), "expected one of none, nondeterministic"},
+        TableError{"ignore_not_array", minimal("checkpoint = { path = \"x\", ignore = \"run_info/*\" }\n"),
+                   "trainer.checkpoint.ignore: expected an array of { key"},
+        TableError{"ignore_no_reason", minimal("checkpoint = { path = \"x\", ignore = [{ key = \"run_info/*\" }] }\n"),
+                   "trainer.checkpoint.ignore[0].reason: expected the reason"},
+        TableError{"ignore_blank_reason",
+                   minimal("checkpoint = { path = \"x\", ignore = [{ key = \"t\", reason = \"  \" }] }\n"),
+                   "trainer.checkpoint.ignore[0].reason: expected the reason"},
+        TableError{"ignore_no_key", minimal("checkpoint = { path = \"x\", ignore = [{ reason = \"time\" }] }\n"),
+                   "trainer.checkpoint.ignore[0].key: expected a non-empty key glob"},
+        TableError{"ignore_unknown",
+                   minimal("checkpoint = { path = \"x\", ignore = [{ key = \"t\", reason = \"r\", why = 1 }] }\n"),
+                   "trainer.checkpoint.ignore[0].why: unknown key (expected key, reason)"},
         TableError{"regex",
                    "[defaults.trainer]\ncommand=[\"t\"]\nresume_command=[\"t\"]\nmetrics={stdout_regex='(?P<loss>x)'}\n"
                    "[[scenario]]\nname=\"a\"\n",
@@ -636,7 +648,7 @@ INSTANTIATE_TEST_SUITE_P(
         CellCase{"correct_csv", "csv", "log", Outcome::identical, "none", ""},
         CellCase{"correct_jsonl", "jsonl", "log", Outcome::identical, "none", ""},
         CellCase{"rng_log", "rng_not_saved", "log", Outcome::diverged, "resumed-metrics", "iteration 11: metric loss"},
-        CellCase{"rng_checkpoints", "rng_not_saved", "checkpoints", Outcome::diverged, "not-in-checkpoint",
+        CellCase{"rng_checkpoints", "rng_not_saved", "checkpoints", Outcome::diverged, "not-restored",
                  "iteration 11: metric loss"},
         CellCase{"nondeterministic", "nondeterministic", "log", Outcome::nondeterministic, "nondeterministic",
                  "uninterrupted runs differ: iteration 1"},
@@ -707,7 +719,10 @@ TEST(ExternalDiagnosis, CodesAreTheWrittenNamesInOrder) {
                                                                    {Diagnosis::after_load, "after-load"},
                                                                    {Diagnosis::not_in_checkpoint, "not-in-checkpoint"},
                                                                    {Diagnosis::resumed_metrics, "resumed-metrics"},
-                                                                   {Diagnosis::final_state, "final-state"}};
+                                                                   {Diagnosis::final_state, "final-state"},
+                                                                   {Diagnosis::not_restored, "not-restored"},
+                                                                   {Diagnosis::lossy_save, "lossy-save"},
+                                                                   {Diagnosis::metadata, "metadata"}};
   std::string codes;
   for (const auto& [diagnosis, code] : expected) {
     EXPECT_EQ(to_string(diagnosis), code);
