@@ -151,10 +151,27 @@ def _unwrap(model):
 
 
 def _state(model, optimizer, scheduler, batch, user_state, with_batch):
-    import torch   # the caller trains with torch; imported only when recording
     out = []
     if with_batch:
         out.append(["data/batch", digest(batch)])
+    _rng_rows(out)
+    model = _unwrap(model)
+    labels = _labels(model, optimizer)
+    _scheduler_rows(scheduler, out)
+    _param_group_rows(optimizer, labels, out)
+    _model_rows(model, out)
+    _optimizer_state_rows(optimizer, labels, out)
+    if user_state:
+        for k in sorted(user_state, key=str):
+            _flatten("state/" + str(k), user_state[k], out)
+    return out
+
+
+# Each section appends its rows to `out`; _state calls them in the documented order, and
+# rhckpt.autoprobe calls single sections (the scheduler's step changes only two of them).
+
+def _rng_rows(out):
+    import torch   # the caller trains with torch; imported only when recording
     out.append(["rng/python", digest(random.getstate())])
     if "numpy" in sys.modules:
         out.append(["rng/numpy", digest(sys.modules["numpy"].random.get_state())])
@@ -162,12 +179,15 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             out.append(["rng/cuda/%d" % i, digest(torch.cuda.get_rng_state(i))])
-    model = _unwrap(model)
+
+
+def _labels(model, optimizer):
+    """Per param group: [(parameter, label)], the label also keying optimizer/state (model unwrapped)."""
     names = {}
     if model is not None:
         for name, p in model.named_parameters():
             names.setdefault(id(p), name)
-    labels = []   # per group: (parameter, label), the label also keying optimizer/state
+    labels = []
     if optimizer is not None:
         index = 0
         for group in optimizer.param_groups:
@@ -175,10 +195,17 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
             for p in group["params"]:
                 labels[-1].append((p, names.get(id(p), str(index))))
                 index += 1
+    return labels
+
+
+def _scheduler_rows(scheduler, out):
     if scheduler is not None:
         sd = scheduler.state_dict()
         for k in sorted(sd, key=str):
             _flatten("scheduler/" + str(k), sd[k], out)
+
+
+def _param_group_rows(optimizer, labels, out):
     if optimizer is not None:
         for i, group in enumerate(optimizer.param_groups):
             for k in sorted(group, key=str):
@@ -186,6 +213,9 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
                     out.append(["optimizer/param_groups/%d/params" % i, digest(tuple(label for _, label in labels[i]))])
                 else:
                     _flatten("optimizer/param_groups/%d/%s" % (i, k), group[k], out)
+
+
+def _model_rows(model, out):
     if model is not None:
         root = bool(model.training)
         out.append(["mode/.", digest(root)])
@@ -196,6 +226,9 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
             out.append(["param/" + name, digest(p)])
         for name, b in model.named_buffers():
             out.append(["buffer/" + name, digest(b)])
+
+
+def _optimizer_state_rows(optimizer, labels, out):
     for group in labels:
         for p, label in group:
             st = optimizer.state.get(p)
@@ -203,10 +236,6 @@ def _state(model, optimizer, scheduler, batch, user_state, with_batch):
                 continue
             for k in sorted(st, key=str):
                 _flatten("optimizer/state/%s/%s" % (label, k), st[k], out)
-    if user_state:
-        for k in sorted(user_state, key=str):
-            _flatten("state/" + str(k), user_state[k], out)
-    return out
 
 
 def _write(where, record):
