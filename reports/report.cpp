@@ -53,6 +53,8 @@ void failing_list(Document& doc, const RunData& run) {
     std::string item =
         s.row.scenario + " (expected " + s.row.expectation + ", found " + to_string(s.row.outcome) + "): ";
     item += s.row.first_divergence.empty() ? s.row.verdict : "first divergence " + s.row.first_divergence;
+    if (!s.row.diagnosis.empty() && s.row.diagnosis != "none")
+      item += "; diagnosis " + s.row.diagnosis + ": " + s.row.explanation;
     item += "; reproduce: resume-harness check" + file + " " + shell_word(s.row.scenario);
     items.push_back(item);
   }

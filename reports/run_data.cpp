@@ -254,6 +254,16 @@ std::vector<SummaryRow> read_summary_csv(const std::string& path) {
       out[i].raw_bytes_per_param = parse_num(f[1], path, line, "raw_bytes_per_param");
     }
   }
+  if (header.find(",diagnosis") != std::string::npos) {   // runs before external diagnoses had none
+    const auto extra = parse_csv<3>(path, csv, {"external", "diagnosis", "explanation"});
+    for (size_t i = 0; i < extra.size() && i < out.size(); ++i) {
+      const auto& [line, f] = extra[i];
+      if (f[0] != "0" && f[0] != "1") bad_field(path, line, "external", "0 or 1", f[0]);
+      out[i].external = f[0] == "1";
+      out[i].diagnosis = f[1];
+      out[i].explanation = f[2];
+    }
+  }
   return out;
 }
 

@@ -50,6 +50,10 @@ struct SummaryRow {
   // the same checkpoint takes uncompressed.
   std::string compress = "none";
   Num raw_bytes_per_param;
+  // An external trainer's cell (no built-in settings), its diagnosis code and explanation
+  // (harness/verify/diagnosis.h; "" for built-in cells and runs before them).
+  bool external = false;
+  std::string diagnosis, explanation;
 };
 
 // One row of disk.csv (a tensor, a safetensors header, or the manifest).

@@ -16,6 +16,16 @@
 namespace rh::report {
 namespace {
 
+// The matrix table's first-divergence cell: an external cell's diagnosis code before it.
+std::string first_divergence_cell(const SummaryRow& r) {
+  const std::string where = r.first_divergence.empty() ? "none" : r.first_divergence;
+  return r.diagnosis.empty() || r.diagnosis == "none" ? where : "[" + r.diagnosis + "] " + where;
+}
+
+}   // namespace
+
+namespace {
+
 namespace fs = std::filesystem;
 
 const char* kDash = "\u2014";   // shown where a value does not apply
@@ -348,7 +358,7 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
                                     summary.expectation,
                                     to_string(summary.outcome),
                                     summary.verdict,
-                                    summary.first_divergence.empty() ? "none" : summary.first_divergence,
+                                    first_divergence_cell(summary),
                                     compared ? human(summary.max_abs_dloss) : kDash};
     for (const auto& k : kinds) row.push_back(summary.max_ulp.count(k) ? summary.max_ulp.at(k).text : kDash);
     row.push_back(summary.checkpoint_bytes.text);

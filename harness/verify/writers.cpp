@@ -15,6 +15,11 @@ namespace rh {
 
 namespace {
 
+// The built-in trainer's settings mean nothing for an external cell: null there.
+nlohmann::json builtin_only(const Scenario& scenario, nlohmann::json value) {
+  return scenario.trainer ? nlohmann::json(nullptr) : value;
+}
+
 nlohmann::json key_table(const std::vector<std::pair<std::string, std::string>>& rows, const char* field) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [key, value] : rows) out.push_back({{"key", key}, {field, value}});
@@ -44,14 +49,14 @@ nlohmann::json result_json(const Scenario& scenario, const CheckResult& result) 
           {"num_params", result.num_params},
           {"seconds", result.seconds},
           {"save_at", scenario.save_at},
-          {"dp_size", scenario.dp_size},
-          {"resume_dp_size", scenario.resume_dp()},
+          {"dp_size", builtin_only(scenario, scenario.dp_size)},
+          {"resume_dp_size", builtin_only(scenario, scenario.resume_dp())},
           {"after_load_differs", result.after_load_differs},
           {"iterations", scenario.cfg.train.iterations},
-          {"save_policy", ckpt::to_string(scenario.policy.kind)},
-          {"compress", ckpt::to_string(scenario.policy.compress)},
-          {"fault", to_string(scenario.fault)},
-          {"config", to_json(scenario.cfg)},
+          {"save_policy", builtin_only(scenario, ckpt::to_string(scenario.policy.kind))},
+          {"compress", builtin_only(scenario, ckpt::to_string(scenario.policy.compress))},
+          {"fault", builtin_only(scenario, to_string(scenario.fault))},
+          {"config", builtin_only(scenario, to_json(scenario.cfg))},
           {"external", scenario.trainer.has_value()},
           {"diagnosis", result.diagnosis},
           {"explanation", result.explanation},
@@ -87,6 +92,17 @@ void write_cell_outputs(const std::string& dir_str, const Scenario& scenario, co
   dir.write_file("result.json", dump_text(result_json(scenario, result), 2) + "\n");
 }
 
+namespace {
+
+// junit's failure message: the verdict, then an external cell's diagnosis when the verdict lacks it.
+std::string failure_message(const CheckResult& result) {
+  const bool diagnosed = !result.diagnosis.empty() && result.diagnosis != "none";
+  if (!diagnosed || result.verdict.find(result.explanation) != std::string::npos) return result.verdict;
+  return result.verdict + " | diagnosis " + result.diagnosis + ": " + result.explanation;
+}
+
+}   // namespace
+
 void write_junit(const std::string& path, const std::string& suite, const std::vector<CheckResult>& results) {
   size_t failures = 0;
   double total = 0;
@@ -106,7 +122,8 @@ void write_junit(const std::string& path, const std::string& suite, const std::v
     if (result.passed) {
       xml += "/>\n";
     } else {
-      xml += ">\n      <failure message=\"" + markup_escape(result.verdict) + "\">" + markup_escape(result.verdict) +
+      const std::string message = failure_message(result);
+      xml += ">\n      <failure message=\"" + markup_escape(message) + "\">" + markup_escape(message) +
              "</failure>\n    </testcase>\n";
     }
   }
@@ -124,16 +141,19 @@ std::string summary_row(const Scenario& scenario, const CheckResult& result) {
   const auto mode =
       optim::effective_master_mode(scenario.cfg.optim,
                                    scenario.cfg.model.param_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat);
+  const bool external = scenario.trainer.has_value();   // no built-in settings: empty there
+  auto builtin = [&](const std::string& text) { return external ? std::string() : text; };
   return csv_field(result.name) + "," + result.expectation + "," + (result.passed ? "1" : "0") + "," +
          to_string(result.outcome) + "," + csv_field(result.verdict) + "," + csv_field(result.first_divergence) + "," +
          exact_decimal(result.max_abs_dloss) + "," + ulp("model") + "," + ulp("master_param") + "," + ulp("remainder") +
          "," + ulp("exp_avg") + "," + ulp("exp_avg_sq") + "," + ulp("scale") + "," +
          std::to_string(result.checkpoint_bytes) + "," + exact_decimal(result.bytes_per_param) + "," +
-         std::to_string(result.num_params) + "," + ckpt::to_string(scenario.policy.kind) + "," +
-         to_string(scenario.fault) + "," + optim::to_string(scenario.cfg.optim.exp_avg_dtype) + "," +
-         optim::to_string(scenario.cfg.optim.exp_avg_sq_dtype) + "," + optim::to_string(mode) + "," +
+         std::to_string(result.num_params) + "," + builtin(ckpt::to_string(scenario.policy.kind)) + "," +
+         builtin(to_string(scenario.fault)) + "," + builtin(optim::to_string(scenario.cfg.optim.exp_avg_dtype)) + "," +
+         builtin(optim::to_string(scenario.cfg.optim.exp_avg_sq_dtype)) + "," + builtin(optim::to_string(mode)) + "," +
          exact_decimal(result.seconds) + "," + ckpt::to_string(scenario.policy.compress) + "," +
-         exact_decimal(result.raw_bytes_per_param) + "\n";
+         exact_decimal(result.raw_bytes_per_param) + "," + (external ? "1" : "0") + "," + csv_field(result.diagnosis) +
+         "," + csv_field(result.explanation) + "\n";
 }
 
 }   // namespace
@@ -145,7 +165,7 @@ void write_summary(const RunSummary& run, const std::vector<Scenario>& scenarios
       "scenario,expectation,passed,outcome,verdict,first_divergence,max_abs_dloss,max_ulp_model,"
       "max_ulp_master_param,max_ulp_remainder,max_ulp_exp_avg,max_ulp_exp_avg_sq,max_ulp_scale,"
       "checkpoint_bytes,bytes_per_param,num_params,save_policy,fault,exp_avg_dtype,exp_avg_sq_dtype,"
-      "master_mode,seconds,compress,raw_bytes_per_param\n";
+      "master_mode,seconds,compress,raw_bytes_per_param,external,diagnosis,explanation\n";
   nlohmann::json list = nlohmann::json::array();
   size_t failed = 0;
   for (size_t i = 0; i < scenarios.size(); ++i) {

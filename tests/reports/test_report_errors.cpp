@@ -420,6 +420,37 @@ TEST_F(NoPlots, SummaryCsvWithLineBreaksInAFailureTextReadsBack) {
   fs::remove_all(dir);
 }
 
+// An external cell's diagnosis (summary.csv's external, diagnosis and explanation columns) reaches
+// report.md's list of failing scenarios; a summary.csv written before those columns still reads.
+TEST_F(NoPlots, AFailingExternalCellShowsItsDiagnosisInTheReport) {
+  const auto dir = report_fixture::temp_dir("external_diagnosis");
+  report_fixture::write_run(dir);
+  std::string csv = slurp(dir / "summary.csv");
+  const size_t header_end = csv.find('\n');
+  std::string out = csv.substr(0, header_end) + ",external,diagnosis,explanation\n";
+  for (size_t at = header_end + 1; at < csv.size();) {
+    const size_t end = csv.find('\n', at);
+    const std::string row = csv.substr(at, end - at);
+    const bool failing = row.rfind("faults/crash,", 0) == 0;
+    out += row + (failing ? ",1,not-restored,\"iteration 11: metric loss (1 vs 2), after resume\"" : ",0,,") + "\n";
+    at = end + 1;
+  }
+  report_fixture::write(dir / "summary.csv", out);
+  const auto rows = read_summary_csv((dir / "summary.csv").string());
+  size_t external = 0;
+  for (const auto& row : rows) external += row.external ? 1 : 0;
+  EXPECT_EQ(external, 1u);
+  std::ostringstream log;
+  testing::internal::CaptureStderr();
+  const int code = rh::write_report(dir.string(), log);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(code, 0) << err;
+  const std::string md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("diagnosis not-restored: iteration 11: metric loss (1 vs 2), after resume"), std::string::npos)
+      << md;
+  fs::remove_all(dir);
+}
+
 // summary.json names each scenario's directory: one outside the run directory is refused (it was
 // read wherever it pointed), and so is a key named twice.
 struct BadSummary {

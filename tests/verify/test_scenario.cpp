@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <algorithm>
+#include <iterator>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 #include <cmath>
 
+#include "harness/base/text.h"
 #include "harness/verify/golden.h"
 #include "harness/verify/matrix.h"
 #include "harness/verify/writers.h"
@@ -510,6 +513,50 @@ TEST(Junit, IsValidXmlWithOneTestcasePerScenario) {
   auto script = temp_file("junit_check.py", check_script_text);
   const std::string cmd = "/usr/bin/python3 " + script.string() + " " + path.string();
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// An external cell's diagnosis reaches every place a result is read: the junit failure message,
+// summary.csv's external/diagnosis/explanation columns; its built-in settings columns stay empty.
+TEST(Summary, AnExternalCellCarriesItsDiagnosisAndNoBuiltInSettings) {
+  rh::Scenario builtin_cell, external_cell;
+  builtin_cell.name = "states/a";
+  external_cell.name = "stranger/x";
+  external_cell.trainer.emplace();
+  std::vector<rh::CheckResult> results(2);
+  results[0].name = builtin_cell.name;
+  results[0].passed = true;
+  results[0].verdict = "PASS: bit-exact resume";
+  results[1].name = external_cell.name;
+  results[1].verdict = "FAIL: expected bit-exact resume; first divergence: lossy save: k";
+  results[1].diagnosis = "lossy-save";
+  results[1].explanation = "iteration 12: metric loss (1 vs 2), the checkpoint holds k";
+  const fs::path dir = fs::temp_directory_path() / ("rh_summary_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  rh::RunSummary run;
+  run.run_dir = dir.string();
+  rh::write_summary(run, {builtin_cell, external_cell}, results);
+  rh::write_junit((dir / "junit.xml").string(), "ext", results);
+  std::ifstream csv_in(dir / "summary.csv");
+  const std::string csv((std::istreambuf_iterator<char>(csv_in)), std::istreambuf_iterator<char>());
+  const auto records = rh::csv_parse(csv);
+  ASSERT_EQ(records.size(), 3u);
+  const auto& header = records[0].fields;
+  auto column = [&](const std::string& name) {
+    return static_cast<size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  ASSERT_LT(column("explanation"), header.size());
+  EXPECT_EQ(records[1].fields[column("external")], "0");
+  EXPECT_EQ(records[1].fields[column("save_policy")], "native");
+  EXPECT_EQ(records[2].fields[column("external")], "1");
+  EXPECT_EQ(records[2].fields[column("diagnosis")], "lossy-save");
+  EXPECT_EQ(records[2].fields[column("explanation")], results[1].explanation);
+  for (const char* builtin : {"save_policy", "fault", "exp_avg_dtype", "exp_avg_sq_dtype", "master_mode"})
+    EXPECT_EQ(records[2].fields[column(builtin)], "") << builtin;
+  std::ifstream junit_in(dir / "junit.xml");
+  const std::string junit((std::istreambuf_iterator<char>(junit_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(junit.find("lossy save: k | diagnosis lossy-save: iteration 12: metric loss (1 vs 2)"), std::string::npos)
+      << junit;
+  fs::remove_all(dir);
 }
 
 TEST(Golden, ComparisonNamesIterationAndMetric) {
