@@ -261,6 +261,9 @@ void judge_expectation(const Scenario& scenario, CheckResult& result) {
       if (refused) return set(true, "load refused as expected: " + result.load_error);
       return set(false, "expected the load to be refused (" + scenario.expect.reason + ") but it loaded" +
                             (identical ? " and resumed bit-exact" : "; first divergence: " + found));
+    case Expectation::Kind::within_noise:
+      if (identical) return set(true, result.explanation.empty() ? "within run-to-run noise" : result.explanation);
+      return set(false, "expected a resume within run-to-run noise; " + found);
     case Expectation::Kind::diverge:
       if (!identical) return set(true, "difference caught as expected: " + found);
       return set(false, "expected a difference (" + scenario.expect.reason + ") but the resume was bit-exact");

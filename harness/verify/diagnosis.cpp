@@ -40,6 +40,12 @@ constexpr DiagnosisRow kDiagnoses[] = {
     {Diagnosis::metadata, "metadata",
      "every tensor and every logged metric is equal; if the value is expected to vary between runs (a time, a host "
      "name), declare its key in trainer.checkpoint.ignore with the reason"},
+    {Diagnosis::within_noise, "within-noise",
+     "the trainer is not bitwise reproducible; judged against its own run-to-run spread, the resume changes "
+     "nothing measurable"},
+    {Diagnosis::beyond_noise, "beyond-noise",
+     "more than the trainer's own run-to-run noise: the resume changes the computation (add the checkpoint "
+     "comparison or the probe on a deterministic setting to find what)"},
 };
 
 const DiagnosisRow& row_of(Diagnosis d) { return kDiagnoses[static_cast<int>(d)]; }

@@ -23,10 +23,12 @@ enum class Diagnosis {
   not_restored,        // the resumed run differs while the saved checkpoint is identical
   lossy_save,          // ... and it holds optimizer state narrower than its parameters
   metadata,            // only non-tensor metadata differs; every tensor and metric is equal
+  within_noise,        // trainer.noise: every metric within the run-to-run spread
+  beyond_noise,        // trainer.noise: a metric differs beyond it
 };
 
 // "none", "nondeterministic", "before-save", "saved-state", "round-trip", "after-load",
-// "not-in-checkpoint", "resumed-metrics", "final-state", "not-restored", "lossy-save", "metadata".
+// "not-in-checkpoint", "resumed-metrics", "final-state", "not-restored", "lossy-save", "metadata", "within-noise", "beyond-noise".
 const char* to_string(Diagnosis d);
 // The cause the diagnosis points to, in words, which follows the cell's facts in its explanation
 // ("<facts>: <cause>"); "" for none and resumed-metrics, whose explanation is the facts alone.

@@ -22,6 +22,10 @@ struct ExternalTrainer {
   int determinism_runs = 2;                               // uninterrupted runs compared with each other first
   bool round_trip = false;   // also: load K, train nothing, save; compare with what was loaded
   bool probe = false;        // set RH_PROBE_DIR: the trainer's rhckpt.probe calls record
+  // Not bitwise reproducible (GPU kernels): the runs are judged against the run-to-run spread of
+  // determinism_runs uninterrupted runs, a difference beyond noise_factor times it diverging.
+  bool noise = false;
+  double noise_factor = 3;
   struct Metrics {
     std::string stdout_regex;   // with (?P<iteration>...) and one named group per metric
     std::string file;           // or a file the trainer writes (placeholders allowed)

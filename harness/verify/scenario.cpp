@@ -25,6 +25,7 @@ std::string to_string(Expectation::Kind k) {
     case Expectation::Kind::tolerance: return "tolerance";
     case Expectation::Kind::diverge: return "diverge";
     case Expectation::Kind::refused: return "refused";
+    case Expectation::Kind::within_noise: return "within-noise";
   }
   return "?";
 }

@@ -26,7 +26,7 @@ struct Tolerance {
 
 struct Expectation {
   // refused: the resumed run's load must be refused (exit 2, load_result.json says so).
-  enum class Kind { exact, tolerance, diverge, refused } kind = Kind::exact;
+  enum class Kind { exact, tolerance, diverge, refused, within_noise } kind = Kind::exact;
   std::map<std::string, Tolerance> tolerances;   // metric name -> tolerance (kind == tolerance)
   std::string reason;                            // required unless exact
 };

@@ -23,6 +23,15 @@ void check_complete(const Scenario& s, const toml::node& at) {
   }
   if (s.expect.kind != Expectation::Kind::exact && s.expect.reason.empty())
     fail(s.file, at, s.name, "expect = \"" + to_string(s.expect.kind) + "\" needs a reason");
+  if (s.expect.kind == Expectation::Kind::within_noise && (!s.trainer || s.trainer->determinism_runs < 2))
+    fail(s.file, at, s.name,
+         "expect = \"within-noise\" needs an external trainer with trainer.determinism_runs >= 2 (the noise is "
+         "measured between its uninterrupted runs)");
+  if (s.trainer && s.trainer->noise && s.expect.kind != Expectation::Kind::within_noise &&
+      s.expect.kind != Expectation::Kind::diverge)
+    fail(s.file, at, s.name, "trainer.noise judges against run-to-run noise: expect within-noise or diverge");
+  if (s.trainer && s.trainer->noise && s.trainer->determinism_runs < 2)
+    fail(s.file, at, s.name, "trainer.noise needs trainer.determinism_runs >= 2 to measure the noise");
   if (s.expect.kind == Expectation::Kind::tolerance && s.expect.tolerances.empty())
     fail(s.file, at, s.name, "expect = \"tolerance\" needs a [tolerance] table of metrics");
   if (s.save_at < 1 || s.save_at >= s.cfg.train.iterations)

@@ -83,6 +83,11 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
       trainer.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, node, full), -1, 1000));
     else if (key == "round_trip") trainer.round_trip = need_bool(file, node, full);
     else if (key == "probe") trainer.probe = need_bool(file, node, full);
+    else if (key == "noise") trainer.noise = need_bool(file, node, full);
+    else if (key == "noise_factor") {
+      trainer.noise_factor = need_number(file, node, full);
+      if (!(trainer.noise_factor >= 1 && trainer.noise_factor <= 1000)) fail(file, node, full, "expected 1 to 1000");
+    }
     else if (key == "iterations") {
       const int64_t iterations = need_int(file, node, full);
       if (iterations < 2 || iterations > 1000000) fail(file, node, full, "expected 2 to 1000000");
@@ -108,7 +113,7 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
     } else {
       fail(file, node, full,
            "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
-           "determinism_runs, round_trip, probe, iterations, metrics, checkpoint)");
+           "determinism_runs, round_trip, probe, noise, noise_factor, iterations, metrics, checkpoint)");
     }
   }
 }
@@ -139,9 +144,10 @@ void apply_tolerance(Scenario& scenario, const std::string& key, const toml::nod
 Expectation::Kind parse_expectation(const std::string& file, const toml::node& node, const std::string& key) {
   const std::string name = need_string(file, node, key);
   for (auto k :
-       {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused})
+       {Expectation::Kind::exact, Expectation::Kind::tolerance, Expectation::Kind::diverge, Expectation::Kind::refused,
+        Expectation::Kind::within_noise})
     if (name == to_string(k)) return k;
-  fail(file, node, key, "expected exact, tolerance, diverge or refused, got '" + name + "'");
+  fail(file, node, key, "expected exact, tolerance, diverge, refused or within-noise, got '" + name + "'");
 }
 
 // The scenario's keys, each once: the order is the one the unknown-key message lists.

@@ -21,6 +21,9 @@ value is a one-line error on stderr, exit 2):
   batch_size=8  seed=1234 (the data's; the weights and dropout come from torch.manual_seed(1337))
   probe=False          call rhckpt.probe.after_load / after_step (records only with RH_PROBE_DIR)
   record_host=False    also store run_info {started_at, host} in each checkpoint (varies by run)
+  noise=False          a stand-in for GPU nondeterminism: loss += 1e-5 * n * loss, n from a generator
+                       seeded by the name of out_dir's parent (the harness's run directory:
+                       uninterrupted_1, interrupted, resumed), so runs differ yet each reruns alike
   bug=""               one resume bug: repeat_step (resume at iter_num, step K twice),
                        lossy_moments (exp_avg, exp_avg_sq saved as float16), optimizer_by_position
                        (resumed optimizer built with fc1/fc2 swapped before load_state_dict),
@@ -36,6 +39,7 @@ import re
 import socket
 import sys
 import time
+import zlib
 
 import torch
 import torch.nn as nn
@@ -55,7 +59,7 @@ def die(msg):
 config = dict(out_dir="out", init_from="scratch", load_dir="", max_iters=20, save_interval=10,
               lr_decay_iters=20, warmup_iters=4, learning_rate=1e-2, min_lr=1e-3, weight_decay=0.1,
               beta1=0.9, beta2=0.95, dropout=0.1, n_embd=32, vocab_size=64, block_size=16, batch_size=8,
-              seed=1234, probe=False, record_host=False, bug="")
+              seed=1234, probe=False, record_host=False, noise=False, bug="")
 for arg in sys.argv[1:]:
     key, eq, val = arg[2:].partition("=") if arg.startswith("--") else arg.partition("=")
     if not eq:
@@ -141,8 +145,13 @@ probe = None
 if config["probe"]:
     from rhckpt import probe
 noise = None
+noise_scale = 1e-6
 if bug == "unseeded_noise":
     noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+elif config["noise"]:
+    run_name = os.path.basename(os.path.dirname(os.path.abspath(config["out_dir"])))
+    noise = torch.Generator().manual_seed(zlib.crc32(run_name.encode()))
+    noise_scale = 1e-5
 run_info = {"started_at": time.time(), "host": socket.gethostname()}
 
 iter_num = 0
@@ -209,7 +218,7 @@ for i in range(start, config["max_iters"] + 1):
     logits = model(x)
     loss = F.cross_entropy(logits.view(-1, config["vocab_size"]), y.view(-1))
     if noise is not None:
-        loss = loss + 1e-6 * torch.randn((), generator=noise) * loss
+        loss = loss + noise_scale * torch.randn((), generator=noise) * loss
     lr = optimizer.param_groups[0]["lr"]
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

@@ -513,6 +513,11 @@ INSTANTIATE_TEST_SUITE_P(
         TableError{"round_trip", minimal("round_trip = true\n"), "trainer.round_trip: needs trainer.checkpoint.path"},
         TableError{"fault", minimal("", "fault = \"skip_rng_restore\"\n"), "built-in trainer's"},
         TableError{"diagnosis", minimal("", "expect_diagnosis = \"rng\"\n"), "expected one of none, nondeterministic"},
+        TableError{"within_noise_one_run",
+                   minimal("determinism_runs = 1\n", "expect = \"within-noise\"\nreason = \"GPU kernels\"\n"),
+                   "expect = \"within-noise\" needs an external trainer with trainer.determinism_runs >= 2"},
+        TableError{"noise_exact", minimal("noise = true\n"), "trainer.noise judges against run-to-run noise"},
+        TableError{"noise_factor", minimal("noise_factor = 0.5\n"), "trainer.noise_factor: expected 1 to 1000"},
         TableError{"ignore_not_array", minimal("checkpoint = { path = \"x\", ignore = \"run_info/*\" }\n"),
                    "trainer.checkpoint.ignore: expected an array of { key"},
         TableError{"ignore_no_reason", minimal("checkpoint = { path = \"x\", ignore = [{ key = \"run_info/*\" }] }\n"),
@@ -722,7 +727,9 @@ TEST(ExternalDiagnosis, CodesAreTheWrittenNamesInOrder) {
                                                                    {Diagnosis::final_state, "final-state"},
                                                                    {Diagnosis::not_restored, "not-restored"},
                                                                    {Diagnosis::lossy_save, "lossy-save"},
-                                                                   {Diagnosis::metadata, "metadata"}};
+                                                                   {Diagnosis::metadata, "metadata"},
+                                                                   {Diagnosis::within_noise, "within-noise"},
+                                                                   {Diagnosis::beyond_noise, "beyond-noise"}};
   std::string codes;
   for (const auto& [diagnosis, code] : expected) {
     EXPECT_EQ(to_string(diagnosis), code);
