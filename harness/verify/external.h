@@ -22,6 +22,7 @@ struct ExternalTrainer {
   int determinism_runs = 2;                               // uninterrupted runs compared with each other first
   bool round_trip = false;   // also: load K, train nothing, save; compare with what was loaded
   bool probe = false;        // set RH_PROBE_DIR: the trainer's rhckpt.probe calls record
+  bool probe_auto = false;   // probe = "auto": python/rhckpt/autoprobe.py records without the trainer's calls
   // Not bitwise reproducible (GPU kernels): the runs are judged against the run-to-run spread of
   // determinism_runs uninterrupted runs, a difference beyond noise_factor times it diverging.
   bool noise = false;

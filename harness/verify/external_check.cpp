@@ -278,6 +278,30 @@ void check_round_trip(Cell& cell, CheckResult& result) {
                  key + count_of(cmp));
 }
 
+// probe = "auto": the state the resumed run's first step (K+1) starts from against the state the
+// uninterrupted run's step K+1 started from, whatever order the trainer restored things in.
+void check_before_first_step(Cell& cell, CheckResult& result) {
+  const int64_t K = cell.K;
+  auto before = [&](const std::vector<ProbeRecord>& records) -> const ProbeRecord* {
+    for (const auto& record : records)
+      if (record.event == "before_step" && record.iteration == K + 1) return &record;
+    return nullptr;
+  };
+  const ProbeRecord *resumed = before(cell.resumed.probe), *uninterrupted = before(cell.uninterrupted().probe);
+  if (!resumed || !uninterrupted)
+    throw std::runtime_error(std::string("trainer.probe = \"auto\" but the ") +
+                             (!resumed ? "resumed" : "uninterrupted") + " run recorded no state before step " +
+                             std::to_string(K + 1) +
+                             " (does it step a torch.optim optimizer, once per iteration? see its stderr for "
+                             "rhckpt.autoprobe)");
+  const std::string key = first_differing(uninterrupted->state, resumed->state, "data/", cell.unused);
+  if (!key.empty())
+    diagnose(result, Diagnosis::after_load, "after load: " + key,
+             "the state the resumed run's first step (" + std::to_string(K + 1) +
+                 ") starts from differs from the uninterrupted run's before the same step (first " + key + ")");
+  else cell.after_load_equal = true;
+}
+
 // The resumed run's state right after load (the probe) against the uninterrupted run's at K.
 void check_after_load(Cell& cell, CheckResult& result) {
   const int64_t K = cell.K;
@@ -329,7 +353,8 @@ void check_resumed(Cell& cell, CheckResult& result) {
   if (cell.trainer.probe) {
     for (const auto& stream : external::unused_streams({&uninterrupted.probe, &cell.resumed.probe}))
       cell.unused.insert(stream);
-    check_after_load(cell, result);
+    if (cell.trainer.probe_auto) check_before_first_step(cell, result);
+    else check_after_load(cell, result);
   }
   overlap_notes(cell, result);
   Difference diff =

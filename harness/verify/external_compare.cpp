@@ -47,8 +47,9 @@ std::vector<ProbeRecord> read_probe(const fs::path& file) {
       if (!fields.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
       ProbeRecord record;
       auto event = fields.find("event"), it = fields.find("iteration");
-      if (event == fields.end() || !event->is_string() || (*event != "after_load" && *event != "step"))
-        throw std::invalid_argument(where + ": \"event\" must be \"after_load\" or \"step\"");
+      if (event == fields.end() || !event->is_string() ||
+          (*event != "after_load" && *event != "step" && *event != "before_step"))
+        throw std::invalid_argument(where + ": \"event\" must be \"after_load\", \"step\" or \"before_step\"");
       if (it == fields.end() || !it->is_number_integer())
         throw std::invalid_argument(where + ": \"iteration\" must be an integer");
       record.event = event->get<std::string>();

@@ -19,7 +19,7 @@ namespace rh::external {
 // ---- the probe's records ----
 
 struct ProbeRecord {
-  std::string event;   // "after_load" | "step"
+  std::string event;   // "after_load" | "step" | "before_step" (probe = "auto": the state a step starts from)
   int64_t iteration = 0;
   std::vector<std::pair<std::string, std::string>> metrics, state;
 };

@@ -48,7 +48,17 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
     c.env.emplace_back("RH_PROBE_DIR", (out.dir / "probe").string());
     const std::string py = python_package_dir();
     const char* pp = std::getenv("PYTHONPATH");
-    if (!py.empty()) c.env.emplace_back("PYTHONPATH", py + (pp && *pp ? ":" + std::string(pp) : std::string()));
+    // probe = "auto": python/rhckpt/auto first, whose sitecustomize installs the hooks
+    // (autoprobe.py); a resumed run's first optimizer step is K+1, and an uninterrupted run also
+    // records the state right before step K+1 (what the resumed run's first step must start from).
+    const std::string auto_dir = t_.probe_auto && !py.empty() ? (fs::path(py) / "rhckpt" / "auto").string() + ":" : "";
+    if (!py.empty())
+      c.env.emplace_back("PYTHONPATH", auto_dir + py + (pp && *pp ? ":" + std::string(pp) : std::string()));
+    if (t_.probe_auto) {
+      c.env.emplace_back("RH_PROBE_AUTO", "1");
+      c.env.emplace_back("RH_PROBE_FIRST_ITERATION", std::to_string(resume ? s_.save_at + 1 : 1));
+      c.env.emplace_back("RH_PROBE_BEFORE", std::to_string(!resume && iterations > s_.save_at ? s_.save_at + 1 : 0));
+    }
   }
   c.stdout_path = (out.dir / "stdout.log").string();
   c.stderr_path = (out.dir / "stderr.log").string();

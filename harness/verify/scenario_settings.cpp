@@ -82,7 +82,11 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
     } else if (key == "determinism_runs")
       trainer.determinism_runs = static_cast<int>(std::clamp<int64_t>(need_int(file, node, full), -1, 1000));
     else if (key == "round_trip") trainer.round_trip = need_bool(file, node, full);
-    else if (key == "probe") trainer.probe = need_bool(file, node, full);
+    else if (key == "probe") {
+      if (node.is_string() && node.value<std::string>() == std::string("auto")) trainer.probe = trainer.probe_auto = true;
+      else if (node.is_boolean()) trainer.probe = need_bool(file, node, full), trainer.probe_auto = false;
+      else fail(file, node, full, "expected true, false or \"auto\"");
+    }
     else if (key == "noise") trainer.noise = need_bool(file, node, full);
     else if (key == "noise_factor") {
       trainer.noise_factor = need_number(file, node, full);

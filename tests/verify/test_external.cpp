@@ -516,6 +516,7 @@ INSTANTIATE_TEST_SUITE_P(
         TableError{"within_noise_one_run",
                    minimal("determinism_runs = 1\n", "expect = \"within-noise\"\nreason = \"GPU kernels\"\n"),
                    "expect = \"within-noise\" needs an external trainer with trainer.determinism_runs >= 2"},
+        TableError{"probe_word", minimal("probe = \"yes\"\n"), "trainer.probe: expected true, false or \"auto\""},
         TableError{"noise_exact", minimal("noise = true\n"), "trainer.noise judges against run-to-run noise"},
         TableError{"noise_factor", minimal("noise_factor = 0.5\n"), "trainer.noise_factor: expected 1 to 1000"},
         TableError{"ignore_not_array", minimal("checkpoint = { path = \"x\", ignore = \"run_info/*\" }\n"),
