@@ -73,6 +73,40 @@ void check_placeholders(const std::string& text, const std::vector<std::string>&
   });
 }
 
+const char* const kMegatronLogRegex =
+    R"(\biteration\s+(?P<iteration>\d+)/\s*\d+ \|.* learning rate: (?P<lr>[-+.\w]+) \|.* lm loss: (?P<lm_loss>[-+.\w]+) \|)";
+
+void apply_preset_defaults(ExternalTrainer& t, const std::string& preset) {
+  if (preset != "megatron") throw std::invalid_argument("trainer.preset: expected megatron, got '" + preset + "'");
+  t.preset = preset;
+  t.metrics = {};
+  t.metrics.stdout_regex = kMegatronLogRegex;
+  t.checkpoint.path = "{save_dir}/iter_{iteration:07}";
+  t.checkpoint.format = "auto";
+  t.resume_command.clear();
+}
+
+void finish_preset(ExternalTrainer& t) {
+  if (t.preset.empty()) return;
+  // megatron/training/training.py (main 001b00c): --exit-interval stops after the iteration that is
+  // a multiple of it and saves there (checkpoint_and_decide_exit); --save-interval saves every K;
+  // --load of a directory without latest_checkpointed_iteration.txt starts from scratch.
+  const std::vector<std::pair<std::string, std::string>> flags = {{"--exit-interval", "{iterations}"},
+                                                                   {"--save-interval", "{save_at}"},
+                                                                   {"--save", "{save_dir}"},
+                                                                   {"--load", "{load_dir}"},
+                                                                   {"--log-interval", "1"}};
+  auto named = [&](const std::string& flag) {
+    for (const auto* argv : {&t.command, &t.args})
+      for (const auto& a : *argv)
+        if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+    return false;
+  };
+  for (const auto& [flag, value] : flags)
+    if (!named(flag)) t.args.insert(t.args.end(), {flag, value});
+  if (t.resume_command.empty()) t.resume_command = t.command;
+}
+
 void validate_trainer(const ExternalTrainer& t) {
   static const std::vector<std::string> run_vars = {"iterations", "save_at", "save_dir", "load_dir", "run_dir", "tool"};
   if (t.command.empty()) throw std::invalid_argument("trainer.command: expected a non-empty array of strings");

@@ -44,7 +44,21 @@ struct ExternalTrainer {
     std::vector<Ignore> ignore;
   } checkpoint;
   std::string scenario_dir;   // the scenario file's directory (cwd is relative to it)
+  std::string preset;         // "" or "megatron" (apply_preset)
 };
+
+// trainer.preset = "megatron", applied where the preset is given (before that table's other keys,
+// which override it): Megatron-LM's log line as metrics.stdout_regex, checkpoint.path
+// "{save_dir}/iter_{iteration:07}" (format auto: the legacy torch layout or torch_dist), and the
+// inherited resume_command cleared.
+void apply_preset_defaults(ExternalTrainer& t, const std::string& preset);
+// After every table: the preset's flags appended to trainer.args where neither command names them
+// (--exit-interval {iterations} --save-interval {save_at} --save {save_dir} --load {load_dir}
+// --log-interval 1), and resume_command = command when none was given.
+void finish_preset(ExternalTrainer& t);
+// Megatron-LM's training_log line (megatron/training/training.py, main 001b00c): " [time]
+// iteration 10/ 20 | ... | learning rate: 3.000000E-04 | ... | lm loss: 4.771394E+00 | ...".
+extern const char* const kMegatronLogRegex;
 
 // Names a template may use: {iterations} {save_at} {save_dir} {load_dir} {run_dir} {tool}, and
 // {iteration} in checkpoint.path; "{{" and "}}" are literal braces; an integer placeholder may be

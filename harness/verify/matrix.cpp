@@ -343,7 +343,20 @@ std::vector<std::string> list_matrix(const MatrixOptions& opts) {
   std::vector<std::string> out;
   const ShardPlan shards = plan_shards(selected, opts.shard.active() ? opts.shard.count : 1);
   for (size_t i = 0; i < selected.size(); ++i)
-    if (!opts.shard.active() || shards.shard_of[i] == opts.shard.index) out.push_back(selected[i].name);
+    if (!opts.shard.active() || shards.shard_of[i] == opts.shard.index) {
+      std::string entry = selected[i].name;
+      if (const auto& t = selected[i].trainer) {   // what an external cell runs, presets applied
+        auto joined = [](const std::vector<std::string>& argv, const std::vector<std::string>& args) {
+          std::string line;
+          for (const auto* part : {&argv, &args})
+            for (const auto& a : *part) line += (line.empty() ? "" : " ") + a;
+          return line;
+        };
+        entry += "\n    command: " + joined(t->command, t->args) +
+                 "\n    resume_command: " + joined(t->resume_command, t->args);
+      }
+      out.push_back(entry);
+    }
   return out;
 }
 

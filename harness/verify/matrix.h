@@ -30,7 +30,8 @@ struct MatrixOptions {
 };
 
 // The names a run with these options would check (filter and shard applied), in order, without
-// running anything (check/matrix --list).
+// running anything (check/matrix --list); an external cell's entry adds two indented lines, its
+// command and resume_command as the scenario file and any preset make them (placeholders kept).
 std::vector<std::string> list_matrix(const MatrixOptions& opts);
 
 // Where a matrix run writes when no --run-dir is given: runs/<file stem>, relative to the working

@@ -71,6 +71,7 @@ std::vector<Scenario> load_scenarios_text(const std::string& text, const std::st
       scenario.name = sf::need_string(path, *name_node, "scenario.name");
       sf::check_name_part(path, *name_node, "scenario.name", scenario.name, /*slash_groups=*/true);
       sf::apply_settings(scenario, table, path, {"name"});
+      if (scenario.trainer) finish_preset(*scenario.trainer);
       sf::check_complete(scenario, table);
       out.push_back(std::move(scenario));
     }

@@ -88,6 +88,7 @@ Scenario build_cell(const Scenario& matrix_base, const std::vector<Axis>& axes, 
       apply_settings(scenario, *expect, file, {"when"});
     }
   }
+  if (scenario.trainer) finish_preset(*scenario.trainer);
   check_complete(scenario, matrix);
   return scenario;
 }

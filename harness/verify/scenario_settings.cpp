@@ -60,8 +60,16 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
     scenario.trainer->scenario_dir = std::filesystem::path(file).parent_path().string();
   }
   ExternalTrainer& trainer = *scenario.trainer;
+  if (const toml::node* preset = table.get("preset")) {   // first: this table's other keys override it
+    try {
+      apply_preset_defaults(trainer, need_string(file, *preset, "trainer.preset"));
+    } catch (const std::invalid_argument& e) {
+      fail(file, *preset, "trainer.preset", std::string(e.what()).substr(std::string("trainer.preset: ").size()));
+    }
+  }
   for (const auto& [k, node] : table) {
     const std::string key(k.str()), full = "trainer." + key;
+    if (key == "preset") continue;
     if (key == "command") trainer.command = need_strings(file, node, full);
     else if (key == "resume_command") trainer.resume_command = need_strings(file, node, full);
     else if (key == "args")
@@ -117,7 +125,7 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
     } else {
       fail(file, node, full,
            "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
-           "determinism_runs, round_trip, probe, noise, noise_factor, iterations, metrics, checkpoint)");
+           "determinism_runs, round_trip, probe, noise, noise_factor, iterations, metrics, checkpoint, preset)");
     }
   }
 }

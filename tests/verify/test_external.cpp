@@ -516,6 +516,7 @@ INSTANTIATE_TEST_SUITE_P(
         TableError{"within_noise_one_run",
                    minimal("determinism_runs = 1\n", "expect = \"within-noise\"\nreason = \"GPU kernels\"\n"),
                    "expect = \"within-noise\" needs an external trainer with trainer.determinism_runs >= 2"},
+        TableError{"preset", minimal("preset = \"deepspeed\"\n"), "trainer.preset: expected megatron, got 'deepspeed'"},
         TableError{"probe_word", minimal("probe = \"yes\"\n"), "trainer.probe: expected true, false or \"auto\""},
         TableError{"noise_exact", minimal("noise = true\n"), "trainer.noise judges against run-to-run noise"},
         TableError{"noise_factor", minimal("noise_factor = 0.5\n"), "trainer.noise_factor: expected 1 to 1000"},
@@ -548,6 +549,35 @@ INSTANTIATE_TEST_SUITE_P(
                    "metrics = { file = \"m\", format = \"xml\" }\n[[scenario]]\nname = \"a\"\n",
                    "trainer.metrics.format: expected csv or jsonl"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// trainer.preset = "megatron": Megatron-LM's training_log line (megatron/training/training.py, main
+// 001b00c, copied here as it prints), its checkpoint directory, and the flags the check needs,
+// added only where the command does not name them; the table's own keys override the preset.
+TEST(TrainerPreset, MegatronFillsTheLogLineCheckpointAndFlags) {
+  const std::string text =
+      "[defaults]\nsave_at = 10\n[defaults.trainer]\ncommand = [\"t\"]\nresume_command = [\"old\"]\n"
+      "metrics = { stdout_regex = 'i (?P<iteration>\\d+) (?P<loss>\\S+)' }\n"
+      "[[scenario]]\nname = \"m\"\n[scenario.trainer]\npreset = \"megatron\"\n"
+      "command = [\"torchrun\", \"pretrain_gpt.py\", \"--train-iters\", \"20\", \"--log-interval=5\"]\n"
+      "[[scenario]]\nname = \"own\"\n[scenario.trainer]\npreset = \"megatron\"\ncommand = [\"x\"]\n"
+      "checkpoint = { path = \"{save_dir}/ckpt\" }\n";
+  const auto all = load_scenarios_text(text, "m.toml");
+  const ExternalTrainer& t = *all.at(0).trainer;
+  EXPECT_EQ(t.checkpoint.path, "{save_dir}/iter_{iteration:07}");
+  EXPECT_EQ(t.args, (std::vector<std::string>{"--exit-interval", "{iterations}", "--save-interval", "{save_at}",
+                                              "--save", "{save_dir}", "--load", "{load_dir}"}));   // not --log-interval
+  EXPECT_EQ(t.resume_command, t.command);   // the inherited ["old"] is cleared
+  const std::string line =
+      " [2026-12-07 12:00:00.123456] iteration       11/      20 | consumed samples:          176 | elapsed time per "
+      "iteration (ms): 812.3 | learning rate: 2.999999E-04 | global batch size:    16 | lm loss: 4.771394E+00 | "
+      "loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |\n";
+  const auto log = parse_stdout_metrics(line, t.metrics.stdout_regex, "stdout");
+  ASSERT_EQ(log.rows.size(), 1u);
+  EXPECT_EQ(log.rows[0].iteration, 11);
+  EXPECT_EQ(log.rows[0].values,
+            (std::vector<std::pair<std::string, std::string>>{{"lr", "2.999999E-04"}, {"lm_loss", "4.771394E+00"}}));
+  EXPECT_EQ(all.at(1).trainer->checkpoint.path, "{save_dir}/ckpt");   // the table's own key wins
+}
 
 TEST(TrainerTable, ArgsAppendFromDefaultsPresetsAndAxes) {
   const std::string text = minimal("args = [\"--a\"]\n") +
