@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "harness/checkpoint/manifest.h"
+#include "harness/cli/inspect_external.h"
 #include "harness/checkpoint/manifest_reader.h"
 #include "harness/ranks/group.h"
 #include "harness/ranks/launcher.h"
@@ -302,8 +303,12 @@ std::string unknown_subcommand(const CLI::App& app, int argc, char** argv) {
 
 void register_commands(CLI::App& app, CommandState& state) {
   register_train(app, state);
-  state.inspect_cmd = app.add_subcommand("inspect", "verify a checkpoint and list its tensors");
-  state.inspect_cmd->add_option("CKPT_DIR", state.inspect_dir, "checkpoint root or iter_ directory")->required();
+  state.inspect_cmd = app.add_subcommand(
+      "inspect", "verify a checkpoint and list its tensors (a torch or DCP checkpoint: its tensors and values)");
+  state.inspect_cmd->add_option("CKPT_DIR", state.inspect_dir, "checkpoint root or iter_ directory; or a torch.save file, a directory of them, a "
+                                "torch.distributed.checkpoint directory or safetensors files (listed as the "
+                                "external-trainer check reads them)")
+      ->required();
   auto* iq =
       state.inspect_cmd->add_flag("-q,--quiet", state.inspect_quiet, "print nothing but errors: the exit code says it");
   state.inspect_cmd
@@ -325,7 +330,16 @@ void register_commands(CLI::App& app, CommandState& state) {
 }
 
 // inspect; with -q only a damaged or bad-input verdict is printed (the exit code says the rest).
+// A torch.save file, a directory of them, a DCP directory or safetensors files that are not the
+// tool's own checkpoint: listed as the external-trainer check reads them (inspect_external.h).
 int run_inspect_command(CommandState& state) {
+  if (is_external_checkpoint(state.inspect_dir)) {
+    if (state.inspect_json)
+      throw std::invalid_argument("inspect --json: " + state.inspect_dir +
+                                  " is not one of this tool's checkpoints (no manifest.json); --json lists only "
+                                  "those (leave --json out to list a torch or DCP checkpoint)");
+    return inspect_external(state.inspect_dir, std::cout, state.inspect_quiet);
+  }
   if (state.inspect_json) {   // the object on stdout; a refusal's one line on stderr too, as without --json
     std::ostringstream doc;
     const int rc = ckpt::inspect_checkpoint(state.inspect_dir, doc, /*json=*/true);
