@@ -100,6 +100,13 @@ struct Cell {
   bool noisy = false;                     // trainer.noise and the uninterrupted runs differ: judged by noise
 
   const RunOut& uninterrupted() const { return uninterrupted_runs.front(); }
+  // The RNG streams constant within every uninterrupted run and within `also` (when given).
+  std::set<std::string> unused_streams(const RunOut* also = nullptr) const {
+    std::vector<const std::vector<ProbeRecord>*> probes;
+    for (const auto& r : uninterrupted_runs) probes.push_back(&r.probe);
+    if (also) probes.push_back(&also->probe);
+    return trainer.probe ? external::unused_streams(probes) : std::set<std::string>{};
+  }
 };
 
 // Keeps what a checkpoint comparison matched or left out (once per key) and, for a phase other than
@@ -146,9 +153,7 @@ bool check_determinism(Cell& cell, CheckResult& result) {
   if (uninterrupted.metrics.rows.empty())
     throw std::runtime_error("the uninterrupted run logged no metric rows (trainer.metrics matched nothing in " +
                              (uninterrupted.dir / "stdout.log").string() + ")");
-  std::vector<const std::vector<ProbeRecord>*> probes;
-  for (const auto& r : cell.uninterrupted_runs) probes.push_back(&r.probe);
-  if (cell.trainer.probe) cell.unused = external::unused_streams(probes);
+  cell.unused = cell.unused_streams();
   for (size_t d = 1; d < cell.uninterrupted_runs.size(); ++d) {
     const RunOut& other = cell.uninterrupted_runs[d];
     Difference diff = compare_rows(uninterrupted.metrics, other.metrics, kFirst, kLast, other.label, nullptr);
@@ -199,8 +204,8 @@ void check_interrupted(Cell& cell, CheckResult& result) {
   Difference diff =
       compare_rows(uninterrupted.metrics, cell.interrupted.metrics, kFirst, cell.K, "interrupted", nullptr);
   offer_missing(uninterrupted.metrics, cell.interrupted.metrics, kFirst, cell.K, "interrupted", diff);
-  Difference probe_diff =
-      compare_probe_steps(uninterrupted.probe, cell.interrupted.probe, kFirst, cell.K, cell.unused);
+  Difference probe_diff = compare_probe_steps(uninterrupted.probe, cell.interrupted.probe, kFirst, cell.K,
+                                              cell.unused_streams(&cell.interrupted));
   if (probe_diff.found() && probe_diff.iteration <= diff.iteration) diff = probe_diff;
   if (diff.found())
     diagnose(result, Diagnosis::before_save, "interrupted run: " + diff.what,
@@ -351,8 +356,7 @@ void check_resumed(Cell& cell, CheckResult& result) {
   const RunOut& uninterrupted = cell.uninterrupted();
   cell.resumed = cell.run.run("resumed", true, N, cell.interrupted.save_dir, cell.interrupted.save_dir);
   if (cell.trainer.probe) {
-    for (const auto& stream : external::unused_streams({&uninterrupted.probe, &cell.resumed.probe}))
-      cell.unused.insert(stream);
+    cell.unused = cell.unused_streams(&cell.resumed);   // a stream the resumed run draws from is compared
     if (cell.trainer.probe_auto) check_before_first_step(cell, result);
     else check_after_load(cell, result);
   }
