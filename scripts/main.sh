@@ -5,7 +5,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
-"$here/scripts/setup.sh" "$build"
+"$here/scripts/setup.sh" "$build" resume-harness   # the tool only: the tests are the test command's
 cd "$here"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 exec "$build/resume-harness" matrix scenarios/default.toml -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" "$@"

@@ -3,12 +3,15 @@
 # configures and builds the project. Idempotent: a second run installs nothing and rebuilds only
 # what changed. Used by both README commands and by .ci/run.
 #
-#   scripts/setup.sh [BUILD_DIR]      (default: build)
+#   scripts/setup.sh [BUILD_DIR [TARGET...]]      (default: build, every target)
 #
+# With TARGETs only those are built (scripts/main.sh builds the tool alone, so its first report
+# does not wait for the tests and benchmarks; scripts/test.sh builds everything).
 # Extra CMake arguments go through $CMAKE_ARGS, e.g. CMAKE_ARGS="-DCMAKE_PREFIX_PATH=/opt/torch".
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
+targets=("${@:2}")
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -60,4 +63,7 @@ esac
 
 run_logged "$build/setup-configure.log" "configure" \
   cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
-run_logged "$build/setup-build.log" "build ($build)" cmake --build "$build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+target_args=()
+for t in "${targets[@]}"; do target_args+=(--target "$t"); done
+run_logged "$build/setup-build.log" "build ($build${targets:+: ${targets[*]}})" \
+  cmake --build "$build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" "${target_args[@]}"

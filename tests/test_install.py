@@ -119,6 +119,26 @@ class Install(unittest.TestCase):
             pngs = [f for f in os.listdir(os.path.join(run_dir, "plots")) if f.endswith(".png")]
             self.assertGreaterEqual(len(pngs), 1, "the installed plots.py drew the figures")
             self.assertEqual(os.listdir(elsewhere), [], "nothing is written to the working directory")
+            # The installed wheel installs into a venv and writes nothing into the prefix (a pip
+            # install of the share/python directory itself builds there: build/, rhckpt.egg-info).
+            wheels = [f for f in os.listdir(os.path.join(share, "python")) if f.endswith(".whl")]
+            self.assertEqual(len(wheels), 1, os.listdir(os.path.join(share, "python")))
+            before = sorted(os.path.relpath(os.path.join(d, f), prefix)
+                            for d, _, files in os.walk(prefix) for f in files)
+            venv = os.path.join(tmp, "venv")
+            r = subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv],
+                               capture_output=True, text=True)
+            if r.returncode == 0:   # python3-venv present (the first test skips without it)
+                r = subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--no-index", "--no-deps",
+                                    os.path.join(share, "python", wheels[0])], capture_output=True, text=True,
+                                   cwd=elsewhere)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                r = subprocess.run([os.path.join(venv, "bin", "rhckpt"), ck], capture_output=True, text=True,
+                                   cwd=elsewhere, env=env)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                after = sorted(os.path.relpath(os.path.join(d, f), prefix)
+                               for d, _, files in os.walk(prefix) for f in files)
+                self.assertEqual(before, after, "pip install of the wheel wrote into the prefix")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
