@@ -145,8 +145,9 @@ void register_check_and_matrix(CLI::App& app, CommandState& state) {
   state.check.file = kDefaultScenarioFile;
   state.check_cmd = app.add_subcommand("check", "run the resume check of one scenario (or those matching a filter)");
   state.check_cmd
-      ->add_option("SCENARIO", state.check.filter, "canonical scenario name, a substring of names, or a glob with *")
-      ->required();
+      ->add_option("SCENARIO", state.check.filter,
+                   "canonical scenario name, a substring of names, or a glob with * (required but with --list, "
+                   "which alone lists every scenario of the file)");
   state.check_cmd->add_option("-f,--file", state.check.file, "scenario file")->capture_default_str();
   add_matrix_options(*state.check_cmd, state.check, "runs/check", state.list);
   state.matrix_cmd = app.add_subcommand("matrix", "run every scenario of a matrix file and write a run directory");
@@ -243,6 +244,9 @@ std::string installed_or_given(const std::string& given) {
 int run_matrix_command(CommandState& state, CLI::App* cmd, MatrixOptions& options) {
   if (options.file.empty())
     throw std::invalid_argument(std::string(cmd->get_name()) + ": give the scenario file (FILE or -f FILE)");
+  if (cmd == state.check_cmd && options.filter.empty() && !state.list)
+    throw std::invalid_argument(
+        "check: give a SCENARIO (a name, a substring of names or a glob with *); `check -f FILE --list` lists them");
   // ./scenarios/default.toml or ./FILE, else the copy beside the tool (an install).
   options.file = installed_or_given(options.file);
   if (!options.update_golden) options.golden_dir = installed_or_given(options.golden_dir);
@@ -393,8 +397,14 @@ int tool_main(int argc, char** argv) {
           for (const auto& l : opt->get_lnames()) flags.push_back("--" + l);
           for (const auto& s : opt->get_snames()) flags.push_back("-" + s);
         }
-      for (const auto& extra : a->remaining(/*recurse=*/true))
-        if (extra.rfind("-", 0) == 0 && hint.empty()) hint = did_you_mean(extra.substr(0, extra.find('=')), flags);
+      // An unknown flag comes first: the words after it (its value, the scenario) are extras only
+      // because the flag was not known.
+      for (const auto& extra : a->remaining(/*recurse=*/true)) {
+        if (extra.rfind("-", 0) != 0 || extra == "-") continue;
+        const std::string flag = extra.substr(0, extra.find('='));
+        return std::string(kErrorPrefix) + (a->get_parent() ? a->get_name() + ": " : "") + "unknown option '" + flag + "'" + did_you_mean(flag, flags) +
+               " (run with --help for the options)\n";
+      }
     }
     return std::string(kErrorPrefix) + where + e.what() + hint + " (run with --help for the options)\n";
   });

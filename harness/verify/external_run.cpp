@@ -17,6 +17,7 @@ namespace rh::external {
 namespace {
 
 constexpr uint64_t kMaxMetricsFileBytes = 256ull << 20;
+constexpr size_t kStderrTailChars = 400;
 
 std::string join_argv(const std::vector<std::string>& argv) {
   std::string joined;
@@ -25,6 +26,30 @@ std::string join_argv(const std::vector<std::string>& argv) {
 }
 
 }   // namespace
+
+std::string stderr_tail(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) lines.push_back(std::move(line));
+    start = end + 1;
+  }
+  // The file's tail was cut at a byte count: its first line is a fragment when a line break came after it.
+  if (lines.size() > 1 && text.size() >= kStderrTailChars && text.find('\n') != std::string::npos &&
+      text.front() != '\n')
+    lines.erase(lines.begin());
+  std::string joined;
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    const std::string quoted = ckpt::quote_text(*it, kStderrTailChars);
+    if (!joined.empty() && joined.size() + quoted.size() + 3 > kStderrTailChars) break;
+    joined = joined.empty() ? quoted : quoted + " | " + joined;
+  }
+  return joined;
+}
 
 RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, const fs::path& load_dir,
                    const std::optional<fs::path>& seed_save_dir) {
@@ -72,7 +97,7 @@ RunOut Runner::run(const std::string& label, bool resume, int64_t iterations, co
                              " MiB (trainer.output_cap_mb); it was stopped: " + join_argv(c.argv));
   if (!e.ok())
     throw std::runtime_error("the " + label + " run " + e.describe() + " (" + join_argv(c.argv) +
-                             "): " + ckpt::quote_text(tail_of_file(c.stderr_path, 400), 400));
+                             "): " + stderr_tail(tail_of_file(c.stderr_path, kStderrTailChars)));
   out.metrics = read_metrics(out, vars, c.stdout_path);
   if (t_.probe) {
     refuse_links_to(work_, out.dir / "probe" / "probe.jsonl");

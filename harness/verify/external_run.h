@@ -17,6 +17,11 @@
 
 namespace rh::external {
 
+// A failed run's stderr tail as one line: its last lines (the text given is already cut to the
+// file's last bytes; a first partial line is dropped when others follow), blank lines left out,
+// each line's control bytes escaped, joined by " | ", at most about 400 characters.
+std::string stderr_tail(const std::string& text);
+
 // What one run left.
 struct RunOut {
   std::string label;

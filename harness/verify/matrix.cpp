@@ -62,6 +62,9 @@ std::string fmt_seconds(double seconds) {
   return buf;
 }
 
+// "1 baseline", "2 baselines".
+std::string plural(size_t n, const std::string& noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
 using Clock = std::chrono::steady_clock;
 
 // The plan's tasks and what is done of them; every member is guarded by `mu`. A task is a
@@ -171,17 +174,17 @@ class MatrixRun {
     phases_.add("idle", std::chrono::duration<double>(Clock::now() - idle0).count());   // the tail
   }
 
-  // The progress line (sched_.mu held): one redrawn line on a terminal, else a line per change.
+  // The progress line (sched_.mu held): one redrawn line on a terminal. Elsewhere (a CI log) the
+  // progress is the count on each finished cell's line (report()), not a line per task started.
   void status(const std::string& current) {
-    if (o_.verbosity == 0) return;
+    if (o_.verbosity == 0 || !o_.progress_tty) return;
     const double elapsed_seconds = elapsed();
     const size_t done = sched_.cells_done;
     const double eta = done ? elapsed_seconds / static_cast<double>(done) * static_cast<double>(sel_.size() - done) : 0;
     const std::string line = "[" + std::to_string(done) + "/" + std::to_string(sel_.size()) + "] elapsed " +
                              fmt_seconds(elapsed_seconds) + (done ? ", ETA " + fmt_seconds(eta) : std::string()) +
                              " | " + current;
-    if (o_.progress_tty) log_ << "\r\033[K" << line << std::flush;
-    else log_ << line << "\n" << std::flush;
+    log_ << "\r\033[K" << line << std::flush;
   }
 
   void train(size_t baseline) {
@@ -271,10 +274,14 @@ class MatrixRun {
     if (o_.verbosity == 0 && result.passed) return;
     if (o_.progress_tty) log_ << "\r\033[K";
     log_ << (result.passed ? "PASS " : "FAIL ") << result.name << "  (" << fmt_seconds(result.seconds) << ")"
+         << (o_.progress_tty ? std::string()
+                             : "  [" + std::to_string(sched_.cells_done) + "/" + std::to_string(sel_.size()) +
+                                   ", elapsed " + fmt_seconds(elapsed()) + "]")
          << (result.passed ? ""
                            : "\n     " + result.verdict + "\n     reproduce: resume-harness check --file " + o_.file +
                                  " '" + result.name + "'")
-         << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[scenario_index] : std::string()) << "\n";
+         << (o_.verbosity >= 2 ? "\n     directory: " + work_dirs_[scenario_index] : std::string()) << "\n"
+         << std::flush;   // a CI log shows each line as its cell ends
   }
 
   const MatrixOptions& o_;
@@ -408,7 +415,8 @@ MatrixResult run_matrix(const MatrixOptions& opts, std::ostream& log) {
                      .dump(2) +
                  "\n");
   log << (run.scenarios().size() - failed) << " passed, " << failed << " failed (" << fmt_seconds(run.elapsed()) << ", "
-      << run.baselines() << " baselines for " << run.scenarios().size() << " scenarios), run directory "
+      << plural(run.baselines(), "baseline") << " for " << plural(run.scenarios().size(), "scenario")
+      << "), run directory "
       << run_dir.string() << "\n";
   // 2 when an external trainer's output or checkpoint could not be read (bad input, as elsewhere),
   // 4 when the disk failed under one (no space for its captured output, ...: cli/main.cpp's codes).

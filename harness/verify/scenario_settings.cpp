@@ -52,6 +52,14 @@ void apply_checkpoint_ignore(ExternalTrainer& trainer, const toml::node& node, c
   }
 }
 
+// An unknown key of a table: the keys it takes, and the closest one when a key looks mistyped.
+[[noreturn]] void unknown_key(const std::string& file, const toml::node& node, const std::string& full,
+                              const std::string& key, const std::vector<std::string>& names) {
+  std::string list;
+  for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
+  fail(file, node, full, "unknown key (expected " + list + ")" + did_you_mean(key, names));
+}
+
 // Merges a [trainer] table into the scenario's external trainer (creating it): scalars replace,
 // `args` appends (so [defaults], a matrix and each axis value can add arguments).
 void apply_trainer(Scenario& scenario, const toml::table& table, const std::string& file) {
@@ -111,7 +119,7 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
           trainer.metrics.stdout_regex = need_string(file, mv, mfull), trainer.metrics.file.clear();
         else if (m == "file") trainer.metrics.file = need_string(file, mv, mfull), trainer.metrics.stdout_regex.clear();
         else if (m == "format") trainer.metrics.format = need_string(file, mv, mfull);
-        else fail(file, mv, mfull, "unknown key (expected stdout_regex, file, format)");
+        else unknown_key(file, mv, mfull, m, {"stdout_regex", "file", "format"});
       }
     } else if (key == "checkpoint") {
       for (const auto& [ck, cv] : need_table(file, node, full)) {
@@ -120,12 +128,12 @@ void apply_trainer(Scenario& scenario, const toml::table& table, const std::stri
         else if (c == "format") trainer.checkpoint.format = need_string(file, cv, cfull);
         else if (c == "trust_pickle") trainer.checkpoint.trust_pickle = need_bool(file, cv, cfull);
         else if (c == "ignore") apply_checkpoint_ignore(trainer, cv, file, cfull);
-        else fail(file, cv, cfull, "unknown key (expected path, format, trust_pickle, ignore)");
+        else unknown_key(file, cv, cfull, c, {"path", "format", "trust_pickle", "ignore"});
       }
     } else {
-      fail(file, node, full,
-           "unknown key (expected command, resume_command, args, cwd, env, timeout_s, output_cap_mb, "
-           "determinism_runs, round_trip, probe, noise, noise_factor, iterations, metrics, checkpoint, preset)");
+      unknown_key(file, node, full, key,
+                  {"command", "resume_command", "args", "cwd", "env", "timeout_s", "output_cap_mb", "determinism_runs",
+                   "round_trip", "probe", "noise", "noise_factor", "iterations", "metrics", "checkpoint", "preset"});
     }
   }
 }

@@ -84,7 +84,8 @@ TEST(CliErrors, TyposGetTheClosestNameSuggested) {
   };
   for (const auto& c : std::vector<Case>{
            {{"matrx"}, "unknown subcommand 'matrx' (did you mean 'matrix'?)"},
-           {{"matrix", ci_toml, "--jbos", "2"}, "(did you mean '--jobs'?)"},
+           {{"matrix", ci_toml, "--jbos", "2"}, "matrix: unknown option '--jbos' (did you mean '--jobs'?)"},
+           {{"check", "--jbos", "2", "states/*"}, "check: unknown option '--jbos' (did you mean '--jobs'?)"},
            {{"train", "--lr-decay-styl", "cosine"}, "(did you mean '--lr-decay-style'?)"},
            {{"check", "--file", ci_toml, "seed-protocl"},
             "no scenario matches 'seed-protocl' (did you mean 'seed-protocol'?)"},
@@ -103,6 +104,11 @@ TEST(CliErrors, ListPrintsTheSelectionAndRunsNothing) {
   const auto want = static_cast<long>(rh::load_scenarios(ci_toml).size());
   EXPECT_EQ(std::count(all.log.begin(), all.log.end(), '\n'), want) << all.log;
   EXPECT_FALSE(fs::exists(work_dir / "run")) << "--list wrote a run directory";
+  // check --list without a SCENARIO lists the whole file too; check without either names what is missing.
+  const ToolRun check_all = tool(work_dir, {"check", "-f", ci_toml, "--list"});
+  ASSERT_EQ(check_all.code, 0) << check_all.log;
+  EXPECT_EQ(std::count(check_all.log.begin(), check_all.log.end(), '\n'), want) << check_all.log;
+  expect_bad_input(tool(work_dir, {"check", "-f", ci_toml}), "check: give a SCENARIO");
   std::string halves;
   for (const char* shard : {"1/2", "2/2"}) {
     const ToolRun shard_run = tool(work_dir, {"matrix", ci_toml, "--list", "--shard", shard});
@@ -315,6 +321,10 @@ fault = "reset_lr_schedule"
                                               (work_dir / "v").string()});
   EXPECT_EQ(verbose_run.code, 0) << verbose_run.log;
   EXPECT_NE(verbose_run.log.find("PASS good"), std::string::npos) << verbose_run.log;
+  // Not a terminal: one line per finished cell with the progress count, no line per task started.
+  EXPECT_NE(verbose_run.log.find("[1/1, elapsed "), std::string::npos) << verbose_run.log;
+  EXPECT_EQ(verbose_run.log.find("training baseline"), std::string::npos) << verbose_run.log;
+  EXPECT_EQ(verbose_run.log.find("checking good"), std::string::npos) << verbose_run.log;
   EXPECT_NE(verbose_run.log.find("directory: " + (work_dir / "v" / "scenarios" / "good").string()), std::string::npos)
       << verbose_run.log;
   EXPECT_EQ(tool(work_dir, {"check", "-f", (work_dir / "m.toml").string(), "good", "-q", "-v"}).code, 2)

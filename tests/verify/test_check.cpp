@@ -284,7 +284,7 @@ TEST_F(Check, ASharedBaselineGivesTheSameResultsAsSeparateOnes) {
   std::ostringstream log;
   const auto matrix_run = rh::run_matrix(matrix_options, log);
   ASSERT_EQ(matrix_run.results.size(), 2u);
-  EXPECT_NE(log.str().find("1 baselines for 2 scenarios"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("1 baseline for 2 scenarios"), std::string::npos) << log.str();
   for (const auto& shared : matrix_run.results) {
     const auto alone = run(shared.name);
     EXPECT_EQ(shared.passed, alone.passed) << shared.name;

@@ -11,6 +11,7 @@
 
 #include "harness/verify/external_checkpoints.h"
 #include "harness/verify/external_compare.h"
+#include "harness/verify/external_run.h"
 #include "harness/verify/run_varied.h"
 
 namespace {
@@ -194,6 +195,25 @@ TEST(DtypeAudit, NamesOptimizerStateNarrowerThanItsParameters) {
   const auto narrow = flat_of({{"model/fc.weight", StDtype::BF16, {4, 4}},
                                {"optimizer/state/0/exp_avg", StDtype::BF16, {4, 4}}});
   EXPECT_TRUE(rh::external::lossy_optimizer_state(narrow).empty());
+}
+
+// A failed run's stderr reaches the FAIL line as its last lines joined by " | ", never as \x0a.
+TEST(StderrTail, LastLinesOnOneLineWithoutEscapedLineBreaks) {
+  using rh::external::stderr_tail;
+  EXPECT_EQ(stderr_tail("Traceback (most recent call last):\n  File \"t.py\", line 3\nKeyError: 'lr'\n"),
+            "Traceback (most recent call last): |   File \"t.py\", line 3 | KeyError: 'lr'");
+  EXPECT_EQ(stderr_tail("one\r\n\n\n  \ntwo\n"), "one | two");
+  EXPECT_EQ(stderr_tail(""), "");
+  EXPECT_EQ(stderr_tail("bell\a here"), "bell\\x07 here");   // other control bytes stay escaped
+  // Cut at 400 bytes: the first, partial line is dropped and the joined text stays near the cap.
+  std::string cut = std::string(390, 'x') + "\nlast line\n";
+  EXPECT_EQ(stderr_tail(cut), "last line");
+  std::string many;
+  for (int i = 0; i < 100; ++i) many += "line " + std::to_string(i) + "\n";
+  const std::string tail = stderr_tail(many.substr(many.size() - 400));
+  EXPECT_LE(tail.size(), 400u);
+  EXPECT_EQ(tail.substr(tail.size() - 7), "line 99");
+  EXPECT_EQ(tail.find('\n'), std::string::npos);
 }
 
 }   // namespace

@@ -361,6 +361,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "key 'optimizer.beta1': expected a number, got \"high\"", 6},
         BadFile{"scenario_key_typo", "[[scenario]]\nname = \"a\"\nsave_polcy = \"native\"\n",
                 "save_polcy: unknown key (expected model, optimizer, train, description, save_at, save_policy", 3},
+        BadFile{"trainer_key_typo", "[[scenario]]\nname = \"a\"\n[scenario.trainer]\ncomand = [\"x\"]\n",
+                "trainer.comand: unknown key (expected command, resume_command, args, cwd, env, timeout_s, "
+                "output_cap_mb, determinism_runs, round_trip, probe, noise, noise_factor, iterations, metrics, "
+                "checkpoint, preset) (did you mean 'command'?)",
+                4},
+        BadFile{"trainer_checkpoint_key_typo",
+                "[[scenario]]\nname = \"a\"\n[scenario.trainer]\ncheckpoint = { pth = \"x\" }\n",
+                "(expected path, format, trust_pickle, ignore) (did you mean 'path'?)", 4},
         BadFile{"override_dtype_type", "[[scenario]]\nname = \"a\"\nsave_overrides = { exp_avg = 16 }\n",
                 "save_overrides.exp_avg: expected a string", 3},
         BadFile{"model_too_large",
