@@ -10,6 +10,9 @@
 
 namespace rh::report {
 
+// GitHub's limit is 65,536 characters; the rest is room for a CI step's own lines.
+constexpr size_t kMarkdownLimit = 60000;
+
 struct Block {
   enum class Kind { heading, paragraph, bullets, table, image } kind = Kind::paragraph;
   int level = 2;                    // heading level
@@ -17,6 +20,9 @@ struct Block {
   std::vector<std::string> items;   // bullets
   Table table;
   std::string image;   // image path relative to the run dir ("plots/x.png")
+  // Which output prints the block (the matrix is one table in report.md, one folded table per
+  // group in report.html).
+  enum class Only { both, markdown, html } only = Only::both;
 };
 
 struct Document {
@@ -29,11 +35,18 @@ struct Document {
   // pull-request comment or CI step summary shows the verdict, the failures and the key findings
   // first. report.html shows them open.
   size_t fold_from = static_cast<size_t>(-1);
+  // report.md stays under this many bytes (so under as many characters): GitHub refuses a comment
+  // or a step summary over 65,536 characters, and a CI step may add its own lines around it. The
+  // blocks before fold_from come first (their bullet lists cut with a count of what was cut when
+  // they alone would pass two thirds of it); a folded section that does not fit is given without
+  // its tables, or left out, and a paragraph under the unfolded part names what was left out.
+  // report.html always holds everything.
+  size_t markdown_limit = kMarkdownLimit;
   std::vector<Block> blocks;
   void heading(const std::string& text, int level = 2);
   void paragraph(const std::string& text);
   void bullets(std::vector<std::string> items);   // by value: a 100,000-row table is moved, not copied
-  void table(Table t);
+  void table(Table t, Block::Only only = Block::Only::both);
   void image(const std::string& rel_path, const std::string& caption);
 };
 

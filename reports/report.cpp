@@ -69,8 +69,9 @@ void overview(Document& doc, const RunData& run, const PlotOutcome& plots) {
   doc.status = status_line(counts);
   doc.status_ok = counts.passed();
   doc.paragraph("Run directory " + run.dir +
-                "; each scenario's files are in scenarios/NAME (/ as __, , as +), "
-                "linked from its row of the matrix table in report.html.");
+                "; each scenario's files are in a directory of scenarios/ named after it, with every slash "
+                "written as two underscores and every comma as a plus sign (states/moments=bf16,policy=native: "
+                "scenarios/states__moments=bf16+policy=native); report.html links each from its row of the matrix.");
   failing_list(doc, run);
   if (!plots.ok) doc.paragraph("Plots not drawn: " + plots.message + ". The tables below are complete.");
 }
@@ -127,12 +128,43 @@ void matrix_section(Document& doc, const RunData& run, const std::vector<int>& r
       "representable values of the saved dtype, between a state right after load and the state that was "
       "saved (0 = bit-exact; \u2014 = the checkpoint has no key of that kind). The reduction compares "
       "the checkpoint's bytes with the fp32-policy checkpoint of the same run configuration. In report.html "
-      "the verdict is the outcome's hover text and each scenario name links its directory.");
-  doc.table(matrix_table(run, refs));
+      "the matrix is one folded table per scenario group (open where a scenario failed), the verdict is the "
+      "outcome's hover text, the first divergence is under the name, and each name links its directory.");
+  Table all = matrix_table(run, refs);
+  // report.html: a table per group, in first-seen order, each folded under its counts.
+  std::vector<std::string> groups;
+  for (const auto& g : all.row_group)
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  for (const auto& g : groups) {
+    Table part = all;
+    part.rows.clear(), part.row_class.clear(), part.cell_class.clear(), part.cell_title.clear();
+    part.row_href.clear(), part.row_group.clear();
+    size_t met = 0, exact = 0;
+    for (size_t i = 0; i < all.rows.size(); ++i) {
+      if (all.row_group[i] != g) continue;
+      part.rows.push_back(all.rows[i]);
+      part.row_class.push_back(all.row_class[i]);
+      if (i < all.cell_title.size()) part.cell_title.push_back(all.cell_title[i]);
+      if (i < all.row_href.size()) part.row_href.push_back(all.row_href[i]);
+      part.row_group.push_back(g);
+      met += run.scenarios[i].row.passed;
+      exact += run.scenarios[i].row.outcome == Outcome::identical;
+    }
+    const size_t n = part.rows.size();
+    part.html_fold_summary = g + ": " + std::to_string(n) + (n == 1 ? " scenario, " : " scenarios, ") +
+                             std::to_string(met) + " met their expectation, " + std::to_string(exact) + " bit-exact";
+    part.html_fold_id = "group-" + g;
+    part.html_fold_open = met < n;
+    part.html_class = "matrix";
+    doc.table(std::move(part), Block::Only::html);
+  }
+  doc.table(std::move(all), Block::Only::markdown);
   if (std::count(plots.written.begin(), plots.written.end(), std::string("plots/") + kUlpPlot))
     doc.image(std::string("plots/") + kUlpPlot,
-              "Max ULP per state key kind right after load (white: 0; blue: a difference the scenario expects; "
-              "red: expectation missed; grey: key not in the checkpoint)");
+              "Max ULP per state key kind right after load, one panel per scenario group: a row for each "
+              "scenario that differs or missed its expectation, one line per group counting those bit-exact in "
+              "every key (white: 0; blue: a difference the scenario expects; red: expectation missed; grey: key "
+              "not in the checkpoint)");
 }
 
 void loss_section(Document& doc, const PlotOutcome& plots) {
@@ -157,7 +189,11 @@ std::string disk_section(Document& doc, const RunData& run, const std::vector<Co
       "One row per storage combination: the save policy and the dtype each key kind was written in, measured "
       "from disk.csv of the first scenario that wrote it. metadata = safetensors headers and the manifest. "
       "The reduction compares the total with the fp32-policy checkpoint of the same run configuration.");
-  doc.table(disk_table(run, combos));
+  Table disk = disk_table(run, combos);
+  // report.html: folded under its size (the plot below shows the same bytes); report.md: as is.
+  disk.html_fold_summary = "Bytes per key kind of " + std::to_string(disk.rows.size()) +
+                           (disk.rows.size() == 1 ? " storage combination" : " storage combinations") + " (table)";
+  doc.table(std::move(disk));
   const Combo* best = nullptr;
   for (const auto& c : combos)
     if (c.has_reduction && run.scenarios[c.scenario].row.outcome == Outcome::identical &&
@@ -245,9 +281,14 @@ void notes_section(Document& doc, const RunData& run) {
   for (const auto& scenario : run.scenarios) {
     std::string note;
     if (scenario.row.outcome == Outcome::error) note += "the check errored: " + scenario.row.first_divergence + ". ";
-    if (!scenario.missing.empty()) {
+    // A refused load trains no resumed run: its missing resumed/metrics.csv is the refusal itself
+    // (the matrix row says so), not something to note.
+    std::vector<std::string> missing;
+    for (const auto& file : scenario.missing)
+      if (!(scenario.row.outcome == Outcome::load_refused && file == "resumed/metrics.csv")) missing.push_back(file);
+    if (!missing.empty()) {
       note += "missing in " + scenario.rel_dir + ":";
-      for (const auto& file : scenario.missing) note += " " + file;
+      for (const auto& file : missing) note += " " + file;
       note += " (the tables and plots that need them leave this scenario out).";
     }
     if (!note.empty()) items.push_back(scenario.row.scenario + ": " + note);
@@ -346,6 +387,7 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
           "print what changed from RUN_A to RUN_B as Markdown; exit 1 if a scenario that passed in RUN_A "
           "fails in RUN_B")
       ->expected(2)
+      ->type_name("RUN_A RUN_B")
       ->excludes(dir);
   rc.cmd->add_flag("--json", rc.json,
                    "with --compare: print the comparison as one JSON object (keys in docs/running.md) instead of "
@@ -356,6 +398,7 @@ void register_report_command(CLI::App& app, ReportCommand& rc) {
                    "(summary.csv, summary.json, junit.xml and cell directories as one unsharded run writes them), "
                    "then write the report there; exit 1 if a merged cell failed, 2 if the shards are not one matrix")
       ->expected(2, 4096)
+      ->type_name("OUT_DIR SHARD_DIR...")
       ->excludes(dir)
       ->excludes("--compare")
       ->excludes("--json");

@@ -169,22 +169,28 @@ std::string url_path(const std::string& p) {
 }   // namespace
 
 std::string to_html(const Table& table) {
-  std::string html =
-      table.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + table.html_class + "\">\n<thead><tr>";
+  std::string html;
+  if (!table.html_fold_summary.empty())
+    html += "<details class=\"fold\"" + (table.html_fold_id.empty() ? std::string() : " id=\"" + markup_escape(table.html_fold_id) + "\"") +
+            (table.html_fold_open ? " open" : "") + "><summary>" + markup_escape(table.html_fold_summary) +
+            "</summary>\n";
+  html += table.html_class.empty() ? "<table>\n<thead><tr>" : "<table class=\"" + table.html_class + "\">\n<thead><tr>";
   const auto hidden = [&table](size_t c) {
-    return table.html_hidden_column >= 0 && c == static_cast<size_t>(table.html_hidden_column);
+    return (table.html_hidden_column >= 0 && c == static_cast<size_t>(table.html_hidden_column)) ||
+           (table.html_subline_column > 0 && c == static_cast<size_t>(table.html_subline_column));
   };
   for (size_t c = 0; c < table.header.size(); ++c) {
     if (hidden(c)) continue;
-    // A header may break after '_' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
+    // A header may break after '_' and '/' ("max ULP exp_<wbr>avg_<wbr>sq"): its longest word would
     // otherwise set the column's width.
     std::string heading;
     for (const char ch : markup_escape(table.header[c]))
-      heading += ch == '_' ? std::string("_<wbr>") : std::string(1, ch);
+      heading += ch == '_' ? std::string("_<wbr>") : ch == '/' ? std::string("/<wbr>") : std::string(1, ch);
     html += "<th>" + heading + "</th>";
   }
   html += "</tr></thead>\n<tbody>\n";
   for (size_t i = 0; i < table.rows.size(); ++i) {
+    const std::string* group = i < table.row_group.size() ? &table.row_group[i] : nullptr;
     const std::string& cls = i < table.row_class.size() ? table.row_class[i] : std::string();
     if (cls.empty()) html += "<tr>";
     else html += "<tr class=\"" + cls + "\">";
@@ -209,13 +215,29 @@ std::string to_html(const Table& table) {
       const std::string* href =
           c == 0 && i < table.row_href.size() && !table.row_href[i].empty() ? &table.row_href[i] : nullptr;
       if (href) html += "<a href=\"" + url_path(*href) + "\">";
-      html += markup_escape(table.rows[i][c]);
+      if (c == 0 && group) {
+        const std::string& name = table.rows[i][c];
+        const std::string prefix = *group + "/";
+        const std::string shown = name.compare(0, prefix.size(), prefix) == 0 && name.size() > prefix.size()
+                                      ? name.substr(prefix.size())
+                                      : name;
+        for (const char ch : markup_escape(shown)) html += ch == ',' ? std::string(",<wbr>") : std::string(1, ch);
+      } else {
+        html += markup_escape(table.rows[i][c]);
+      }
+      if (c == 0 && table.html_subline_column > 0 &&
+          static_cast<size_t>(table.html_subline_column) < table.rows[i].size() &&
+          !table.rows[i][static_cast<size_t>(table.html_subline_column)].empty()) {
+        if (href) html += "</a>", href = nullptr;
+        html += "<div class=\"sub\">" + markup_escape(table.rows[i][static_cast<size_t>(table.html_subline_column)]) +
+                "</div>";
+      }
       if (href) html += "</a>";
       html += "</td>";
     }
     html += "</tr>\n";
   }
-  return html + "</tbody>\n</table>\n";
+  return html + "</tbody>\n</table>\n" + (table.html_fold_summary.empty() ? "" : "</details>\n");
 }
 
 std::vector<int> fp32_references(const RunData& run) {
@@ -350,6 +372,7 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
   // In report.html the verdict is the outcome's hover text: sixteen columns do not fit 1280 px.
   table.html_class = "matrix";
   table.html_hidden_column = 3;
+  table.html_subline_column = 4;   // the first divergence, under the name
   for (size_t i = 0; i < run.scenarios.size(); ++i) {
     const auto& summary = run.scenarios[i].row;
     const bool compared = summary.outcome != Outcome::error && summary.outcome != Outcome::load_refused &&
@@ -379,6 +402,7 @@ Table matrix_table(const RunData& run, const std::vector<int>& refs) {
     table.cell_title.push_back(std::move(title));
     table.rows.push_back(row);
     table.row_class.push_back(summary.passed ? "pass" : "fail");
+    table.row_group.push_back(run.scenarios[i].group);
     // A scenario that errored before writing anything has no directory to link.
     std::error_code ec;
     table.row_href.push_back(

@@ -28,6 +28,17 @@ struct Table {
   // (its text can be another cell's cell_title).
   std::string html_class;
   int html_hidden_column = -1;
+  // HTML only: this column's text is printed under the first cell's (small, grey), not as a
+  // column of its own (-1: none): a long text that would wrap a narrow column over many lines.
+  int html_subline_column = -1;
+  // HTML only, optional, per row: the row's scenario group. A first cell starting with "GROUP/"
+  // is shown without it (the table is that group's), with a line-break opportunity after each
+  // comma, so a long name takes one or two lines instead of wrapping mid-word.
+  std::vector<std::string> row_group;
+  // HTML only: with a summary, the table is folded in <details> (open when html_fold_open), with
+  // html_fold_id as the element's id (a link target, "report.html#group-states").
+  std::string html_fold_summary, html_fold_id;
+  bool html_fold_open = false;
 };
 
 // Tables print every cell escaped for their format: HTML by markup_escape, Markdown by md_cell.

@@ -54,6 +54,11 @@ window.addEventListener('load', () => {
   const first = document.body.firstElementChild;
   const banner = first && first.id === 'status' ? {className: first.className, text: first.textContent,
                                                     top: box(first).top, h: box(first).h} : null;
+  // The page as it opens (folded groups closed); then every fold opened, so what is inside is laid
+  // out and measured too.
+  const height = document.documentElement.scrollHeight;
+  const folds = [...document.querySelectorAll('details.fold')].map(d => ({id: d.id, open: d.open, summary: d.querySelector('summary').textContent}));
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
   // Every table must fit its container as laid out: a wrapper that scrolls sideways hides the
   // overflow from the page's scrollWidth, so each table is measured, and no element may scroll.
   const tables = [...document.querySelectorAll('table')].map(t => ({
@@ -62,9 +67,14 @@ window.addEventListener('load', () => {
   const scrollers = [...document.querySelectorAll('body *')].filter(e => {
       const o = getComputedStyle(e).overflowX; return o === 'auto' || o === 'scroll'; }).map(e => e.tagName + '.' + e.className);
   const links = [...document.querySelectorAll('td > a[href]')].map(a => ({text: a.textContent, href: a.getAttribute('href')}));
-  const out = {h2, items, cells, titled, images, banner, tables, scrollers, links,
+  // The matrix's scenario names: how many lines each takes (an inline link has a box per line),
+  // the text under each (the first divergence), in lines. A <wbr> splits a line's box, so lines are
+  // counted by their distinct tops.
+  const nameLines = [...document.querySelectorAll('table.matrix td:first-child > a')].map(a => new Set([...a.getClientRects()].map(r => Math.round(r.top))).size);
+  const subLines = [...document.querySelectorAll('table.matrix td:first-child > div.sub')].map(d => Math.round(box(d).h / parseFloat(getComputedStyle(d).lineHeight)));
+  const out = {h2, items, cells, titled, images, banner, tables, scrollers, links, nameLines, folds, subLines, height,
                scrollWidth: document.documentElement.scrollWidth,
-               innerWidth: innerWidth, height: document.documentElement.scrollHeight};
+               innerWidth: innerWidth};
   const pre = document.createElement('pre'); pre.id = 'rh-probe'; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
 });
@@ -153,6 +163,18 @@ class ReportInChromium(unittest.TestCase):
                            env=dict(os.environ, RH_PYTHON="/bin/false"))
         assert p.returncode == 0, p.stdout + p.stderr
         cls.wide_dom = probe(cls.wide)
+        # The default matrix's own 190 names (scenarios/default.toml, as `matrix --list` prints them).
+        p = subprocess.run([TOOL, "matrix", os.path.join(HERE, "..", "scenarios", "default.toml"), "--list"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        cls.default_names = p.stdout.split()
+        cls.default = os.path.join(cls.dir, "default")
+        fixture.make_run(cls.default, [(n, n.replace("/", "__").replace(",", "+"), "per_key", "BF16", 0.0, 0)
+                                       for n in cls.default_names])
+        p = subprocess.run([TOOL, "report", cls.default], capture_output=True, text=True,
+                           env=dict(os.environ, RH_PYTHON="/bin/false"))
+        assert p.returncode == 0, p.stdout + p.stderr
+        cls.default_dom = probe(cls.default)
         cls.shot = os.path.join(cls.dir, "screenshot.png")
         p = chromium("--window-size=%d,%d" % (WIDTH, cls.dom["height"] + 20), "--screenshot=" + cls.shot,
                      "file://" + os.path.join(cls.dir, "report.html"))
@@ -211,7 +233,7 @@ class ReportInChromium(unittest.TestCase):
             self.assertLess(banner["top"], self.dom["h2"][0]["top"])
 
     def test_no_table_is_wider_than_its_container_and_nothing_scrolls_sideways(self):
-        for dom in (self.dom, self.wide_dom):
+        for dom in (self.dom, self.wide_dom, self.default_dom):
             self.assertEqual(dom["scrollers"], [])
             self.assertGreater(len(dom["tables"]), 5)
             for t in dom["tables"]:
@@ -229,10 +251,36 @@ class ReportInChromium(unittest.TestCase):
         self.assertIn("| approx/fp32-moments-saved-bf16 | identical |", md)
 
     def test_each_matrix_row_links_its_scenario_directory(self):
-        links = {l["text"]: l["href"] for l in self.wide_dom["links"]}
+        # Under its group's heading row a name is shown without "group/".
+        links = {l["href"]: l["text"] for l in self.wide_dom["links"]}
         for name, safe, *_ in wide_scenarios():
-            self.assertEqual(links.get(name), "scenarios/%s/" % safe, name)
+            shown = name.split("/", 1)[1] if "/" in name else name
+            self.assertEqual(links.get("scenarios/%s/" % safe), shown, name)
             self.assertTrue(os.path.isdir(os.path.join(self.wide, "scenarios", safe)), safe)
+
+    def test_default_matrix_names_read_on_two_lines_under_group_headings(self):
+        dom = self.default_dom
+        self.assertEqual(len(self.default_names), len(dom["nameLines"]))
+        self.assertGreater(len(self.default_names), 150)
+        self.assertLessEqual(max(dom["nameLines"]), 2, sorted(dom["nameLines"])[-10:])
+        groups = []
+        for n in self.default_names:
+            g = n.split("/", 1)[0]
+            if g not in groups:
+                groups.append(g)
+        # A folded table per group, in order (the fixture adds faults/crash, which failed: open),
+        # closed where every scenario met its expectation.
+        folds = [f for f in dom["folds"] if f["id"].startswith("group-")]
+        self.assertEqual([f["id"] for f in folds], ["group-" + g for g in groups])
+        for f in folds:
+            n, met = map(int, re.match(r"[^:]+: (\d+) scenarios?, (\d+) met", f["summary"]).groups())
+            self.assertEqual(f["open"], met < n, f)
+        self.assertTrue(any(f["open"] for f in folds) and not all(f["open"] for f in folds))
+        self.assertLessEqual(max(dom["subLines"] or [0]), 2)
+        # As it opens (measured on this generated run: 7,187 px; the real default run with its four plots:
+        # 14,204 px, before 40,506 px of which the matrix was 20,416, its names wrapping over up to 8
+        # lines), the page holds no plots here.
+        self.assertLess(dom["height"], 9000)
 
     def test_screenshot_shows_the_grid_colours_and_a_first_screen(self):
         import matplotlib.image

@@ -214,6 +214,28 @@ TEST_F(NoPlots, ErroredScenarioIsNotedNotFatal) {
   fs::remove_all(dir);
 }
 
+// A load refused as declared trains no resumed run: no note says its resumed/metrics.csv is missing
+// (the default matrix had 30 such notes); any other missing file of it is still noted.
+TEST_F(NoPlots, ARefusedLoadsMissingResumedMetricsIsNotNoted) {
+  const auto dir = report_fixture::temp_dir("refused_notes");
+  report_fixture::write_run(dir);
+  replace_line(dir / "summary.csv", 5,
+               "faults/skip=exp_avg,refused,1,load-refused,\"PASS: load refused as expected\",,0,0,0,,3,0,,1800,18,100,"
+               "native,skip_exp_avg,bf16,bf16,fp32,2");
+  fs::remove_all(dir / "scenarios/faults__skip=exp_avg/resumed");
+  std::ostringstream log;
+  generate_report(dir.string(), "", log);
+  std::string md = slurp(dir / "report.md");
+  EXPECT_EQ(md.find("- faults/skip=exp_avg: missing"), std::string::npos) << md;
+  fs::remove(dir / "scenarios/faults__skip=exp_avg/disk.csv");
+  generate_report(dir.string(), "", log);
+  md = slurp(dir / "report.md");
+  EXPECT_NE(md.find("- faults/skip=exp_avg: missing in scenarios/faults__skip=exp_avg: disk.csv (the tables"),
+            std::string::npos)
+      << md;
+  fs::remove_all(dir);
+}
+
 // Two runs that differ in one verdict (and that scenario's first divergence and bytes).
 struct TwoRuns {
   fs::path a, b;
