@@ -32,11 +32,10 @@ MAX_WIDTH_PX = 1400
 MAX_HEIGHT_PX = 1800
 MAX_SERIES = 8          # labelled series per axes, the "+N more" entry included
 PANEL_COLS = 3
-ULP_ROWS_PER_BLOCK = 70  # heat map rows per column block; longer matrices get blocks side by side
-# Heat map rows drawn at most (4 blocks): every cell is a text object, and 1,000 rows took 80 s to
-# draw (a 100,000-row summary ran past the plot step's limit); past this the map shows
-# the rows that missed their expectation, then the largest differences, and says so.
-MAX_ULP_ROWS = 4 * ULP_ROWS_PER_BLOCK
+# Heat map rows drawn at most: every cell is a text object, and 1,000 rows took 80 s to draw (a
+# 100,000-row summary ran past the plot step's limit); past this, or past what fits the page, the map
+# shows the rows that missed their expectation, then the largest differences, and says so.
+MAX_ULP_ROWS = 280
 REST_COLOR = "0.72"
 # Highlight colours: tab10 without its grey, which is kept for the "+N more" lines.
 SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22"]
@@ -482,10 +481,36 @@ def build_disk_figure(plt, storage):
     return fig
 
 
+# The heat map is laid out in pixels: every text ULP_FONT pt, every row ULP_ROW_PX tall, every data
+# column as wide as its widest number, so 190 rows stay readable (a size derived from the row count
+# squeezed them into 15-px columns with overprinted labels). One panel per scenario group; the rows
+# with nothing to show (met the expectation, 0 ULP in every key) are counted on one line per group.
+ULP_FONT = 7             # pt, every text of the map (9.7 px at DPI 100)
+ULP_ROW_PX = 13          # a 7-pt label with descenders is 11 px tall
+ULP_BAND_PX = 26         # above a panel: the group name and the two-line column headers
+ULP_LINE_PX = 13         # under a panel: the line counting the rows not drawn
+ULP_GAP_PX = 8           # between the panels of a column
+ULP_COL_GAP_PX = 14      # between columns of panels
+ULP_MARGIN_PX = 6
+ULP_BARS_PX = 48         # the colour bars at the bottom
+ULP_FOOTER_LINES = 6     # at most, for the groups without a panel
+ULP_MIN_CELL_PX = 26
+ULP_HEADERS = {"model": "model", "master_param": "master\nparam", "remainder": "remain-\nder", "exp_avg": "exp_\navg",
+               "exp_avg_sq": "exp_\navg_sq", "scale": "scale"}
+
+
 def ulp_text(text):
+    """A max ULP as its cell shows it: up to 5 digits exactly (32768 is bf16's rounding of an fp32
+    value), larger ones as 9.9e8, so every number fits a narrow column."""
     if not text:
         return "\u2014"
-    return text if len(text) <= 6 else "%.1e" % float(text)
+    v = float(text)
+    if not math.isfinite(v):
+        return text
+    if v < 1e5:
+        return "%d" % v if v == int(v) else "%.3g" % v
+    mant, exp = ("%.1e" % v).split("e")
+    return "%se%d" % (mant, int(exp))
 
 
 def expectation_text(row):
@@ -494,96 +519,43 @@ def expectation_text(row):
     return exp + (" \u2717" if row.get("passed") != "1" else "")
 
 
-def build_ulp_figure(plt, summary):
-    """Max ULP after load, one row per scenario and one column per key kind some checkpoint holds,
-    after a column with the scenario's expectation. A difference the scenario was declared to show
-    (it met its expectation: a fault caught, a lossy policy within tolerance) is shaded blue; a row
-    that missed its expectation is shaded red and its name is red. 0 is white, an absent key light
-    grey. Long matrices are split into side-by-side blocks to stay on a page."""
-    import numpy as np
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import ListedColormap, Normalize
-    kinds = [k for k in ULP_KINDS if any(r.get("max_ulp_" + k, "") != "" for r in summary)] or ULP_KINDS
-    summary, shown_note = ulp_rows_shown(summary, kinds)
-    n = len(summary)
-    data = np.full((n, len(kinds)), np.nan)
-    for i, r in enumerate(summary):
-        for j, k in enumerate(kinds):
-            if r.get("max_ulp_" + k, ""):
-                data[i, j] = math.log10(1.0 + float(r["max_ulp_" + k]))
-    failed = [r.get("passed") != "1" for r in summary]
-    vmax = max(1.0, float(np.nanmax(data)) if np.isfinite(data).any() else 1.0)
-    norm = Normalize(vmin=0, vmax=vmax)
-    # Light end cut off: white stays "0 = bit-exact", the lightest shade is already a difference.
-    ok_cmap, bad_cmap = (ListedColormap(plt.get_cmap(c)(np.linspace(0.18, 1.0, 256))) for c in ("Blues", "Reds"))
-    blocks = max(1, (n + ULP_ROWS_PER_BLOCK - 1) // ULP_ROWS_PER_BLOCK)
-    per = (n + blocks - 1) // blocks if n else 1
-    row_h = min(0.3, (MAX_HEIGHT_PX / DPI - 1.7) / max(1, per))
-    font = 7 if row_h >= 0.24 else 6
-    cell_w = 0.62 if font == 7 else 0.55
-    cols = len(kinds) + 1                      # column 0: the expectation
-    longest = max([len(r["scenario"]) for r in summary] + [10])
-    block_w = 0.0078 * font * longest + cell_w * cols + 0.25
-    width = min(MAX_WIDTH_PX / DPI, max(6.4, blocks * block_w + 1.2))
-    height = min(MAX_HEIGHT_PX / DPI, max(3.2, 1.7 + row_h * per))
-    fig, axes = plt.subplots(1, blocks, figsize=(width, height), squeeze=False, layout="constrained")
-    any_bad = any(f and np.isfinite(data[i]).any() and np.nanmax(data[i]) > 0 for i, f in enumerate(failed))
-    headers = ["expected"] + [k.replace("_", "_\n", 1) if len(k) > 8 else k for k in kinds]
-    for b, ax in enumerate(axes[0]):
-        lo, hi = b * per, min(n, (b + 1) * per)
-        rgba = np.zeros((per, cols, 4))
-        rgba[:, :, :] = (1.0, 1.0, 1.0, 0.0)
-        for i in range(lo, hi):
-            rgba[i - lo, 0] = (1.0, 0.92, 0.92, 1.0) if failed[i] else (0.97, 0.97, 0.97, 1.0)
-            ax.text(0, i - lo, expectation_text(summary[i]), ha="center", va="center", fontsize=font,
-                    color="#c62828" if failed[i] else "0.25", fontweight="bold" if failed[i] else "normal")
-            cmap = bad_cmap if failed[i] else ok_cmap
-            for j in range(len(kinds)):
-                v = data[i, j]
-                rgba[i - lo, j + 1] = (0.93, 0.93, 0.93, 1.0) if not np.isfinite(v) else \
-                    ((1.0, 1.0, 1.0, 1.0) if v == 0 else cmap(norm(v)))
-                txt = ulp_text(summary[i].get("max_ulp_" + kinds[j], ""))
-                color = "0.55" if not np.isfinite(v) else ("white" if v > vmax * 0.55 else "black")
-                ax.text(j + 1, i - lo, txt, ha="center", va="center", fontsize=font, color=color)
-        ax.imshow(rgba, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(cols))
-        ax.set_xticklabels(headers, fontsize=font + 0.5)
-        ax.xaxis.tick_top()
-        ax.set_yticks(range(hi - lo))
-        ax.set_yticklabels([summary[i]["scenario"] for i in range(lo, hi)], fontsize=font)
-        for t, i in zip(ax.get_yticklabels(), range(lo, hi)):
-            if failed[i]:
-                t.set_color("#c62828")
-                t.set_fontweight("bold")
-        ax.set_xticks([x - 0.5 for x in range(1, cols)], minor=True)
-        ax.set_yticks([y - 0.5 for y in range(1, per)], minor=True)
-        ax.grid(which="minor", color="white", lw=0.6)
-        ax.axvline(0.5, color="0.6", lw=0.8)
-        ax.tick_params(which="minor", length=0)
-        ax.tick_params(which="major", length=2)
-        ax.set_ylim(per - 0.5, -0.5)
-    # Colour bars in ULP (log scale): ticks at 1, 10, 100, ... placed at log10(1 + ulp).
-    decades = [e for e in range(0, int(vmax) + 1, max(1, int(math.ceil((vmax + 1) / 6.0))))]
-    ticks = [math.log10(1.0 + 10.0 ** e) for e in decades]
-    tick_labels = ["1" if e == 0 else "10" if e == 1 else "1e%d" % e for e in decades]
-    bars = [(ok_cmap, "max ULP, an expected difference")] + ([(bad_cmap, "max ULP, expectation missed")]
-                                                             if any_bad else [])
-    for cmap, label in bars:
-        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes[0]), shrink=0.4, pad=0.01, aspect=25,
-                           ticks=ticks)
-        bar.ax.set_yticklabels(tick_labels)
-        bar.set_label(label, fontsize=8)
-        bar.ax.tick_params(labelsize=7)
-    fig.suptitle("Max ULP after load per key kind\nwhite: 0 (bit-exact); blue: a difference the scenario expects "
-                 "(expectation met);\nred: expectation missed (\u2717); grey \u2014: key not in the checkpoint"
-                 + shown_note, fontsize=9)
-    return fig
+def scenario_group(name):
+    return name.split("/", 1)[0]
+
+
+def ulp_row_class(row, kinds):
+    """'drawn' (it missed its expectation, or a key differs), 'exact' (it met it with 0 ULP in every
+    key it holds) or 'no-keys' (it met it and no key was compared, e.g. a load refused as declared)."""
+    if row.get("passed") != "1":
+        return "drawn"
+    present = [row["max_ulp_" + k] for k in kinds if row.get("max_ulp_" + k, "") != ""]
+    if not present:
+        return "no-keys"
+    return "exact" if all(float(v) == 0 for v in present) else "drawn"
+
+
+def plural(n, word):
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
+def ulp_count_line(exact, no_keys, cut):
+    """The line under a group's panel: the group's scenarios that have no row."""
+    parts = ([plural(exact, "scenario") + " bit-exact in every key"] if exact else []) + \
+        ([plural(no_keys, "scenario") + " with no key compared"] if no_keys else []) + \
+        ([plural(cut, "more scenario") + " with a difference, not drawn (row limit)"] if cut else [])
+    return "; ".join(parts)
+
+
+def ulp_footer_entry(group, exact, no_keys, cut):
+    parts = (["%d bit-exact" % exact] if exact else []) + (["%d no key compared" % no_keys] if no_keys else []) + \
+        (["%d not drawn" % cut] if cut else [])
+    return "%s (%s)" % (group, ", ".join(parts))
 
 
 def ulp_rows_shown(summary, kinds, limit=None):
     """(rows to draw, a title line saying what was left out): every row when there are at most
-    MAX_ULP_ROWS, else the rows that missed their expectation, then those with the largest max
-    ULP, drawn in their summary order."""
+    `limit` (MAX_ULP_ROWS), else the rows that missed their expectation, then those with the largest
+    max ULP, drawn in their summary order."""
     limit = MAX_ULP_ROWS if limit is None else limit
     if len(summary) <= limit:
         return summary, ""
@@ -594,8 +566,271 @@ def ulp_rows_shown(summary, kinds, limit=None):
     order = sorted(range(len(summary)), key=lambda i: (summary[i].get("passed") == "1", -worst(summary[i]), i))
     keep = sorted(order[:limit])
     return ([summary[i] for i in keep],
-            "\n%d of %d scenarios shown: every one that missed its expectation, then the largest differences "
-            "(the report's tables list all)" % (limit, len(summary)))
+            "\n%d of %d scenarios shown (of those that differ or missed): every one that missed its expectation, "
+            "then the largest differences (the report's tables list all)" % (limit, len(summary)))
+
+
+def ulp_footer_lines(entries, line_w, text_w):
+    """The line "Groups without a panel: a (3 bit-exact), b (...)" wrapped to line_w px, at most
+    ULP_FOOTER_LINES lines (the last then says how many groups it leaves out)."""
+    lines, entries, text = [], list(entries), "Groups without a panel: "
+    if not entries:
+        return []
+    while entries:
+        piece = entries[0] + (", " if len(entries) > 1 else "")
+        if text_w(text + piece) <= line_w or not text.strip() or text.endswith(": "):
+            text += piece
+            entries.pop(0)
+        else:
+            lines.append(text.rstrip())
+            text = "  "
+            if len(lines) == ULP_FOOTER_LINES - 1:
+                text += "and %d more groups (the report's tables list all)" % len(entries)
+                entries = []
+    return lines + [text.rstrip()]
+
+
+def ulp_flow(panels, ncols, col_h):
+    """Stacks the group panels ((group, rows, line) in matrix order) top-down into at most `ncols`
+    columns of height col_h px; a group longer than what is left of a column continues at the top
+    of the next one. [[(group, rows, line or None, continued, y)]] per column, or None if they do not fit."""
+    cols, y = [[]], 0
+    for group, rows, line in panels:
+        start = 0
+        while True:
+            left = len(rows) - start
+            tail = ULP_LINE_PX if line else 0
+            space = col_h - y
+            if ULP_BAND_PX + left * ULP_ROW_PX + tail <= space:
+                cols[-1].append((group, rows[start:], line, start > 0, y))
+                y += ULP_BAND_PX + left * ULP_ROW_PX + tail + ULP_GAP_PX
+                break
+            fit = min(left - 1, (space - ULP_BAND_PX) // ULP_ROW_PX)
+            if fit >= min(3, left - 1) and fit >= 1:
+                cols[-1].append((group, rows[start:start + fit], None, start > 0, y))
+                start += fit
+            elif not cols[-1]:
+                return None       # not even one row fits an empty column
+            if len(cols) == ncols:
+                return None
+            cols.append([])
+            y = 0
+    return cols
+
+
+def ulp_column_height(cols):
+    return max([p[4] + ULP_BAND_PX + len(p[1]) * ULP_ROW_PX + (ULP_LINE_PX if p[2] else 0) for c in cols for p in c]
+               + [0])
+
+
+def build_ulp_figure(plt, summary):
+    """Max ULP after load per key kind some checkpoint holds, one panel per scenario group and in it
+    one row per scenario that missed its expectation or holds a key that differs, after a column
+    with the expectation; one line under the panel counts the group's other scenarios (bit-exact in
+    every key, or no key compared), and a group with no row gets no panel, only its counts in the
+    line under the panels. A difference the scenario was declared to show (it met its expectation: a
+    fault caught, a lossy policy within tolerance) is shaded blue; a row that missed its expectation
+    is shaded red and its name is red. 0 is white, an absent key light grey. Panels are stacked in
+    as few columns as fit MAX_HEIGHT_PX; past that, and past MAX_ULP_ROWS, the rows that missed
+    their expectation and then the largest differences are drawn, and the title says so."""
+    import numpy as np
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import ListedColormap, Normalize
+    from matplotlib.font_manager import FontProperties
+    kinds = [k for k in ULP_KINDS if any(r.get("max_ulp_" + k, "") != "" for r in summary)] or ULP_KINDS
+    fig = plt.figure(dpi=DPI)
+    renderer = fig.canvas.get_renderer()
+    fonts = {}
+
+    def text_w(s, size=ULP_FONT, weight="normal"):
+        key = (s, size, weight)
+        if key not in fonts:
+            prop = FontProperties(size=size, weight=weight)
+            fonts[key] = max(renderer.get_text_width_height_descent(t, prop, ismath=False)[0]
+                             for t in s.split("\n"))
+        return fonts[key]
+
+    groups, members = [], {}
+    for r in summary:
+        g = scenario_group(r["scenario"])
+        if g not in members:
+            groups.append(g)
+            members[g] = []
+        members[g].append(r)
+    classes = {id(r): ulp_row_class(r, kinds) for r in summary}
+    candidates = [r for r in summary if classes[id(r)] == "drawn"]
+    failed = lambda r: r.get("passed") != "1"
+
+    # Column edges in px: the expectation, then each kind as wide as its widest number or header.
+    widths = [max([text_w(expectation_text(r), weight="bold" if failed(r) else "normal") + 6 for r in candidates] +
+                  [text_w("expected") + 4])]
+    widths += [max([text_w(ulp_text(r.get("max_ulp_" + k, ""))) + 6 for r in candidates] +
+                   [text_w(ULP_HEADERS[k]) + 2, ULP_MIN_CELL_PX]) for k in kinds]
+    edges = [0]
+    for w in widths:
+        edges.append(edges[-1] + math.ceil(w))
+    exp_w, data_w = edges[1], edges[-1]
+    centre = lambda j: (edges[j] + edges[j + 1]) / 2.0
+    max_label_w = MAX_WIDTH_PX - 2 * ULP_MARGIN_PX - data_w - 4
+
+    def label(r):
+        """The row's name without "group/", cut with an ellipsis if it cannot fit the page."""
+        name = short_name(r["scenario"], scenario_group(r["scenario"]))
+        if text_w(name) <= max_label_w:
+            return name
+        lo, hi = 0, len(name)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if text_w(name[:mid] + "\u2026") <= max_label_w else (lo, mid - 1)
+        return name[:lo] + "\u2026"
+
+    title = ("Max ULP after load per key kind; per group, the scenarios that differ or missed their expectation "
+             "(one line counts the rest)\nwhite: 0 (bit-exact); blue: a difference the scenario expects "
+             "(expectation met);\nred: expectation missed (\u2717); grey \u2014: key not in the checkpoint")
+
+    def plan(limit):
+        """The layout drawing `limit` of the candidate rows, or None if it does not fit the page."""
+        shown, note = ulp_rows_shown(candidates, kinds, limit)
+        shown_ids = {id(r) for r in shown}
+        panels, footer = [], []
+        for g in groups:
+            rows = [r for r in members[g] if id(r) in shown_ids]
+            count = lambda c: sum(1 for r in members[g] if classes[id(r)] == c)
+            cut = count("drawn") - len(rows)
+            if rows:
+                panels.append((g, rows, ulp_count_line(count("exact"), count("no-keys"), cut) or None))
+            else:
+                footer.append(ulp_footer_entry(g, count("exact"), count("no-keys"), cut))
+        labels = {id(r): label(r) for r in shown}
+        label_w = math.ceil(max([text_w(s) for s in labels.values()] +
+                                [text_w(g + " (continued)", ULP_FONT + 1, "bold") for g, _, _ in panels] + [40]) + 4)
+        panel_w = label_w + data_w
+        full_title = title + note
+        title_w = max(text_w(t, 9) for t in full_title.split("\n")) + 24
+        width = min(MAX_WIDTH_PX, max(640, title_w))
+        max_cols = max(1, int((MAX_WIDTH_PX - 2 * ULP_MARGIN_PX + ULP_COL_GAP_PX) // (panel_w + ULP_COL_GAP_PX)))
+        top = 6 + 15 * full_title.count("\n") + 15 + 6
+        need = sum(ULP_BAND_PX + len(rows) * ULP_ROW_PX + (ULP_LINE_PX if line else 0) + ULP_GAP_PX
+                   for _, rows, line in panels)
+        for ncols in range(1, max_cols + 1):
+            used = ncols * panel_w + (ncols - 1) * ULP_COL_GAP_PX + 2 * ULP_MARGIN_PX
+            lines = ulp_footer_lines(footer, max(width, used) - 2 * ULP_MARGIN_PX, text_w)
+            bottom = (12 * len(lines) + 6 if lines else 0) + ULP_BARS_PX + ULP_MARGIN_PX
+            avail = MAX_HEIGHT_PX - top - bottom
+            col_h = max(ULP_BAND_PX + ULP_ROW_PX + ULP_LINE_PX, int(need / ncols) - ULP_GAP_PX)
+            while col_h <= avail:
+                cols = ulp_flow(panels, ncols, col_h)
+                if cols is not None:
+                    # as wide as the columns used, and as the footer wrapped for ncols of them
+                    used = len(cols) * panel_w + (len(cols) - 1) * ULP_COL_GAP_PX + 2 * ULP_MARGIN_PX
+                    foot_w = max([text_w(t) for t in lines] + [0]) + 2 * ULP_MARGIN_PX
+                    return {"cols": cols, "labels": labels, "label_w": label_w, "panel_w": panel_w, "note": note,
+                            "title": full_title, "footer": lines, "top": top, "bottom": bottom,
+                            "width": math.ceil(max(width, used, foot_w)), "col_h": ulp_column_height(cols)}
+                col_h += ULP_ROW_PX
+        return None
+
+    limit = min(len(candidates), MAX_ULP_ROWS)
+    layout = plan(limit)
+    if layout is None:           # the largest row count that fits the page
+        lo, hi = 0, limit - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if plan(mid) is not None else (lo, mid - 1)
+        layout = plan(lo)
+    # At least 240 px tall: a matrix with one differing row still gets a figure of sensible size.
+    W, H = layout["width"], max(240, layout["top"] + layout["col_h"] + layout["bottom"])
+    fig.set_size_inches(W / DPI, H / DPI)
+
+    def frac(x, y, w=0, h=0):
+        """Figure coordinates of a box given in px from the top-left corner."""
+        return [x / W, 1 - (y + h) / H, w / W, h / H]
+
+    data = {}
+    for r in summary:
+        data[id(r)] = [math.log10(1.0 + float(r["max_ulp_" + k])) if r.get("max_ulp_" + k, "") else float("nan")
+                       for k in kinds]
+    finite = [v for vals in data.values() for v in vals if math.isfinite(v)]
+    vmax = max([1.0] + finite)
+    norm = Normalize(vmin=0, vmax=vmax)
+    # Light end cut off: white stays "0 = bit-exact", the lightest shade is already a difference.
+    ok_cmap, bad_cmap = (ListedColormap(plt.get_cmap(c)(np.linspace(0.18, 1.0, 256))) for c in ("Blues", "Reds"))
+    drawn_rows = [r for c in layout["cols"] for p in c for r in p[1]]
+    any_bad = any(failed(r) and any(math.isfinite(v) and v > 0 for v in data[id(r)]) for r in drawn_rows)
+    used_w = len(layout["cols"]) * layout["panel_w"] + (len(layout["cols"]) - 1) * ULP_COL_GAP_PX
+    x0 = (W - used_w) / 2
+    for c, col in enumerate(layout["cols"]):
+        cx = x0 + c * (layout["panel_w"] + ULP_COL_GAP_PX)
+        ax_x = cx + layout["label_w"]
+        for group, rows, line, continued, y in col:
+            y += layout["top"]
+            n = len(rows)
+            gtitle = "%s (continued)" % group if continued else "%s (%d)" % (group, len(members[group]))
+            fig.text(*frac(cx, y + ULP_BAND_PX - 3)[:2], gtitle, fontsize=ULP_FONT + 1, fontweight="bold",
+                     va="bottom", ha="left")
+            for x, head in [(centre(0), "expected")] + [(centre(j + 1), ULP_HEADERS[k]) for j, k in enumerate(kinds)]:
+                fig.text(*frac(ax_x + x, y + ULP_BAND_PX - 2)[:2], head, fontsize=ULP_FONT, va="bottom",
+                         ha="center", linespacing=1.0, color="0.2")
+            ax = fig.add_axes(frac(ax_x, y + ULP_BAND_PX, data_w, n * ULP_ROW_PX))
+            ax.set_gid("ulp-panel:" + group)
+            exp_rgba = np.zeros((n, 1, 4))
+            cells = np.zeros((n, len(kinds), 4))
+            for i, r in enumerate(rows):
+                bad = failed(r)
+                exp_rgba[i, 0] = (1.0, 0.92, 0.92, 1.0) if bad else (0.97, 0.97, 0.97, 1.0)
+                ax.text(centre(0), i + 0.5, expectation_text(r), ha="center", va="center", fontsize=ULP_FONT,
+                        color="#c62828" if bad else "0.25", fontweight="bold" if bad else "normal")
+                cmap = bad_cmap if bad else ok_cmap
+                for j, k in enumerate(kinds):
+                    v = data[id(r)][j]
+                    cells[i, j] = (0.93, 0.93, 0.93, 1.0) if not math.isfinite(v) else \
+                        ((1.0, 1.0, 1.0, 1.0) if v == 0 else cmap(norm(v)))
+                    color = "0.55" if not math.isfinite(v) else ("white" if v > vmax * 0.55 else "black")
+                    ax.text(centre(j + 1), i + 0.5, ulp_text(r.get("max_ulp_" + k, "")), ha="center",
+                            va="center", fontsize=ULP_FONT, color=color)
+            # One image per column (the columns differ in width), each cell one pixel of it.
+            ax.imshow(exp_rgba, aspect="auto", interpolation="nearest", extent=(0, exp_w, n, 0))
+            for j in range(len(kinds)):
+                ax.imshow(cells[:, j:j + 1], aspect="auto", interpolation="nearest",
+                          extent=(edges[j + 1], edges[j + 2], n, 0))
+            ax.set_xlim(0, data_w)
+            ax.set_ylim(n, 0)
+            ax.vlines(edges[2:-1], 0, n, color="white", lw=0.8)
+            ax.hlines(range(1, n), 0, data_w, color="white", lw=0.8)
+            ax.axvline(exp_w, color="0.6", lw=0.8)
+            ax.set_xticks([])
+            ax.set_yticks([i + 0.5 for i in range(n)])
+            ax.set_yticklabels([layout["labels"][id(r)] for r in rows], fontsize=ULP_FONT)
+            ax.tick_params(axis="y", length=0, pad=3)
+            for t, r in zip(ax.get_yticklabels(), rows):
+                if failed(r):
+                    t.set_color("#c62828")
+            for s in ax.spines.values():
+                s.set_color("0.75")
+                s.set_linewidth(0.6)
+            if line:
+                fig.text(*frac(cx, y + ULP_BAND_PX + n * ULP_ROW_PX + ULP_LINE_PX - 1)[:2], line, fontsize=ULP_FONT,
+                         va="bottom", ha="left", color="#2e7d32", gid="ulp-collapsed:" + group)
+    if layout["footer"]:
+        fig.text(*frac(ULP_MARGIN_PX, layout["top"] + layout["col_h"] + 4)[:2], "\n".join(layout["footer"]),
+                 fontsize=ULP_FONT, va="top", ha="left", color="#2e7d32", gid="ulp-collapsed-groups",
+                 linespacing=1.25)
+    # Colour bars in ULP (log scale) along the bottom: ticks at 1, 10, 100, ... placed at log10(1 + ulp).
+    decades = [e for e in range(0, int(vmax) + 1, max(1, int(math.ceil((vmax + 1) / 6.0))))]
+    ticks = [math.log10(1.0 + 10.0 ** e) for e in decades]
+    tick_labels = ["1" if e == 0 else "10" if e == 1 else "1e%d" % e for e in decades]
+    bars = [(ok_cmap, "max ULP, an expected difference")] + ([(bad_cmap, "max ULP, expectation missed")]
+                                                             if any_bad else [])
+    bar_w = 260
+    bx = (W - len(bars) * bar_w - (len(bars) - 1) * 40) / 2
+    for b, (cmap, text) in enumerate(bars):
+        cax = fig.add_axes(frac(bx + b * (bar_w + 40), H - ULP_MARGIN_PX - ULP_BARS_PX + 14, bar_w, 9))
+        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal", ticks=ticks)
+        bar.ax.set_xticklabels(tick_labels)
+        bar.ax.tick_params(labelsize=ULP_FONT, length=2, pad=1)
+        bar.ax.set_title(text, fontsize=ULP_FONT + 1, pad=2)
+    fig.suptitle(layout["title"], fontsize=9, y=1 - 6 / H, va="top")
+    return fig
 
 
 def build_figures(plt, run_dir):

@@ -4,8 +4,9 @@ PNGs of sensible size and embeds them; every PNG fits a page (at most 1400 px wi
 high), also for a group wider than a panel's legend; no axes carries more than 8 labelled series;
 exact zeros are drawn on the |d loss| plot's "0 (bit-exact)" row; plotting is deterministic (same
 CSVs, same bytes, no Software chunk); a Python without matplotlib exits 3 with a clear message and
-the tool still writes its tables; bad input exits 2; and the helpers that place exact zeros on the
-log-scale |d loss| plot and pick the highlighted series.
+the tool still writes its tables; bad input exits 2; the helpers that place exact zeros on the
+log-scale |d loss| plot and pick the highlighted series; and the ULP heat map of a default-sized
+run (190 scenarios, 19 groups) is readable, measured on the figure at the PNG's pixels.
 
 Usage: test_plots.py PATH_TO_resume-harness   (CTest passes it)
 """
@@ -418,9 +419,10 @@ class NonFiniteAndBitExactTest(unittest.TestCase):
 
 
 class UlpCapTest(unittest.TestCase):
-    """A summary longer than MAX_ULP_ROWS draws MAX_ULP_ROWS rows (1,000 rows took 80 s,
-    100,000 ran past the plot step's limit): the failed rows and the largest differences, in
-    summary order, and the title says how many of how many."""
+    """A summary with more differing rows than MAX_ULP_ROWS draws MAX_ULP_ROWS of them (1,000 rows
+    took 80 s, 100,000 ran past the plot step's limit): the failed rows and the largest
+    differences, in summary order; the title says how many of how many, and the line under the
+    panel counts the rows not drawn."""
 
     def test_long_summary_draws_the_worst_rows_and_says_so(self):
         import matplotlib
@@ -432,15 +434,18 @@ class UlpCapTest(unittest.TestCase):
                  "max_ulp_exp_avg": str(i % 7)} for i in range(n)]
         rows[5]["passed"] = "0"            # a miss is always shown, whatever its ULP
         rows[n - 1]["max_ulp_exp_avg"] = "1000"
+        exact = len([i for i in range(n) if i % 7 == 0])
         fig = plots.build_ulp_figure(plt, rows)
         try:
-            names = [t.get_text() for ax in fig.axes if ax.get_yticklabels() for t in ax.get_yticklabels()]
-            names = [x for x in names if x.startswith("g/")]
+            names = [t.get_text() for ax in fig.axes if ax.images for t in ax.get_yticklabels()]
             self.assertEqual(len(names), plots.MAX_ULP_ROWS)
             self.assertEqual(names, sorted(names))
-            self.assertIn("g/s00005", names)
-            self.assertIn("g/s%05d" % (n - 1), names)
-            self.assertIn("%d of %d scenarios shown" % (plots.MAX_ULP_ROWS, n), fig._suptitle.get_text())
+            self.assertIn("s00005", names)
+            self.assertIn("s%05d" % (n - 1), names)
+            self.assertIn("%d of %d scenarios shown" % (plots.MAX_ULP_ROWS, n - exact), fig._suptitle.get_text())
+            lines = [t.get_text() for t in fig.texts if t.get_gid() == "ulp-collapsed:g"]
+            self.assertEqual(lines, ["%d scenarios bit-exact in every key; %d more scenarios with a difference, not "
+                                     "drawn (row limit)" % (exact, n - exact - plots.MAX_ULP_ROWS)])
         finally:
             plt.close(fig)
 
@@ -448,6 +453,131 @@ class UlpCapTest(unittest.TestCase):
         plots = load_plots_module()
         rows = [{"scenario": "s%d" % i, "passed": "1", "max_ulp_model": "0"} for i in range(10)]
         self.assertEqual(plots.ulp_rows_shown(rows, ["model"]), (rows, ""))
+
+
+def default_size_summary():
+    """190 scenarios in 19 groups of 10, named like the default matrix's longest (states/...), every
+    key kind present, and what each row should become: 'drawn', 'exact' (met its expectation, 0 ULP
+    in every key) or 'no-keys' (met it, no key compared)."""
+    import itertools
+    combos = ["exp_avg=%s,exp_avg_sq=%s,master=%s,policy=%s" % c for c in
+              itertools.product(("fp32", "bf16"), ("fp32", "bf16"), ("remainders", "fp32"),
+                                ("dp_reshardable", "per_key", "native"))]
+    kinds = ["model", "master_param", "remainder", "exp_avg", "exp_avg_sq", "scale"]
+    rows, klass = [], {}
+    for g in range(19):
+        for k in range(10):
+            name = "group%02d/%s" % (g, combos[(3 * g + k) % len(combos)])
+            r = {"scenario": name, "expectation": "tolerance" if k % 2 else "exact", "passed": "1"}
+            differs = (g + k) % 3 != 0 and g % 5 != 0
+            values = ["990057071", "7", "14", "32768", "28", "35"] if differs else ["0"] * 6
+            klass[name] = "drawn" if differs else "exact"
+            if g % 4 == 0 and k == 9:
+                values, r["expectation"], klass[name] = [""] * 6, "refused", "no-keys"
+            if (g % 3 == 1 and k == 4) or (g == 7 and k == 2):    # missed: drawn, red, even at 0 ULP
+                r["passed"], klass[name] = "0", "drawn"
+            r.update(("max_ulp_" + kind, v) for kind, v in zip(kinds, values))
+            rows.append(r)
+    return rows, klass
+
+
+class UlpReadableTest(unittest.TestCase):
+    """The ULP figure of a default-matrix-sized run (190 scenarios, 19 groups) is readable, measured
+    on the figure at the saved PNG's pixels: no y label overlaps another or a panel, every text is at
+    least 7 pt, every cell at least 24 x 12 px and as wide as its number, the PNG within the page
+    limits; every row that differs or missed is drawn and the rest are counted per group."""
+
+    @classmethod
+    def setUpClass(cls):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        cls.plt, plots = plt, load_plots_module()
+        cls.rows, cls.klass = default_size_summary()
+        cls.dir = tempfile.mkdtemp(prefix="rh_plots_ulp_")
+        cls.png = os.path.join(cls.dir, "ulp_heatmap.png")
+        cls.fig = plots.build_ulp_figure(plt, cls.rows)
+        cls.fig.savefig(cls.png, dpi=plots.DPI, metadata=plots.PNG_META)
+        cls.renderer = cls.fig.canvas.get_renderer()
+        cls.heat = [ax for ax in cls.fig.axes if ax.images]    # the colour bars have none
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.plt.close(cls.fig)
+        shutil.rmtree(cls.dir)
+
+    def labels(self):
+        return [t for ax in self.heat for t in ax.get_yticklabels() if t.get_visible() and t.get_text()]
+
+    def test_png_fits_the_page(self):
+        w, h = png_size(self.png)
+        self.assertLessEqual(w, MAX_W)
+        self.assertLessEqual(h, MAX_H)
+        self.assertEqual((w, h), tuple(int(round(v)) for v in self.fig.get_size_inches() * self.fig.dpi))
+
+    def test_labels_do_not_overlap(self):
+        boxes = [(t.get_text(), t.get_window_extent(self.renderer)) for t in self.labels()]
+        self.assertTrue(boxes)
+        for i, (a, ba) in enumerate(boxes):
+            for b, bb in boxes[i + 1:]:
+                self.assertFalse(ba.x0 < bb.x1 and bb.x0 < ba.x1 and ba.y0 < bb.y1 and bb.y0 < ba.y1,
+                                 "%r overlaps %r" % (a, b))
+        for ax in self.heat:     # nor a panel's cells (a long label of the right-hand column)
+            box = ax.get_window_extent(self.renderer)
+            for text, b in boxes:
+                if text not in [t.get_text() for t in ax.get_yticklabels()]:
+                    self.assertFalse(box.x0 < b.x1 and b.x0 < box.x1 and box.y0 < b.y1 and b.y0 < box.y1, text)
+
+    def test_every_text_is_at_least_7_pt(self):
+        texts = self.labels() + [t for ax in self.heat for t in ax.get_xticklabels() + ax.texts if t.get_text()]
+        texts += [t for t in self.fig.texts if t.get_text()]
+        for t in texts:
+            self.assertGreaterEqual(t.get_fontsize(), 7, t.get_text())
+
+    def test_cells_are_at_least_24_by_12_px_and_hold_their_numbers(self):
+        for ax in self.heat:
+            columns = []
+            for im in ax.images:
+                rows, cols = im.get_array().shape[:2]
+                left, right, bottom, top = im.get_extent()
+                (x0, y0), (x1, y1) = ax.transData.transform([(left, bottom), (right, top)])
+                self.assertGreaterEqual(abs(x1 - x0) / cols, 24, ax.get_gid())
+                self.assertGreaterEqual(abs(y1 - y0) / rows, 12, ax.get_gid())
+                columns += [(min(x0, x1) + c * abs(x1 - x0) / cols, min(x0, x1) + (c + 1) * abs(x1 - x0) / cols)
+                            for c in range(cols)]
+            for t in ax.texts:
+                b = t.get_window_extent(self.renderer)
+                left, right = [c for c in columns if c[0] <= (b.x0 + b.x1) / 2 <= c[1]][0]
+                self.assertTrue(left <= b.x0 and b.x1 <= right, "%r is wider than its cell" % t.get_text())
+
+    def test_every_row_that_differs_is_drawn_and_the_rest_counted_per_group(self):
+        import re
+        drawn = [t.get_text() for t in self.labels()]
+        self.assertEqual(sorted(drawn), sorted(n.split("/", 1)[1] for n, c in self.klass.items() if c == "drawn"))
+        expected = {}
+        for name, c in self.klass.items():
+            expected.setdefault(name.split("/")[0], {"drawn": 0, "exact": 0, "no-keys": 0})[c] += 1
+        counted = {}
+        for t in self.fig.texts:
+            gid = t.get_gid() or ""
+            if gid.startswith("ulp-collapsed:"):
+                text = t.get_text()
+                self.assertNotIn("not drawn", text)
+                exact = re.search(r"(\d+) scenarios? bit-exact in every key", text)
+                no_keys = re.search(r"(\d+) scenarios? with no key compared", text)
+                counted[gid.split(":", 1)[1]] = (int(exact.group(1)) if exact else 0,
+                                                 int(no_keys.group(1)) if no_keys else 0)
+            elif gid == "ulp-collapsed-groups":     # the groups without a panel
+                for group, parts in re.findall(r"(\S+) \(([^)]*)\)", t.get_text()):
+                    exact = re.search(r"(\d+) bit-exact", parts)
+                    no_keys = re.search(r"(\d+) no key compared", parts)
+                    self.assertNotIn(group, counted)
+                    self.assertEqual(expected[group]["drawn"], 0, group)
+                    counted[group] = (int(exact.group(1)) if exact else 0, int(no_keys.group(1)) if no_keys else 0)
+        self.assertEqual(counted, {g: (e["exact"], e["no-keys"]) for g, e in expected.items()
+                                   if e["exact"] or e["no-keys"]})
+        # groups 0, 5 and 15 have no row to draw (10 has a miss), 0 a load refused as well
+        self.assertEqual([g for g, e in expected.items() if not e["drawn"]], ["group00", "group05", "group15"])
 
 
 if __name__ == "__main__":
