@@ -402,7 +402,11 @@ int tool_main(int argc, char** argv) {
       for (const auto& extra : a->remaining(/*recurse=*/true)) {
         if (extra.rfind("-", 0) != 0 || extra == "-") continue;
         const std::string flag = extra.substr(0, extra.find('='));
-        return std::string(kErrorPrefix) + (a->get_parent() ? a->get_name() + ": " : "") + "unknown option '" + flag + "'" + did_you_mean(flag, flags) +
+        // The extras reach the top-level app: name the subcommand they were given to.
+        const std::string sub = a->get_parent()                ? a->get_name()
+                                : !a->get_subcommands().empty() ? a->get_subcommands().front()->get_name()
+                                                                : std::string();
+        return std::string(kErrorPrefix) + (sub.empty() ? "" : sub + ": ") + "unknown option '" + flag + "'" + did_you_mean(flag, flags) +
                " (run with --help for the options)\n";
       }
     }

@@ -282,12 +282,12 @@ TEST_F(ReportOnFixture, MatrixRowsLinkEachScenarioDirectory) {
   size_t with_files = 0;
   for (const auto& s : run.scenarios) {
     EXPECT_EQ(s.rel_dir, "scenarios/" + rh::safe_name(s.row.scenario)) << s.row.scenario;
-    // Under its group's heading row ("<tr class="group" id="group-states">") the name is shown
+    // In its group's folded table (<details class="fold" id="group-states">) the name is shown
     // without "group/", with a line-break opportunity after each comma.
-    std::string shown = s.row.scenario.substr(s.row.scenario.find('/') + 1);
+    std::string shown = rh::markup_escape(s.row.scenario.substr(s.row.scenario.find('/') + 1));
     for (size_t at = 0; (at = shown.find(',', at)) != std::string::npos; at += 6) shown.replace(at, 1, ",<wbr>");
-    const size_t link = html.find("<a href=\"" + s.rel_dir + "/\">" + rh::markup_escape(shown) + "</a>");
-    EXPECT_NE(html.find("<tr class=\"group\" id=\"group-" + s.group + "\">"), std::string::npos) << s.group;
+    const size_t link = html.find("<a href=\"" + s.rel_dir + "/\">" + shown + "</a>");
+    EXPECT_NE(html.find("<details class=\"fold\" id=\"group-" + s.group + "\""), std::string::npos) << s.group;
     if (!fs::exists(*dir_ / s.rel_dir)) {   // faults/crash wrote nothing: no link to a missing directory
       EXPECT_EQ(link, std::string::npos) << s.row.scenario;
       EXPECT_EQ(html.find("href=\"" + s.rel_dir), std::string::npos) << s.row.scenario;
