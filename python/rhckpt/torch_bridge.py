@@ -77,6 +77,7 @@ import enum
 import json
 import os
 import pathlib
+import re
 import struct
 import sys
 import types
@@ -96,6 +97,16 @@ LAUNCHER = ("import sys; sys.path[:0] = [p for p in sys.argv.pop(1).split(':') i
 
 class BridgeError(Exception):
     """One-line refusal: `<file>: <what>`; exit 2."""
+
+
+_LINE_BREAKS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def one_line(text):
+    """text with each control or line-breaking character as \\xNN / \\uNNNN: a class, key or file
+    name from a hostile file may hold \\r or \\n, and a refusal is one line (the tool reads one)."""
+    return _LINE_BREAKS.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256 else "\\u%04x" % ord(m.group()),
+                            text)
 
 
 # --- reading inputs -------------------------------------------------------------------------
@@ -610,7 +621,7 @@ def main(argv):
         try:
             convert(src, dst, trust, root)
         except BridgeError as e:
-            print("torch_bridge: %s" % e, file=sys.stderr)
+            print("torch_bridge: %s" % one_line(str(e)), file=sys.stderr)
             return 2
     return 0
 
@@ -641,10 +652,10 @@ def serve():
                 convert(src, dst, False, root)
             reply = {"ok": True}
         except BridgeError as e:
-            reply = {"ok": False, "error": "torch_bridge: %s" % e}
+            reply = {"ok": False, "error": "torch_bridge: %s" % one_line(str(e))}
         except Exception as e:   # noqa: BLE001 (one line per request, never a traceback)
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            reply = {"ok": False, "error": "torch_bridge: internal error: %s%s" % (type(e).__name__, (": " + msg[:300]) if msg else "")}
+            reply = {"ok": False, "error": one_line("torch_bridge: internal error: %s%s" % (type(e).__name__, (": " + msg[:300]) if msg else ""))}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
     return 0
@@ -658,7 +669,7 @@ def _entry():
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         src = sys.argv[-2] if len(sys.argv) >= 3 else "?"
-        print("torch_bridge: %s: internal error: %s%s" % (src, type(e).__name__, (": " + msg[:300]) if msg else ""),
+        print(one_line("torch_bridge: %s: internal error: %s%s" % (src, type(e).__name__, (": " + msg[:300]) if msg else "")),
               file=sys.stderr)
         code = 2
     sys.stdout.flush()
