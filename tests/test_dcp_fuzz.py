@@ -378,7 +378,7 @@ def fuzz(iterations, seed, seeds_dir, work):
                     os.unlink(out)
                 rc, err = launcher_bridge(d, out)
                 why = outcome(rc, err, d)
-                if why is None and ((rc == 0) != reply["ok"] or (rc != 0 and err.strip() != reply["error"])):
+                if why is None and ((rc == 0) != reply["ok"] or (rc != 0 and err.rstrip("\n") != reply["error"])):
                     why = "the command line gave exit %s %r, --serve %r" % (rc, err.strip(), reply)
             if why is not None:
                 stats["failures"].append("%s -> %r [%s]" % (desc, reply, why))
@@ -455,6 +455,25 @@ class Found(unittest.TestCase):
         with self.assertRaisesRegex(torch_bridge.BridgeError, r"'w' chunk at \(0,\) has no storage entry"):
             torch_bridge.convert(d, d + ".st")
         self.assertLess(time.monotonic() - t0, 2.0)
+
+    def test_bytearray8_is_refused_before_it_is_allocated(self):
+        """A BYTEARRAY8 declaring 256 MiB in a 12-byte .metadata (or a 20-byte data.pkl): pickle
+        zeroed 256 MiB before reading (the loop saw a MemoryError under RLIMIT_AS); the bridge's peak
+        RSS now stays that of a refusal."""
+        from rhckpt import torch_bridge
+        probe = ("import resource, subprocess, sys\n"
+                 "p = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=120)\n"
+                 "sys.stderr.write(p.stderr)\n"
+                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+                 "sys.exit(p.returncode)\n")
+        d = self.write("ba8", self.ht.dcp_bytearray8_huge(256 << 20))
+        src = os.path.join(self.write("ba8zip", {"checkpoint.pt": self.ht.zip_bytearray8_huge(256 << 20)}), "checkpoint.pt")
+        for x, size in ((d, 12), (src, 20)):
+            p = subprocess.run([sys.executable, "-c", probe, sys.executable, "-I", "-c", torch_bridge.LAUNCHER, PYTHON_DIR,
+                                x, x + ".st"], capture_output=True, text=True, timeout=180)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("a BYTEARRAY8 of 268435456 bytes in a %d-byte pickle, refused" % size, p.stderr)
+            self.assertLess(int(p.stdout), 128, "peak RSS in MiB")
 
     def test_refusals_with_line_breaks_in_names_are_one_line_when_served(self):
         from rhckpt import torch_bridge

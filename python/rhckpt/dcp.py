@@ -115,7 +115,8 @@ def read(dir_fd, shown, budget):
     except Refused as e:
         raise Refused(".metadata: %s" % e) from None
     except Exception as e:   # pickle's own errors on damage
-        raise Refused(".metadata: cannot unpickle: %s: %s" % (type(e).__name__, str(e)[:200])) from None
+        what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Refused(".metadata: cannot unpickle: %s: %s" % (type(e).__name__, what[:200])) from None
     sdm, storage = meta.get("state_dict_metadata") if isinstance(meta, Record) else None, \
         meta.get("storage_data") if isinstance(meta, Record) else None
     if type(meta).__name__ != "Metadata" or not isinstance(sdm, dict) or not isinstance(storage, dict):

@@ -246,3 +246,22 @@ def zip_class_name_with_newline():
     """STACK_GLOBAL of a module named "posix\\nfake": the refusal quotes it on one line."""
     return zip_bytes(state(b"X" + struct.pack("<I", 10) + b"posix\nfake" + s("system") + b"\x93" + tup([s("true")]) + b"R"),
                      {})
+
+
+def bytearray8(n):
+    """A protocol-5 BYTEARRAY8 opcode declaring n bytes (none follow): pickle allocates and zeroes
+    n bytes before it reads them."""
+    return b"\x96" + struct.pack("<Q", n)
+
+
+def zip_bytearray8_huge(n=1 << 40):
+    """data.pkl of {"w": bytearray of n bytes} in a 200-byte file."""
+    return zip_bytes(b"\x80\x05}" + s("w") + bytearray8(n) + b"s.", {})
+
+
+def dcp_bytearray8_huge(n=1 << 40):
+    """A .metadata that is one BYTEARRAY8 of n bytes (found by tests/test_dcp_fuzz.py: a bit flip in
+    a BINUNICODE opcode made it; under RLIMIT_AS a MemoryError, without it n bytes zeroed)."""
+    files = dcp_dir([(0, 4)])
+    files[".metadata"] = b"\x80\x05" + bytearray8(n) + b"."
+    return files
