@@ -212,6 +212,7 @@ class Served:
 
     def __init__(self, work):
         self.work, self.p, self.buf = work, None, b""
+        self.err = open(os.path.join(work, "serve.stderr"), "ab")   # every process's, in turn
 
     def start(self):
         from rhckpt import torch_bridge
@@ -219,7 +220,6 @@ class Served:
         def cap():
             resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_MIB << 20, MEMORY_CAP_MIB << 20))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        self.err = open(os.path.join(self.work, "serve.stderr"), "ab")
         self.p = subprocess.Popen([sys.executable, "-I", "-c", torch_bridge.LAUNCHER, PYTHON_DIR, "--serve"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, bufsize=0,
                                   preexec_fn=cap)
