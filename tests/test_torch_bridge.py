@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(HERE, "..", "python")
 sys.path.insert(0, PYTHON_DIR)
 from rhckpt import safetensors as st  # noqa: E402
-from rhckpt import torch_bridge  # noqa: E402
+from rhckpt import bridge_flatten, torch_bridge  # noqa: E402
 
 
 def bridge(*args, extra_path=None, cwd=None, timeout=120):
@@ -250,13 +250,13 @@ class Bridge(unittest.TestCase):
                 torch_bridge.Flat("x", trust=trust).add("", {"c": Point})
 
     def test_leaf_cap(self):
-        old = torch_bridge.MAX_LEAVES
-        torch_bridge.MAX_LEAVES = 5
+        old = bridge_flatten.MAX_LEAVES   # where Flat reads it (torch_bridge re-exports the value)
+        bridge_flatten.MAX_LEAVES = 5
         try:
             with self.assertRaisesRegex(torch_bridge.BridgeError, "more than 5 leaves"):
                 torch_bridge.Flat("x", trust=False).add("", list(range(6)))
         finally:
-            torch_bridge.MAX_LEAVES = old
+            bridge_flatten.MAX_LEAVES = old
 
     def test_duplicate_keys_refused(self):
         with self.assertRaisesRegex(torch_bridge.BridgeError, "two values flatten to the key '1'"):

@@ -1,4 +1,5 @@
-"""The two ways a checkpoint can be refused, as the tool's exit codes tell them apart."""
+"""The two ways a checkpoint can be refused, as the tool's exit codes tell them apart, and the
+torch bridge's refusal of a file it cannot convert."""
 
 
 class BadInput(Exception):
@@ -11,3 +12,7 @@ class Damaged(Exception):
     def __init__(self, path, what):
         super().__init__("%s: %s" % (path, what))
         self.path = path
+
+
+class BridgeError(Exception):
+    """The torch bridge's one-line refusal, `<file>: <what>` (torch_bridge.py exits 2 with it)."""

@@ -15,10 +15,12 @@ bytes are gathered (numpy as_strided over the record, never past it) only after 
 budget allows them: all tensors of one conversion together may be at most OUTPUT_FACTOR x the
 input bytes + OUTPUT_SLACK (overlapping and stride-0 views that expand a small record are
 refused; ties and views of one storage stay well inside it). Nesting: dict keys and set
-elements are walked iteratively before hashing (at most MAX_KEY_NODES nodes, MAX_KEY_DEPTH deep).
+elements are walked iteratively before hashing (at most MAX_KEY_NODES nodes, MAX_KEY_DEPTH deep),
+and a BYTEARRAY8 may not declare more bytes than the pickle holds (pickle allocates it first).
 """
 import collections
 import pickle
+import struct
 import zipfile
 
 import numpy as np
@@ -388,9 +390,10 @@ class _Unpickler(pickle._Unpickler):   # the pure-Python one: its opcodes can be
         d = dict(self.dispatch)
         for op, name in ((pickle.SETITEM[0], "setitem"), (pickle.SETITEMS[0], "setitems"), (pickle.DICT[0], "dict"),
                          (pickle.ADDITEMS[0], "additems"), (pickle.FROZENSET[0], "frozenset"),
-                         (pickle.BUILD[0], "build")):
+                         (pickle.BUILD[0], "build"), (pickle.BYTEARRAY8[0], "bytearray8")):
             d[op] = getattr(type(self), "_checked_" + name)
         self.dispatch = d
+        self.data_size = len(data)
 
     def find_class(self, module, name):
         import _compat_pickle
@@ -432,6 +435,16 @@ class _Unpickler(pickle._Unpickler):   # the pure-Python one: its opcodes can be
         for k in self.stack[self._mark_at():]:
             _check_key(k)
         pickle._Unpickler.load_frozenset(self)
+
+    def _checked_bytearray8(self):
+        """pickle's BYTEARRAY8 makes (and zeroes) a bytearray of the declared length before reading
+        it: 8 bytes of a 1 KB pickle could take all memory. The length must fit in the pickle."""
+        n, = struct.unpack("<Q", self.read(8))
+        if n > self.data_size:
+            raise Refused("a BYTEARRAY8 of %d bytes in a %d-byte pickle, refused" % (n, self.data_size))
+        b = bytearray(n)
+        self.readinto(b)
+        self.append(b)
 
     def _checked_build(self):
         """BUILD only on instances of the types whose pickles need it (numpy's __setstate__,

@@ -207,3 +207,61 @@ def dcp_disallowed_class():
     files = dcp_dir([(0, 4)])
     files[".metadata"] = PROTO + glob("posix", "system") + tup([s("true")]) + b"R."
     return files
+
+
+def dcp_many_chunks(n=4096):
+    """A (n,) float32 tensor declared as n one-element chunks and no storage entries: refused at the
+    first missing entry, after the overlap check (pairwise, it took over 20 s; tests/test_dcp_fuzz.py)."""
+    chunk_meta = b"".join(obj(MD, "ChunkStorageMetadata", s("offsets") + size((k,)) + s("sizes") + size((1,)))
+                          for k in range(n))
+    props = obj(STM, "TensorProperties", s("dtype") + glob("torch", "float32"))
+    tsm = obj(MD, "TensorStorageMetadata", s("properties") + props + s("size") + size((n,)) + s("chunks") +
+              b"](" + chunk_meta + b"e")
+    meta = obj(MD, "Metadata", s("state_dict_metadata") + b"}(" + s("w") + tsm + b"u" + s("planner_data") + b"N" +
+               s("storage_data") + b"}")
+    return {".metadata": PROTO + meta + b"."}
+
+
+def dcp_empty_huge_dim():
+    """"w" declared of size (0, 10**20) in one empty chunk whose blob is a 4 x 2 tensor: numpy cannot
+    allocate that shape even empty (it was an internal error, ValueError)."""
+    files = dcp_dir([(0, 4)])
+    old = size((4, 2)) + s("chunks") + b"](" + obj(MD, "ChunkStorageMetadata", s("offsets") + size((0, 0)) +
+                                                  s("sizes") + size((4, 2)))
+    new = size((0, 10 ** 20)) + s("chunks") + b"](" + obj(MD, "ChunkStorageMetadata", s("offsets") + size((0, 0)) +
+                                                         s("sizes") + size((0, 10 ** 20)))
+    assert old in files[".metadata"]
+    files[".metadata"] = files[".metadata"].replace(old, new)
+    return files
+
+
+def dcp_class_name_with_cr():
+    """A class name holding a carriage return: its refusal must stay one line (it was two)."""
+    files = dcp_dir([(0, 4)])
+    files[".metadata"] = PROTO + glob("posix", "sys\rtem") + tup([s("true")]) + b"R."
+    return files
+
+
+def zip_class_name_with_newline():
+    """STACK_GLOBAL of a module named "posix\\nfake": the refusal quotes it on one line."""
+    return zip_bytes(state(b"X" + struct.pack("<I", 10) + b"posix\nfake" + s("system") + b"\x93" + tup([s("true")]) + b"R"),
+                     {})
+
+
+def bytearray8(n):
+    """A protocol-5 BYTEARRAY8 opcode declaring n bytes (none follow): pickle allocates and zeroes
+    n bytes before it reads them."""
+    return b"\x96" + struct.pack("<Q", n)
+
+
+def zip_bytearray8_huge(n=1 << 40):
+    """data.pkl of {"w": bytearray of n bytes} in a 200-byte file."""
+    return zip_bytes(b"\x80\x05}" + s("w") + bytearray8(n) + b"s.", {})
+
+
+def dcp_bytearray8_huge(n=1 << 40):
+    """A .metadata that is one BYTEARRAY8 of n bytes (found by tests/test_dcp_fuzz.py: a bit flip in
+    a BINUNICODE opcode made it; under RLIMIT_AS a MemoryError, without it n bytes zeroed)."""
+    files = dcp_dir([(0, 4)])
+    files[".metadata"] = b"\x80\x05" + bytearray8(n) + b"."
+    return files

@@ -580,6 +580,16 @@ TORCH_CASES = [
     ("dcp_chunks_overlap", lambda d: ht.dcp_dir([(0, 3), (2, 4)]), 2, "overlap"),
     ("dcp_chunks_leave_a_gap", lambda d: ht.dcp_dir([(0, 1), (2, 4)]), 2, "cover 6 of its 8 elements"),
     ("dcp_disallowed_class", lambda d: ht.dcp_disallowed_class(), 2, ".metadata: refused to unpickle posix.system"),
+    # found by tests/test_dcp_fuzz.py: a hang (> 20 s), an internal error, a refusal on two lines,
+    # memory taken on a pickle's word (BYTEARRAY8)
+    ("dcp_4096_one_element_chunks", lambda d: ht.dcp_many_chunks(), 2, "'w' chunk at (0,) has no storage entry"),
+    ("dcp_empty_tensor_huge_dim", lambda d: ht.dcp_empty_huge_dim(), 2,
+     "the chunk at (0, 0) is not a torch.float32 tensor of size (0, 100000000000000000000)"),
+    ("dcp_class_name_with_cr", lambda d: ht.dcp_class_name_with_cr(), 2, "refused to unpickle posix.sys\\x0dtem"),
+    ("torch_class_name_with_newline", lambda d: ht.zip_class_name_with_newline(), 2,
+     "refused to unpickle posix\\x0afake.system"),
+    ("dcp_bytearray8_1tib", lambda d: ht.dcp_bytearray8_huge(), 2, "a BYTEARRAY8 of 1099511627776 bytes in a 12-byte"),
+    ("torch_bytearray8_1tib", lambda d: ht.zip_bytearray8_huge(), 2, "a BYTEARRAY8 of 1099511627776 bytes in a 20-byte"),
 ]
 
 
