@@ -39,7 +39,9 @@ each printed as it is, and nothing else:
   - the gate `matrix scenarios/ci.toml ...` (~4 min): the same command with
     `--filter seed-protocol` appended (one cell and its baseline, then the report).
 RH_CI_RECIPES_FULL=1 runs every step exactly as written (setup.sh builds the clone, the gate runs
-the whole matrix; root is needed for apt-get): about 15 minutes per run, four runs.
+the whole matrix; root is needed for apt-get), each pass in its own clone, so four fresh builds;
+RH_CI_RECIPES_FULL=main runs only the first (main) pass of each recipe that way. Pick one recipe
+with its test's name (GitHubActions.test_steps_run_in_a_clean_clone).
 
   /usr/bin/python3 tests/test_ci_recipes.py PATH_TO_resume-harness     (CTest passes it)
 
@@ -70,7 +72,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GITHUB = os.path.join(ROOT, "examples", "ci", "github-actions.yml")
 GITLAB = os.path.join(ROOT, "examples", "ci", "gitlab-ci.yml")
 TOOL = None
-FULL = os.environ.get("RH_CI_RECIPES_FULL") == "1"
+FULL = os.environ.get("RH_CI_RECIPES_FULL") in ("1", "main")
+FULL_MAIN_ONLY = os.environ.get("RH_CI_RECIPES_FULL") == "main"   # the main pass of each recipe only
 CI_FILTER = "seed-protocol"   # one cell, one baseline: ~10 s of CPU with the report
 GATE = re.compile(r"build/resume-harness matrix scenarios/ci\.toml\b[^\n|;&]*")
 SETUP = "scripts/setup.sh build"
@@ -250,6 +253,9 @@ class GitHubActions(unittest.TestCase, Checks):
         try:
             main_run = self.run_job(tmp, "main", event="push", main_artifact=None)
             self.assertIn("no main run to compare with", main_run["summary"])
+            if FULL_MAIN_ONLY:
+                note("RH_CI_RECIPES_FULL=main: the pull request pass is left out")
+                return
             pr = self.run_job(tmp, "pr", event="pull_request", main_artifact=main_run["artifacts"]["resume-run"])
             self.assertIn("## resume-harness: run comparison", pr["summary"])
             self.assertIn("0 regression(s)", pr["summary"])
@@ -357,6 +363,21 @@ class GitHubActions(unittest.TestCase, Checks):
         return True
 
 
+class NegativeControls(unittest.TestCase, Checks):
+    """The flag and file checks catch what they are for (a recipe step that fails is caught by the
+    runs above: its exit code fails the test)."""
+
+    def test_a_flag_no_subcommand_has_is_caught(self):
+        with self.assertRaisesRegex(AssertionError, "--comparison` is no flag of `resume-harness report"):
+            self.check_tool_commands(["build/resume-harness matrix scenarios/ci.toml --run-dir run",
+                                      "build/resume-harness report --comparison main-run run | tee compare.md"])
+
+    def test_a_scenario_file_not_in_the_repository_is_caught(self):
+        with self.assertRaisesRegex(AssertionError, "scenarios/cj.toml, which is not in the repository"):
+            self.check_tool_commands(["build/resume-harness matrix scenarios/cj.toml --run-dir run",
+                                      "build/resume-harness report --compare main-run run"])
+
+
 class ArtifactsApi(http.server.BaseHTTPRequestHandler):
     """GitLab's GET /projects/:id/jobs/artifacts/:ref/download?job=NAME, for one project, ref and job."""
     expected_path = None
@@ -429,6 +450,9 @@ class GitLabCi(unittest.TestCase, Checks):
             ArtifactsApi.archive = None
             main_job = self.run_job(tmp, "main", api, merge_request=False)
             self.assertIn("no main run to compare with", main_job["log"])
+            if FULL_MAIN_ONLY:
+                note("RH_CI_RECIPES_FULL=main: the merge request pass is left out")
+                return
             ArtifactsApi.archive = main_job["archive"]
             mr = self.run_job(tmp, "mr", api, merge_request=True)
             with open(os.path.join(mr["ws"], "compare.md")) as f:
@@ -495,7 +519,8 @@ def main():
     if yaml is None:
         print("test_ci_recipes: PyYAML (python3-yaml) is not installed")
         sys.exit(77)
-    note("mode: %s" % ("full (RH_CI_RECIPES_FULL=1): every step as written" if FULL else
+    note("mode: %s" % ("full (RH_CI_RECIPES_FULL=%s): every step as written" % os.environ["RH_CI_RECIPES_FULL"]
+                       if FULL else
                        "CI (RH_CI_RECIPES_FULL=1 runs every step as written)"))
     t0 = time.time()
     ok = unittest.main(argv=sys.argv, exit=False, verbosity=2).result.wasSuccessful()
