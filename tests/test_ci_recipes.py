@@ -21,7 +21,8 @@ that first run (the comparison branch). Every `run:` step (GitHub) and every `be
 `script` line (GitLab) runs in order, with bash as the runner runs it (GitHub: `bash --noprofile
 --norc -eo pipefail`, the recipe's `shell: bash`; GitLab: one script, `set -eo pipefail`) and the
 environment a runner gives ($GITHUB_STEP_SUMMARY a file, $GITHUB_EVENT_NAME, ...; $CI_JOB_TOKEN,
-$CI_API_V4_URL, $CI_PROJECT_ID, ...). `if:` conditions are evaluated (always(), success(),
+$CI_API_V4_URL, $CI_PROJECT_ID, ...; plus the two variables the tool would pin itself to, so it
+does not re-execute itself, see pinned()). `if:` conditions are evaluated (always(), success(),
 failure(), steps.<id>.outcome, github.event_name). The actions (`uses:`) cannot run here and are
 stood in for: checkout is the clone itself; upload-artifact keeps a copy of its `path` (which must
 exist); download-artifact gives the main run's copy, or nothing (its warning); the JUnit publisher
@@ -273,13 +274,14 @@ class GitHubActions(unittest.TestCase, Checks):
                    GITHUB_REF="refs/heads/main" if event == "push" else "refs/pull/1/merge",
                    GITHUB_WORKSPACE=ws, RUNNER_TEMP=runner_temp)
         env.update({k: str(v) for k, v in self.job.get("env", {}).items()})
-        outcomes, artifacts, summary = {}, {}, []
+        outcomes, artifacts, summary, skipped = {}, {}, [], []
         failed = False
         for i, s in enumerate(self.steps):
             what = "step %d (%s)" % (i + 1, s.get("name") or s.get("uses") or s["run"][:60])
             if not self.condition(s.get("if"), failed, outcomes, event, ws):
                 note("%s: skipped (if: %s)" % (what, s.get("if")))
                 outcomes[s.get("id", i)] = "skipped"
+                skipped.append(what)
                 continue
             if "uses" in s:
                 ok = self.stand_in(s, what, ws, artifacts, main_artifact)
@@ -298,6 +300,7 @@ class GitHubActions(unittest.TestCase, Checks):
             outcomes[s.get("id", i)] = "success" if ok else "failure"
             failed = failed or not ok
         self.assertFalse(failed)
+        self.assertEqual(skipped, [], "with the gate passing, every step runs")
         return {"summary": "".join(summary), "artifacts": artifacts}
 
     def condition(self, expr, failed, outcomes, event, ws):
