@@ -22,6 +22,7 @@ packages=(
   python3-venv python3-pip python3-setuptools   # tests/test_install.py: pip install ./python into a venv
   python3-torch   # python/rhckpt/torch_bridge.py, examples/tiny_lm, tests/test_{torch_bridge,probe,tiny_lm}.py
   chromium   # tests/test_report_browser.py renders report.html headless
+  python3-yaml curl unzip   # tests/test_ci_recipes.py: parses examples/ci/*.yml and runs their steps (GitLab's fetches with curl, unzip)
 )
 missing=()
 for p in "${packages[@]}"; do
