@@ -377,9 +377,25 @@ int run_command(CommandState& state, int argc, char** argv) {
 
 }   // namespace
 
+// CLI11 prints an option taking several values as "TYPE x N"; where the type name already says
+// what it takes ("RUN_A RUN_B", "OUT_DIR SHARD_DIR..."), the count is left out.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string opts = CLI::Formatter::make_option_opts(opt);
+    if (opt->get_type_name().find(' ') != std::string::npos) {
+      const std::string count = " x " + std::to_string(opt->get_expected());
+      if (const size_t at = opts.find(opt->get_type_name() + count); at != std::string::npos)
+        opts.erase(at + opt->get_type_name().size(), count.size());
+    }
+    return opts;
+  }
+};
+
 int tool_main(int argc, char** argv) {
   set_tool_entry(&tool_main);   // the launcher's ranks run it in forks of this process (process.h)
   CLI::App app{"resume-harness: proves (or disproves) that a training run resumes bit for bit"};
+  app.formatter(std::make_shared<HelpFormatter>());
   app.require_subcommand(1);
   app.set_version_flag(
       "--version", [] { return describe(runtime_info()); },

@@ -375,6 +375,13 @@ TEST(ReportCli, ExitCodes) {
   EXPECT_EQ(run({"--compare", two_runs.a.string(), two_runs.a.string()}), 0);
   EXPECT_EQ(run({(two_runs.a / "missing").string()}), 2);
   EXPECT_EQ(run({}), 2);
+  // The help names what --compare and --merge take, not CLI11's "TEXT x 2".
+  const auto help_run = rh::testutil::run_logged(rh::testutil::tool_argv({"report", "--help"}), logs / "help", 600);
+  EXPECT_EQ(help_run.code, 0);
+  const std::string& help = help_run.log;
+  EXPECT_NE(help.find("--compare RUN_A RUN_B"), std::string::npos) << help;
+  EXPECT_NE(help.find("--merge OUT_DIR SHARD_DIR..."), std::string::npos) << help;
+  EXPECT_EQ(help.find(" x 2"), std::string::npos) << help;
   fs::remove_all(logs);
 }
 
