@@ -191,73 +191,161 @@ void PrecisionAdam::mark_all_grads() {
   for (auto& ps : impl_->params) ps.has_grad = true;
 }
 
+// Upstream's data-parallel gradient path (Megatron-LM main @d98e8a64ddf34856e74b24714e3bedb2f5a39553):
+//  - distributed_data_parallel.py DistributedDataParallel.__init__, lines 244-278: without
+//    calculate_per_token_loss and average_in_collective (both off by default),
+//    gradient_scaling_factor = 1.0 / data_parallel_world_size (a Python double).
+//  - param_and_grad_buffer.py _ParamAndGradBucketGroup.start_grad_sync, lines 661-667:
+//    `bucket.grad_data *= bucket.gradient_scaling_factor` (skipped when it is 1.0) on each rank's
+//    whole bucket, in place, in the grad buffer's dtype (torch multiplies in fp32, the scalar
+//    rounded to fp32, and rounds back to bf16 once); lines 669-672 reduce_op = SUM; lines
+//    707-723 one reduce-scatter per bucket into the rank's shard (shard_buffer: dp equal
+//    contiguous pieces). The grad buffer's dtype is the param dtype unless grad_reduce_in_fp32
+//    (group_params_for_buffers, line 924), which training/arguments.py lines 1204-1216 leaves off
+//    for bf16 params with --main-grads-dtype bf16: those grads reduce in bf16. Here the buffer
+//    dtype is main_grads_dtype.
+//  - The order of the sums is NCCL's: Megatron's deterministic mode pins NCCL_ALGO=Ring
+//    (docs/user-guide/deterministic-training.md line 30, same commit), and NCCL's ring
+//    reduce-scatter (NVIDIA/nccl master @5067397c2676d5aed50042fc39e5c8ee96eb0027,
+//    src/device/reduce_scatter.h runRing, lines 39-53) starts shard d at the rank after d, each
+//    later rank adds its own value to what it received, and rank d adds its own last:
+//    ((g[d+1] + g[d+2]) + ...) + g[d], indices mod dp, every add rounded to the buffer's dtype
+//    (src/device/reduce_kernel.h lines 451 and 461: bf16 sums are __hadd, or float add rounded
+//    to bf16; the two agree for bf16 operands). The ring is assumed to be in rank order (NCCL
+//    builds it from the topology). At dp 2 the order cannot matter (one commutative add).
+// A ring over Gloo would still depend on Gloo's own algorithm, so the ranks all-gather their
+// scaled buffers (bytes) and each rank sums its own shard in that order.
+namespace {
+
+// The ring's sum of one shard: values[r] is rank r's contribution, `owner` the shard's rank.
+// Elementwise fp32 adds; `round` rounds after every add (bf16 buffers).
+template <typename Round>
+torch::Tensor ring_sum(const std::vector<torch::Tensor>& values, int owner, Round round) {
+  const int dp = static_cast<int>(values.size());
+  torch::Tensor acc = values[static_cast<size_t>((owner + 1) % dp)].to(torch::kFloat).clone();
+  for (int j = 2; j <= dp; ++j) {
+    acc.add_(values[static_cast<size_t>((owner + j) % dp)].to(torch::kFloat));
+    round(acc);
+  }
+  return acc;
+}
+
+}   // namespace
+
 void PrecisionAdam::reduce_grads() {
   Impl& I = *impl_;
-  if (I.dp_size() == 1) return;
+  if (I.dp_size() == 1) return;   // gradient_scaling_factor 1.0, a reduce-scatter over one rank
   torch::NoGradGuard no_grad;
-  const int64_t total = I.layout.total, num_params = static_cast<int64_t>(I.params.size());
-  auto buf = torch::zeros({total + num_params}, torch::kFloat);   // grads (padding 0), then one "has grad" mark each
-  float* marks = buf.data_ptr<float>() + total;
-  for (size_t i = 0; i < I.params.size(); ++i) {
-    const auto& param_state = I.params[i];
-    buf.narrow(0, I.layout.offsets[i], param_state.main_grad.numel()).copy_(param_state.main_grad.view({-1}));
-    marks[i] = param_state.has_grad ? 1.0f : 0.0f;
-  }
-  I.comm->all_reduce_sum(buf);
+  const int dp = I.dp_size();
+  const auto& layout = I.layout;
+  const auto grad_type = storage_scalar_type(I.cfg.main_grads_dtype);   // kFloat or kBFloat16
+  const bool bf16 = grad_type == torch::kBFloat16;
+  const int64_t elem = bf16 ? 2 : 4, num_params = static_cast<int64_t>(I.params.size());
+  // On the wire: the rank's scaled buffer (its dtype, padding 0), then one "has grad" byte per
+  // param, padded to 8 bytes so that every rank's buffer in the gathered bytes stays aligned.
+  const int64_t grad_bytes = layout.total * elem, bytes = grad_bytes + (num_params + 7) / 8 * 8;
+  auto send = torch::zeros({bytes}, torch::kByte);
+  auto send_grads = send.narrow(0, 0, grad_bytes).view(grad_type);
+  auto* marks = send.data_ptr<uint8_t>() + grad_bytes;
+  const auto factor = torch::scalar_tensor(static_cast<float>(1.0 / dp), torch::kFloat);   // fp32(1/dp)
   for (size_t i = 0; i < I.params.size(); ++i) {
     auto& param_state = I.params[i];
-    param_state.main_grad.view({-1}).copy_(buf.narrow(0, I.layout.offsets[i], param_state.main_grad.numel()));
-    param_state.has_grad = marks[i] > 0.0f;
+    auto g = param_state.main_grad.view({-1});
+    if (bf16) g.copy_(g.to(torch::kFloat).mul_(factor));   // fp32 multiply, one RNE to bf16
+    else g.mul_(factor);
+    send_grads.narrow(0, layout.offsets[i], g.numel()).copy_(g);
+    marks[i] = param_state.has_grad ? 1 : 0;
+  }
+  auto recv = torch::empty({bytes * dp}, torch::kByte);
+  I.comm->all_gather_bytes(send, recv);
+  const auto* recv_bytes = recv.data_ptr<uint8_t>();
+  auto round = [bf16](torch::Tensor& acc) {
+    if (bf16) acc.copy_(acc.to(torch::kBFloat16));
+  };
+  for (size_t i = 0; i < I.params.size(); ++i) {
+    auto& param_state = I.params[i];
+    bool any = false;
+    for (int r = 0; r < dp; ++r) any = any || recv_bytes[r * bytes + grad_bytes + static_cast<int64_t>(i)] != 0;
+    param_state.has_grad = any;
+    const int64_t len = param_state.end - param_state.begin;
+    if (len == 0) continue;
+    std::vector<torch::Tensor> values;
+    for (int r = 0; r < dp; ++r)
+      values.push_back(recv.narrow(0, r * bytes, grad_bytes)
+                           .view(grad_type)
+                           .narrow(0, layout.offsets[i] + param_state.begin, len));
+    // The shard now holds the sum; the rest of the param's main grad keeps this rank's own
+    // scaled grads, as upstream's buffer does outside the rank's shard.
+    param_state.main_grad.view({-1}).narrow(0, param_state.begin, len).copy_(ring_sum(values, layout.rank, round));
   }
 }
 
+// megatron/core/optimizer/clip_grads.py get_grad_norm_fp32 (Megatron-LM main @d98e8a6), with
+// TE present: grad_norm = multi_tensor_l2norm(the rank's shard grads) (line 116: an fp32 sqrt of
+// the shard's sum of squares), `total_norm = grad_norm**norm_type` (line 121: fp32 x*x),
+// all_reduce SUM over grad_stats_parallel_group (line 132; the distributed optimizer's
+// instance, all data-parallel ranks: distrib_optimizer.py get_grad_stats_parallel_group, lines
+// 796-802), then `total_norm.pow(1.0 / norm_type)` (line 136: an fp32 sqrt).
+// At dp 1 this equals the sqrt of the sum: sqrt(fl(s * s)) == s in binary floating point when
+// s * s neither overflows nor underflows.
+// Two orders are ours, not upstream's: the shard's sum of squares (TE's multi_tensor_l2norm
+// reduces per CUDA block; here per-4096-element block sums of each owned piece, added in param
+// order: independent of the thread count) and the all-reduce of the squares (NCCL's ring over
+// one element, modelled as the reduce-scatter's ring for shard 0: ((q[1] + q[2]) + ...) + q[0]).
 double PrecisionAdam::grad_norm() const {
-  // Sum of squares in fp32 with an order that depends on neither the thread count nor the group
-  // size: each 4096-element block is reduced by one thread (a row reduction), the block sums are
-  // added on the host in a fixed order.
   const Impl& I = *impl_;
-  float total = 0.0f;
-  if (I.dp_size() == 1) {
-    for (const auto& param_state : I.params) {
-      auto block_sums = block_square_sums(param_state.main_grad.reshape({-1}).to(torch::kFloat));
-      const float* b = block_sums.data_ptr<float>();
-      for (int64_t i = 0; i < block_sums.numel(); ++i) total += b[i];
-    }
-    return static_cast<double>(std::sqrt(total));
+  float shard = 0.0f;
+  for (const auto& param_state : I.params) {
+    const int64_t len = param_state.end - param_state.begin;
+    if (len == 0) continue;
+    auto g = param_state.main_grad.reshape({-1}).narrow(0, param_state.begin, len).to(torch::kFloat);
+    auto block_sums = block_square_sums(g);
+    const float* b = block_sums.data_ptr<float>();
+    for (int64_t i = 0; i < block_sums.numel(); ++i) shard += b[i];
   }
-  // A block belongs to the rank owning its first element; the owned blocks of a param are
-  // consecutive. Every slot of the all-reduced vector has exactly one non-zero term.
-  std::vector<int64_t> first_block(I.params.size() + 1, 0);
-  for (size_t i = 0; i < I.params.size(); ++i)
-    first_block[i + 1] = first_block[i] + (I.layout.numels[i] + kNormBlock - 1) / kNormBlock;
-  auto sums = torch::zeros({first_block.back()}, torch::kFloat);
-  for (size_t i = 0; i < I.params.size(); ++i) {
-    const int64_t n = I.layout.numels[i], offset = I.layout.offsets[i];
-    int64_t block_begin = -1, block_end = -1;
-    for (int64_t j = 0; j * kNormBlock < n; ++j)
-      if (I.layout.owner(offset + j * kNormBlock) == I.layout.rank) {
-        if (block_begin < 0) block_begin = j;
-        block_end = j + 1;
-      }
-    if (block_begin < 0) continue;
-    const int64_t begin = block_begin * kNormBlock, end = std::min(n, block_end * kNormBlock);
-    auto g = I.params[i].main_grad.reshape({-1}).narrow(0, begin, end - begin).to(torch::kFloat);
-    sums.narrow(0, first_block[i] + block_begin, block_end - block_begin).copy_(block_square_sums(g));
+  volatile float shard_norm = std::sqrt(shard);   // volatile: one fp32 rounding each, no FMA
+  volatile float square = shard_norm * shard_norm;
+  float total = square;
+  if (I.dp_size() > 1) {
+    auto mine = torch::full({1}, static_cast<float>(square), torch::kFloat);
+    auto all = torch::empty({I.dp_size()}, torch::kFloat);
+    auto all_bytes = all.view(torch::kByte);
+    I.comm->all_gather_bytes(mine.view(torch::kByte), all_bytes);
+    std::vector<torch::Tensor> values;
+    for (int r = 0; r < I.dp_size(); ++r) values.push_back(all.narrow(0, r, 1));
+    total = ring_sum(values, 0, [](torch::Tensor&) {}).item<float>();
   }
-  I.comm->all_reduce_sum(sums);
-  const float* b = sums.data_ptr<float>();
-  for (int64_t i = 0; i < sums.numel(); ++i) total += b[i];
   return static_cast<double>(std::sqrt(total));
 }
 
 void PrecisionAdam::scale_grads(float coef) {
-  for (auto& ps : impl_->params) ps.main_grad.mul_(static_cast<double>(coef));
+  // clip_grad_by_total_norm_fp32 scales the grads the optimizer steps (the rank's shard) with
+  // TE's multi_tensor_scale (transformer_engine/common/multi_tensor/scale.cu lines 71 and 92,
+  // TE main @d0067d0): `r_out = float(r_in) * scale`, an fp32 multiply by the fp32 coefficient,
+  // rounded to the grads' dtype. (LibTorch 1.13's bf16 mul_ by a Scalar rounds it to bf16 first.)
+  const auto factor = torch::scalar_tensor(coef, torch::kFloat);
+  for (auto& ps : impl_->params) {
+    if (ps.end == ps.begin) continue;
+    auto g = ps.main_grad.view({-1}).narrow(0, ps.begin, ps.end - ps.begin);
+    if (g.scalar_type() == torch::kFloat) g.mul_(factor);
+    else g.copy_(g.to(torch::kFloat).mul_(factor));
+  }
 }
 
 int64_t PrecisionAdam::count_zeros() const {
+  // clip_grads.py count_zeros_fp32 (lines 254 and 271 @d98e8a6): zeros of the rank's shard grads,
+  // all-reduced (SUM) over the world: every element of every param counted once.
+  const Impl& I = *impl_;
   int64_t zeros = 0;
-  for (const auto& ps : impl_->params) zeros += ps.main_grad.eq(0).sum().item<int64_t>();
-  return zeros;
+  for (const auto& ps : I.params)
+    if (ps.end > ps.begin)
+      zeros += ps.main_grad.view({-1}).narrow(0, ps.begin, ps.end - ps.begin).eq(0).sum().item<int64_t>();
+  if (I.dp_size() == 1) return zeros;
+  auto mine = torch::full({1}, zeros, torch::kLong);
+  auto all = torch::empty({I.dp_size()}, torch::kLong);
+  auto all_bytes = all.view(torch::kByte);
+  I.comm->all_gather_bytes(mine.view(torch::kByte), all_bytes);
+  return all.sum().item<int64_t>();
 }
 
 const torch::Tensor& PrecisionAdam::main_grad(const std::string& param) const { return impl_->at(param).main_grad; }

@@ -61,16 +61,20 @@ class PrecisionAdam {
   // Megatron's distributed optimizer does, whose main grads live in a buffer every param has, so
   // TE's FusedAdam steps an expert that received no tokens with a zero gradient.
   void mark_all_grads();
-  // Data parallel: sums the main grads (in fp32: Gloo rejects bf16; bf16 grads are rounded back
-  // once) and the "has grad" marks over the group. A no-op for a group of one.
+  // Data parallel: Megatron's grad sync for the distributed optimizer. Each rank's main grads are
+  // multiplied by fp32(1/dp) in place (gradient_scaling_factor, in the main grads' dtype), then
+  // reduce-scattered with SUM in that dtype (bf16 main grads reduce in bf16, every add rounded),
+  // in NCCL's ring order (precision_adam.cpp says which); the "has grad" marks are OR-ed. After
+  // it, only the rank's shard of each param (shard_range) holds the reduced grad; the rest keeps
+  // this rank's own scaled grads, as upstream's buffer does. A no-op for a group of one.
   void reduce_grads();
-  // Global L2 norm of all main grads, accumulated in fp32: per-4096-element block sums added in a
-  // fixed order. Data parallel: each block is summed by the rank owning its first element, the
-  // block sums are all-reduced (each slot has one non-zero term: exact), so every rank and every
-  // group size gets the single-process value bit for bit, given the same grads.
+  // Global L2 norm as Megatron's get_grad_norm_fp32: the fp32 norm of this rank's shard,
+  // squared, summed over the group, square root. It depends on the group size (at dp 1 it is
+  // the sqrt of the fp32 sum of squares); every rank gets the same value. The shard's own sum
+  // of squares is per-4096-element block sums added in a fixed order.
   double grad_norm() const;
-  void scale_grads(float coef);   // main_grad *= coef (clipping)
-  int64_t count_zeros() const;    // number of zero elements in the main grads
+  void scale_grads(float coef);   // main_grad *= coef on the rank's shard (clipping)
+  int64_t count_zeros() const;    // zero elements of the shards' main grads, summed over the group
   const torch::Tensor& main_grad(const std::string& param) const;
 
   // --- the update ---

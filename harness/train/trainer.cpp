@@ -106,7 +106,11 @@ IterMetrics Trainer::train_iteration() {
     auto x = torch::from_blob(tokens.data(), {micro_batch, T}, torch::kLong).to(device_);
     auto y = torch::from_blob(targets.data(), {micro_batch, T}, torch::kLong).to(device_);
     auto out = model_->loss(x, y, &micro_gen);
-    auto loss = (out.lm_loss + out.aux_loss) / static_cast<float>(n_micro);
+    // schedules.py forward_step_calc_loss (Megatron-LM main @d98e8a6, lines 344-346 and 366):
+    // the loss and the MoE aux loss's scale are divided by num_microbatches, the rank's own count
+    // (get_num_microbatches: global batch / (micro batch x dp)); reduce_grads then multiplies by
+    // 1/dp before the SUM. Equal bits to dividing by the global count only when dp is a power of 2.
+    auto loss = (out.lm_loss + out.aux_loss) / static_cast<float>(last - first);
     loss.backward();
     optimizer_->accumulate_grads();
     lm_sum += out.lm_loss.detach().to(torch::kCPU, torch::kFloat);

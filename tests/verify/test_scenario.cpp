@@ -49,9 +49,15 @@ TEST(Scenarios, CiMatrixExpandsWithCanonicalNamesExcludesAndExpectations) {
   // + dp (2 sizes x 2 moments), reshard (2), dp fault, dead-expert (2 guards x 3 policies),
   // schedule (2 LR decay styles), expert-bias (dp 1 x bf16/fp8, dp 2 x bf16, and its fault),
   // compressed (2 sizes x 2 moments), token-drop (2 drop policies), formats (2 policies x 2 masters),
-  // buckets (resumed with the same bucket layout and with one bucket)
-  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u + 4u + 2u);
+  // buckets (resumed with the same bucket layout and with one bucket), dp3 (fp32 and bf16 main grads)
+  EXPECT_EQ(all.size(), 9u + 6u + 9u + 2u + 4u + 2u + 1u + 6u + 2u + 4u + 4u + 2u + 4u + 2u + 2u);
   EXPECT_EQ(by_name(all, "buckets/resume=one-bucket").expect.kind, rh::Expectation::Kind::refused);
+  const auto& dp3 = by_name(all, "dp3/grads=bf16");
+  EXPECT_EQ(dp3.dp_size, 3);
+  EXPECT_EQ(dp3.expect.kind, rh::Expectation::Kind::exact);
+  EXPECT_EQ(dp3.cfg.optim.main_grads_dtype, rh::optim::Dtype::bf16);
+  EXPECT_EQ(dp3.cfg.optim.ddp_bucket_size, 100000);
+  EXPECT_EQ(dp3.cfg.train.global_batch / dp3.cfg.train.micro_batch, 3);   // one micro-batch per rank
   // Megatron's widened remainder (dp_zero) into a remainder optimizer: upstream TE refuses it.
   EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=remainders").expect.kind, rh::Expectation::Kind::refused);
   EXPECT_EQ(by_name(all, "formats/policy=dp_zero,master=fp32").expect.kind, rh::Expectation::Kind::exact);
@@ -492,7 +498,7 @@ TEST(Scenarios, DataParallelKeysAndResharding) {
   EXPECT_EQ(reshard.resume_dp(), 4);
   EXPECT_TRUE(reshard.resharded());
   EXPECT_EQ(reshard.expect.kind, rh::Expectation::Kind::tolerance);
-  EXPECT_EQ(reshard.expect.tolerances.at("lm_loss").atol, 1e-3);
+  EXPECT_EQ(reshard.expect.tolerances.at("lm_loss").atol, 2e-2);   // measured 3.7e-3 (scenario comment)
   std::set<std::pair<int64_t, int64_t>> sizes;
   for (const auto& s : all)
     if (s.resharded()) sizes.insert({s.dp_size, s.resume_dp()});
