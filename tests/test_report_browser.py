@@ -163,7 +163,7 @@ class ReportInChromium(unittest.TestCase):
                            env=dict(os.environ, RH_PYTHON="/bin/false"))
         assert p.returncode == 0, p.stdout + p.stderr
         cls.wide_dom = probe(cls.wide)
-        # The default matrix's own 190 names (scenarios/default.toml, as `matrix --list` prints them).
+        # The default matrix's own names (198) (scenarios/default.toml, as `matrix --list` prints them).
         p = subprocess.run([TOOL, "matrix", os.path.join(HERE, "..", "scenarios", "default.toml"), "--list"],
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stdout + p.stderr
