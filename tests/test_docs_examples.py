@@ -169,7 +169,7 @@ EXAMPLES = [
       reason="a torch.save file of the reader's; InspectExternal.TorchSaveFileListsEveryTensorAndValue "
              "(test_cli_inspect_external) inspects one, and two torch imports here cost about 4 s of CPU"),
     E("docs/running.md", "build/resume-harness matrix scenarios/default.toml -j 2", "skip",
-      reason="the main job's matrix, 190 cells, about 5 minutes (scripts/main.sh)"),
+      reason="the main job's matrix, 198 cells, about 5 minutes (scripts/main.sh)"),
     E("docs/running.md", "build/resume-harness matrix scenarios/ci.toml -j 2 --golden scenarios/golden/ci", "skip",
       reason="the CI gate, about 2 minutes on 2 cores; scripts/test.sh runs this command"),
     E("docs/running.md", "build/resume-harness check --file scenarios/default.toml "

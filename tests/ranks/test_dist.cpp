@@ -34,6 +34,7 @@
 #include "harness/ranks/launcher.h"
 #include "harness/optim/precision_adam.h"
 #include "harness/process/process.h"
+#include "tests/rank_processes.h"
 
 namespace fs = std::filesystem;
 using rh::optim::Dtype;
@@ -185,40 +186,8 @@ int worker_main() {
 
 // Starts `world` copies of this binary as ranks; returns their exit codes (-1 on a timeout).
 std::vector<int> spawn_ranks(const Case& test_case, const std::string& out) {
-  const int port = rh::dist::free_local_port();
-  const std::string exe = rh::self_executable();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < test_case.world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RH_DIST_WORKER", "1", 1);
-      setenv("RH_DIST_CASE", case_text(test_case).c_str(), 1);
-      setenv("RH_DIST_OUT", out.c_str(), 1);
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(test_case.world).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    codes.push_back(status == -1 ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
-  }
-  return codes;
+  return rh::testutil::spawn_rank_processes(
+      test_case.world, {{"RH_DIST_WORKER", "1"}, {"RH_DIST_CASE", case_text(test_case)}, {"RH_DIST_OUT", out}});
 }
 
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {

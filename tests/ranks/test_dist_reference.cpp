@@ -27,6 +27,7 @@
 #include "harness/optim/clip.h"
 #include "harness/optim/precision_adam.h"
 #include "harness/process/process.h"
+#include "tests/rank_processes.h"
 #include "harness/ranks/group.h"
 #include "harness/ranks/launcher.h"
 #include "tests/python_reference.h"
@@ -196,41 +197,8 @@ nlohmann::json reference_input(const RefCase& c) {
 }
 
 std::vector<int> spawn_ref_ranks(const RefCase& c, const std::string& out) {
-  const int port = rh::dist::free_local_port();
-  const std::string exe = rh::self_executable();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < c.world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RH_DIST_REF_WORKER", "1", 1);
-      setenv("RH_DIST_CASE", ref_case_text(c).c_str(), 1);
-      setenv("RH_DIST_OUT", out.c_str(), 1);
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(c.world).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (pid_t pid : pids) {
-    int status = 0;
-    bool timed_out = false;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        timed_out = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    codes.push_back(timed_out ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)));
-  }
-  return codes;
+  return rh::testutil::spawn_rank_processes(
+      c.world, {{"RH_DIST_REF_WORKER", "1"}, {"RH_DIST_CASE", ref_case_text(c)}, {"RH_DIST_OUT", out}});
 }
 
 // The first index where two bit-pattern lists differ, or -1.
