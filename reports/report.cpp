@@ -77,22 +77,34 @@ void overview(Document& doc, const RunData& run, const PlotOutcome& plots) {
 }
 
 // Outcome counts, the per-group lines and one outcome grid per group.
+// Each scenario group in first-seen order: its scenarios (indices into run.scenarios), how many
+// met their expectation and how many resumed bit-exactly.
+struct GroupTally {
+  std::string name;
+  std::vector<size_t> members;
+  size_t met = 0, exact = 0;
+};
+std::vector<GroupTally> group_tallies(const RunData& run) {
+  std::vector<GroupTally> groups;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < run.scenarios.size(); ++i) {
+    const auto& scenario = run.scenarios[i];
+    const auto [at, added] = index.emplace(scenario.group, groups.size());
+    if (added) groups.push_back({scenario.group, {}, 0, 0});
+    GroupTally& group = groups[at->second];
+    group.members.push_back(i);
+    group.met += scenario.row.passed;
+    group.exact += scenario.row.outcome == Outcome::identical;
+  }
+  return groups;
+}
+
 void outcomes_section(Document& doc, const RunData& run) {
   std::map<Outcome, std::pair<size_t, size_t>> outcomes;   // outcome -> (count, met)
-  struct GroupCount {
-    size_t met = 0, exact = 0, count = 0;
-  };
-  std::map<std::string, GroupCount> groups;
-  std::vector<std::string> group_order;
   for (const auto& scenario : run.scenarios) {
     auto& tally = outcomes[scenario.row.outcome];
     ++tally.first;
     tally.second += scenario.row.passed;
-    if (!groups.count(scenario.group)) group_order.push_back(scenario.group);
-    auto& group_count = groups[scenario.group];
-    group_count.met += scenario.row.passed;
-    group_count.exact += scenario.row.outcome == Outcome::identical;
-    ++group_count.count;
   }
   doc.heading("Outcomes");
   Table table;
@@ -104,9 +116,9 @@ void outcomes_section(Document& doc, const RunData& run) {
   doc.table(table);
   std::vector<std::string> items;
   // Met expectation and bit-exact apart: a fault or lossy-policy group passes by diverging.
-  for (const auto& group : group_order)
-    items.push_back(group + ": " + std::to_string(groups[group].met) + " of " + std::to_string(groups[group].count) +
-                    " met their expectation, " + std::to_string(groups[group].exact) + " bit-exact");
+  for (const auto& group : group_tallies(run))
+    items.push_back(group.name + ": " + std::to_string(group.met) + " of " + std::to_string(group.members.size()) +
+                    " met their expectation, " + std::to_string(group.exact) + " bit-exact");
   doc.bullets(std::move(items));
   doc.paragraph(
       "Outcome grids: one per scenario group; the columns are the combinations of the axes (name parts "
@@ -131,31 +143,26 @@ void matrix_section(Document& doc, const RunData& run, const std::vector<int>& r
       "the matrix is one folded table per scenario group (open where a scenario failed), the verdict is the "
       "outcome's hover text, the first divergence is under the name, and each name links its directory.");
   Table all = matrix_table(run, refs);
-  // report.html: a table per group, in first-seen order, each folded under its counts.
-  std::vector<std::string> groups;
-  for (const auto& g : all.row_group)
-    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
-  for (const auto& g : groups) {
-    Table part = all;
-    part.rows.clear(), part.row_class.clear(), part.cell_class.clear(), part.cell_title.clear();
-    part.row_href.clear(), part.row_group.clear();
-    size_t met = 0, exact = 0;
-    for (size_t i = 0; i < all.rows.size(); ++i) {
-      if (all.row_group[i] != g) continue;
+  // report.html: a table per group, in first-seen order, each folded under its counts. The
+  // per-row fields are copied row by row; the layout (header, columns, classes) once.
+  Table layout = all;
+  layout.rows.clear(), layout.row_class.clear(), layout.cell_class.clear(), layout.cell_title.clear();
+  layout.row_href.clear(), layout.row_group.clear();
+  for (const auto& group : group_tallies(run)) {
+    Table part = layout;
+    for (const size_t i : group.members) {
       part.rows.push_back(all.rows[i]);
       part.row_class.push_back(all.row_class[i]);
-      if (i < all.cell_title.size()) part.cell_title.push_back(all.cell_title[i]);
-      if (i < all.row_href.size()) part.row_href.push_back(all.row_href[i]);
-      part.row_group.push_back(g);
-      met += run.scenarios[i].row.passed;
-      exact += run.scenarios[i].row.outcome == Outcome::identical;
+      part.cell_title.push_back(all.cell_title[i]);
+      part.row_href.push_back(all.row_href[i]);
+      part.row_group.push_back(group.name);
     }
-    const size_t n = part.rows.size();
-    part.html_fold_summary = g + ": " + std::to_string(n) + (n == 1 ? " scenario, " : " scenarios, ") +
-                             std::to_string(met) + " met their expectation, " + std::to_string(exact) + " bit-exact";
-    part.html_fold_id = "group-" + g;
-    part.html_fold_open = met < n;
-    part.html_class = "matrix";
+    const size_t n = group.members.size();
+    part.html_fold_summary = group.name + ": " + std::to_string(n) + (n == 1 ? " scenario, " : " scenarios, ") +
+                             std::to_string(group.met) + " met their expectation, " + std::to_string(group.exact) +
+                             " bit-exact";
+    part.html_fold_id = "group-" + group.name;
+    part.html_fold_open = group.met < n;
     doc.table(std::move(part), Block::Only::html);
   }
   doc.table(std::move(all), Block::Only::markdown);
